@@ -1,0 +1,21 @@
+# FindNCCL: NVIDIA's collective library (ships no CMake config).
+# Defines NCCL_FOUND, NCCL_VERSION and the imported target NCCL::nccl.
+find_path(NCCL_INCLUDE_DIR nccl.h HINTS /usr/local/cuda/include ${CUDAToolkit_INCLUDE_DIRS})
+find_library(NCCL_LIBRARY nccl HINTS /usr/local/cuda/lib /usr/local/cuda/lib64 ${CUDAToolkit_LIBRARY_DIR})
+if(NCCL_INCLUDE_DIR AND EXISTS "${NCCL_INCLUDE_DIR}/nccl.h")
+  file(STRINGS "${NCCL_INCLUDE_DIR}/nccl.h" _m REGEX "#define NCCL_(MAJOR|MINOR|PATCH) ")
+  foreach(_l ${_m})
+    if(_l MATCHES "#define NCCL_(MAJOR|MINOR|PATCH) +([0-9]+)")
+      set(_nccl_${CMAKE_MATCH_1} ${CMAKE_MATCH_2})
+    endif()
+  endforeach()
+  set(NCCL_VERSION "${_nccl_MAJOR}.${_nccl_MINOR}.${_nccl_PATCH}")
+endif()
+include(FindPackageHandleStandardArgs)
+find_package_handle_standard_args(NCCL REQUIRED_VARS NCCL_LIBRARY NCCL_INCLUDE_DIR VERSION_VAR NCCL_VERSION)
+if(NCCL_FOUND AND NOT TARGET NCCL::nccl)
+  add_library(NCCL::nccl UNKNOWN IMPORTED)
+  set_target_properties(NCCL::nccl PROPERTIES IMPORTED_LOCATION "${NCCL_LIBRARY}"
+                                              INTERFACE_INCLUDE_DIRECTORIES "${NCCL_INCLUDE_DIR}")
+endif()
+mark_as_advanced(NCCL_INCLUDE_DIR NCCL_LIBRARY)

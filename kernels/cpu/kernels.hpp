@@ -1,0 +1,91 @@
+// CPU kernels: forward and backward of every layer the models use.
+//
+// Conventions (the CUDA twins in kernels/cuda/ keep the same names and signatures):
+//  * Raw fp32 pointers, row-major, shapes in the comment next to each pointer:
+//    (B,T,C) means B*T*C contiguous floats, C fastest.
+//  * Backward functions ACCUMULATE (+=) into every gradient they write, both
+//    parameter and input gradients; the caller zeroes them. This makes micro-batch
+//    gradient accumulation and residual branches free.
+//  * Deterministic: the same inputs give the same bits, whatever else runs.
+//  * Preconditions (sizes > 0 where required, non-null pointers) are checked
+//    with TROUPE_CHECK.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace troupe::kernels::cpu {
+
+// ---------------------------------------------------------------- GEMM
+// Row-major C(M,N) = alpha * op(A) * op(B) + beta * C, op(X) = X or X^T.
+// A is (M,K) or, transposed, (K,M); B is (K,N) or, transposed, (N,K).
+// lda/ldb/ldc are row strides in elements. The fastest available path is used
+// (see gemm.cpp); the result does not depend on which thread calls it.
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+          const float* B, int ldb, float beta, float* C, int ldc);
+
+// Name of the GEMM path in use, e.g. "avx512" or "openblas" (for benchmarks and logs).
+const char* gemm_backend();
+
+// ---------------------------------------------------------------- linear
+// out(N,OC) = inp(N,IC) @ weight(OC,IC)^T + bias(OC). bias may be null.
+void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int IC,
+                    int OC);
+// dinp(N,IC) += dout @ weight;  dweight(OC,IC) += dout^T @ inp;  dbias(OC) += sum_n dout.
+// Any of dinp, dweight, dbias may be null (not needed).
+void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int IC, int OC);
+
+// ---------------------------------------------------------------- embedding
+// out(B,T,C) = wte[tokens[b,t]] + wpe[t0 + t]. tokens in [0,V). wpe may be null (MLP model).
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
+                       int C, int V);
+// dwte(V,C) += scatter of dout by token; dwpe(T,C) += sum over b. dwpe may be null.
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
+                        int C, int V);
+
+// ---------------------------------------------------------------- layernorm
+// out(N,C) = (inp - mean) * rstd * weight + bias; saves mean(N), rstd(N). eps = 1e-5.
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C);
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int N, int C);
+
+// ---------------------------------------------------------------- attention
+// Causal multi-head self-attention core (no projections).
+// qkv(B,T,3*NH*HS): for each token, NH heads of q, then NH heads of k, then NH heads of v.
+// out(B,T,NH*HS); att(B,NH,T,T) saves the softmax probabilities (upper triangle zero).
+// scale = 1/sqrt(HS).
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int HS);
+// dqkv(B,T,3*NH*HS) +=; scratch(B,NH,T,T) is workspace the kernel may overwrite.
+void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att,
+                        int B, int T, int NH, int HS);
+
+// ---------------------------------------------------------------- GELU (tanh form)
+void gelu_forward(float* out, const float* inp, size_t n);
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
+
+// ---------------------------------------------------------------- element-wise
+void residual_forward(float* out, const float* a, const float* b, size_t n);  // out = a + b
+void add_inplace(float* y, const float* x, size_t n);                           // y += x
+void scale_inplace(float* y, float s, size_t n);                                // y *= s
+
+// ---------------------------------------------------------------- loss
+// Softmax cross-entropy over logits(N,V) with targets(N) in [0,V).
+// Returns the SUM of the N per-row losses (in double, for determinism across layouts).
+// If dlogits(N,V) is non-null, dlogits += (softmax - onehot) * dloss, where dloss is
+// the gradient of the final loss with respect to each row's loss (e.g. 1/(B*T)).
+double cross_entropy(float* dlogits, const float* logits, const int32_t* targets, int N, int V, float dloss);
+
+// ---------------------------------------------------------------- optimizer
+// One AdamW step with PyTorch semantics (torch.optim.AdamW):
+//   p *= 1 - lr*weight_decay;  m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g^2;
+//   p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
+// t is the 1-based step count. Pass weight_decay = 0 for parameters that are not decayed.
+void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
+                  float beta2, float eps, float weight_decay, int64_t t);
+
+// Sum of squares of x(n), accumulated in double (for global-norm clipping).
+double sum_squares(const float* x, size_t n);
+
+}  // namespace troupe::kernels::cpu
