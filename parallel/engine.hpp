@@ -1,0 +1,80 @@
+// The training engine of one rank: runs optimizer steps of a job on its slice of
+// the model (its pipeline stage and tensor shard) and reports what happened.
+//
+// It is plain C++ with no actors: `troupe run` may drive it in-process (1x1x1),
+// and the worker process drives it on its engine thread. The control thread
+// may call request_abort() and where() at any time while step() runs.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "core/spec.hpp"
+
+namespace troupe {
+
+// Which part of the job this rank runs (the coordinator's assignment).
+struct EngineAssignment {
+  int rank = 0;
+  int world = 1;
+  int dp = 1, pp = 1, tp = 1;  // the layout
+  int generation = 0;
+  std::string resume_from;  // checkpoint directory to load ("" = fresh init or model.init_from)
+};
+
+struct StepReport {
+  int64_t step = 0;       // 0-based optimizer step just completed
+  double loss = 0.0;      // mean training loss over the global batch
+  double lr = 0.0;        // learning rate used by this step
+  int64_t tokens = 0;     // tokens in the global batch
+  double step_ms = 0.0;   // wall time of the step on this rank
+  double grad_norm = 0.0; // global gradient norm before clipping
+  std::optional<double> val_loss;  // set on eval steps (train.eval_every)
+};
+
+// Thrown by step() after request_abort().
+class EngineAborted : public std::runtime_error {
+ public:
+  EngineAborted() : std::runtime_error("engine aborted") {}
+};
+
+class Engine {
+ public:
+  Engine(const JobSpec& spec, const EngineAssignment& assignment);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // The step the next call to step() runs (0 for a fresh job, k after resuming at step k).
+  int64_t next_step() const;
+  bool done() const { return next_step() >= total_steps_; }
+
+  // Runs one optimizer step (all micro-batches, reduction, clipping, AdamW).
+  StepReport step();
+  // Mean loss over train.eval_batches validation batches.
+  double evaluate();
+
+  // Writes a checkpoint of the whole state after the last completed step into
+  // dir/step_<N> (atomic: .tmp then rename; updates dir/latest). Returns its path.
+  std::string save_checkpoint(const std::string& dir);
+
+  // Thread-safe: makes the running or next step() throw EngineAborted.
+  void request_abort() { abort_.store(true); }
+  // Thread-safe: the operation in progress, e.g. "step 12: forward micro-batch 3".
+  std::string where() const;
+
+  int64_t num_params() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int64_t total_steps_ = 0;
+  std::atomic<bool> abort_{false};
+};
+
+}  // namespace troupe

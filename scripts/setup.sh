@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# One-command setup for a fresh Debian 12 machine: installs every Debian package
+# the build, the tests and the quickstart need, then configures and builds.
+#
+#   bash scripts/setup.sh            install + build (build/)
+#   bash scripts/setup.sh --test     install + build + run the whole test suite
+#
+# Idempotent and non-interactive; run as root (or with sudo available).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+root=$(pwd)
+mode=build
+case "${1:-}" in
+  "") ;;
+  --test) mode=test ;;
+  -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+  *) echo "setup.sh: unknown option '$1' (use --test or nothing)" >&2; exit 2 ;;
+esac
+
+packages=(
+  build-essential cmake ninja-build pkg-config ccache git
+  libcaf-dev libzmq3-dev cppzmq-dev libyaml-cpp-dev catch2 libgloo-dev libopenblas-dev
+  libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libxxhash-dev libzstd-dev libdnnl-dev
+  python3 python3-zmq python3-numpy fortunes procps
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "== installing ${#missing[@]} Debian packages: ${missing[*]}"
+  sudo=""
+  if [ "$(id -u)" != 0 ]; then sudo=sudo; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "== all ${#packages[@]} Debian packages present"
+fi
+
+jobs=$(nproc)
+echo "== configuring and building (build/, $jobs jobs)"
+cmake -S "$root" -B "$root/build" -G Ninja -DCMAKE_BUILD_TYPE=Release >"$root/build-configure.log" 2>&1 \
+  || { cat "$root/build-configure.log"; exit 1; }
+sed -n '/troupe .* configuration/,/sanitizers/p' "$root/build-configure.log" | sed 's/^-- //'
+cmake --build "$root/build" -j "$jobs"
+
+if [ "$mode" = test ]; then
+  echo "== running the test suite"
+  (cd "$root/build" && ctest --output-on-failure -j "$jobs" --timeout 600)
+  # The spec parser's mutation fuzz test also runs under AddressSanitizer and UBSan.
+  echo "== spec fuzz test under ASan+UBSan (build-asan/)"
+  cmake -S "$root" -B "$root/build-asan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTROUPE_SANITIZE=ON \
+    -DTROUPE_CUDA=OFF -DTROUPE_BUILD_BENCH=OFF >"$root/build-asan-configure.log" 2>&1 \
+    || { cat "$root/build-asan-configure.log"; exit 1; }
+  cmake --build "$root/build-asan" -j "$jobs" --target test_core
+  (cd "$root/build-asan" && ctest --output-on-failure -R 'fuzz' --timeout 600)
+fi
+echo "== done"
