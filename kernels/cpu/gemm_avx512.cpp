@@ -1,0 +1,244 @@
+// Single-thread fp32 GEMM on AVX-512F, row-major, in the layered scheme of
+// Goto / BLIS:
+//
+//   for jc in N step NC              B block (KC,NC) packed once, kept in L2
+//     for pc in K step KC
+//       pack B -> Bp: NR-wide panels, (KC,NR) each, k-major
+//       for ic in M step MC          A block (MC,KC) packed once per B block
+//         pack A -> Ap: MR-tall panels, (KC,MR) each, k-major
+//         for jr in NC step NR       one B panel (KC*NR*4 = 32 KiB) stays in L1
+//           for ir in MC step MR     A panels stream from L2
+//             micro-kernel: C(MR,NR) += Ap(MR,KC) Bp(KC,NR) in 28 zmm accumulators
+//
+// The micro-kernel is 14 rows x 32 columns: 28 accumulators, 2 zmm for the B row,
+// A values come as embedded broadcasts, so each k step is 2 loads + 28 FMAs and
+// the two FMA ports stay busy. Packing pads edges with zeros, so the micro-kernel
+// always runs full-width FMAs; only the C update is masked (columns) and
+// shortened (rows, through a template on the row count).
+//
+// Transposes only change the packing: a contiguous operand is copied with masked
+// vector loads, a strided one is transposed in 16x16 register tiles.
+//
+// Determinism: the blocking is fixed, so every C element sums its K products in
+// the same order whatever the pointers, strides or thread.
+//
+// Everything in this file is compiled for AVX-512 through the pragma below and is
+// only reached after a runtime CPU check (gemm.cpp). It uses no std:: templates so
+// that no AVX-512 instantiation of a shared inline function can leak to callers.
+#include <immintrin.h>
+
+#include <cstdlib>
+#include <new>
+
+#include "kernels/cpu/gemm_backends.hpp"
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma")
+// GCC 12 flags the deliberately undefined pass-through operand inside its own
+// AVX-512 shuffle intrinsics (GCC PR 105593), a false positive.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace troupe::kernels::cpu::detail {
+namespace {
+
+constexpr int kMR = 14;        // rows of the micro-tile
+constexpr int kNV = 2;         // zmm vectors across the micro-tile
+constexpr int kNR = 16 * kNV;  // columns of the micro-tile
+constexpr int kKC = 256;       // depth of one packed block
+constexpr int kMC = kMR * 24;  // (336,256) A block = 336 KiB, L2
+constexpr int kNC = kNR * 32;  // (256,1024) B block = 1 MiB, L2
+
+inline int min_int(int a, int b) { return a < b ? a : b; }
+
+// Lanes [0, n) set; n <= 0 gives an empty mask.
+inline __mmask16 tail_mask(int n) {
+  if (n <= 0) return 0;
+  if (n >= 16) return 0xFFFF;
+  return static_cast<__mmask16>((1u << n) - 1u);
+}
+
+// In-place transpose of a 16x16 tile held as 16 rows.
+inline void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  // After this step, in each 128-bit lane l, r[4j+c] holds rows 4j..4j+3 of column 4l+c.
+  for (int j = 0; j < 4; ++j) {
+    const __m512d a0 = _mm512_castps_pd(t[4 * j]), a1 = _mm512_castps_pd(t[4 * j + 1]);
+    const __m512d a2 = _mm512_castps_pd(t[4 * j + 2]), a3 = _mm512_castps_pd(t[4 * j + 3]);
+    r[4 * j] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, a2));
+    r[4 * j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a2));
+    r[4 * j + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, a3));
+    r[4 * j + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, a3));
+  }
+  // Gather lane l of r[c], r[4+c], r[8+c], r[12+c] into column 4l+c.
+  for (int c = 0; c < 4; ++c) {
+    const __m512 lo_even = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88);
+    const __m512 lo_odd = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xDD);
+    const __m512 hi_even = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
+    const __m512 hi_odd = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xDD);
+    t[c] = _mm512_shuffle_f32x4(lo_even, hi_even, 0x88);
+    t[8 + c] = _mm512_shuffle_f32x4(lo_even, hi_even, 0xDD);
+    t[4 + c] = _mm512_shuffle_f32x4(lo_odd, hi_odd, 0x88);
+    t[12 + c] = _mm512_shuffle_f32x4(lo_odd, hi_odd, 0xDD);
+  }
+  for (int i = 0; i < 16; ++i) r[i] = t[i];
+}
+
+// dst(kc, W)[k][w] = src[k*ld + w] for w < valid, 0 for valid <= w < W.
+// The operand is already k-major (A transposed, B not transposed).
+void pack_copy(const float* src, int ld, int kc, int valid, int W, float* dst) {
+  const int chunks = (W + 15) / 16;
+  for (int k = 0; k < kc; ++k) {
+    for (int c = 0; c < chunks; ++c) {
+      const __m512 v = _mm512_maskz_loadu_ps(tail_mask(valid - 16 * c), src + 16 * c);
+      _mm512_mask_storeu_ps(dst + 16 * c, tail_mask(W - 16 * c), v);
+    }
+    src += ld;
+    dst += W;
+  }
+}
+
+// dst(kc, W)[k][w] = src[w*ld + k] for w < valid, 0 for valid <= w < W.
+// The operand is stored (W,kc) (A not transposed, B transposed): 16x16 tiles
+// are loaded row by row and transposed in registers.
+void pack_transpose(const float* src, int ld, int valid, int kc, int W, float* dst) {
+  __m512 r[16];
+  for (int w0 = 0; w0 < W; w0 += 16) {
+    const __mmask16 store_mask = tail_mask(W - w0);
+    for (int k0 = 0; k0 < kc; k0 += 16) {
+      const int kk = min_int(16, kc - k0);
+      const __mmask16 load_mask = tail_mask(kk);
+      for (int j = 0; j < 16; ++j)
+        r[j] = w0 + j < valid ? _mm512_maskz_loadu_ps(load_mask, src + static_cast<long>(w0 + j) * ld + k0)
+                              : _mm512_setzero_ps();
+      transpose16(r);
+      for (int t = 0; t < kk; ++t) _mm512_mask_storeu_ps(dst + (k0 + t) * W + w0, store_mask, r[t]);
+    }
+  }
+}
+
+// C(R, n) = alpha * Ap(R, kc) Bp(kc, NR) + beta * C, n <= NR columns valid.
+// a: packed (kc, MR); b: packed (kc, NR), 64-byte aligned. beta == 0 never reads C.
+template <int R>
+void micro_kernel(int kc, const float* __restrict a, const float* __restrict b, float* c, long ldc,
+                  float alpha, float beta, int n) {
+  __m512 acc[R][kNV];
+#pragma GCC unroll 14
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 2
+    for (int v = 0; v < kNV; ++v) acc[i][v] = _mm512_setzero_ps();
+
+#pragma GCC unroll 14
+  for (int i = 0; i < R; ++i) _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
+
+#pragma GCC unroll 4
+  for (int k = 0; k < kc; ++k) {
+    __m512 bv[kNV];
+#pragma GCC unroll 2
+    for (int v = 0; v < kNV; ++v) bv[v] = _mm512_load_ps(b + 16 * v);
+#pragma GCC unroll 14
+    for (int i = 0; i < R; ++i) {
+      const __m512 ai = _mm512_set1_ps(a[i]);
+#pragma GCC unroll 2
+      for (int v = 0; v < kNV; ++v) acc[i][v] = _mm512_fmadd_ps(ai, bv[v], acc[i][v]);
+    }
+    a += kMR;
+    b += kNR;
+  }
+
+  __mmask16 mask[kNV];
+  for (int v = 0; v < kNV; ++v) mask[v] = tail_mask(n - 16 * v);
+  const __m512 va = _mm512_set1_ps(alpha);
+  if (beta == 0.0f) {
+#pragma GCC unroll 14
+    for (int i = 0; i < R; ++i)
+#pragma GCC unroll 2
+      for (int v = 0; v < kNV; ++v)
+        _mm512_mask_storeu_ps(c + i * ldc + 16 * v, mask[v], _mm512_mul_ps(acc[i][v], va));
+  } else {
+    const __m512 vb = _mm512_set1_ps(beta);
+#pragma GCC unroll 14
+    for (int i = 0; i < R; ++i)
+#pragma GCC unroll 2
+      for (int v = 0; v < kNV; ++v) {
+        float* p = c + i * ldc + 16 * v;
+        const __m512 old = _mm512_maskz_loadu_ps(mask[v], p);
+        _mm512_mask_storeu_ps(p, mask[v], _mm512_fmadd_ps(acc[i][v], va, _mm512_mul_ps(old, vb)));
+      }
+  }
+}
+
+using MicroKernel = void (*)(int, const float*, const float*, float*, long, float, float, int);
+constexpr MicroKernel kKernels[kMR + 1] = {
+    nullptr,          micro_kernel<1>,  micro_kernel<2>,  micro_kernel<3>,  micro_kernel<4>,
+    micro_kernel<5>,  micro_kernel<6>,  micro_kernel<7>,  micro_kernel<8>,  micro_kernel<9>,
+    micro_kernel<10>, micro_kernel<11>, micro_kernel<12>, micro_kernel<13>, micro_kernel<14>};
+
+// Per-thread packing buffers, allocated on first use and kept: a training step
+// calls GEMM hundreds of times with the same block sizes.
+struct PackBuffers {
+  float* a = nullptr;  // (MC, KC)
+  float* b = nullptr;  // (KC, NC)
+  PackBuffers()
+      : a(static_cast<float*>(std::aligned_alloc(64, sizeof(float) * kMC * kKC))),
+        b(static_cast<float*>(std::aligned_alloc(64, sizeof(float) * kKC * kNC))) {}
+  ~PackBuffers() {
+    std::free(a);
+    std::free(b);
+  }
+  PackBuffers(const PackBuffers&) = delete;
+  PackBuffers& operator=(const PackBuffers&) = delete;
+};
+
+}  // namespace
+
+void gemm_avx512(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                 const float* B, int ldb, float beta, float* C, int ldc) {
+  thread_local PackBuffers buf;
+  float* const Ap = buf.a;
+  float* const Bp = buf.b;
+  if (Ap == nullptr || Bp == nullptr) throw std::bad_alloc();
+  for (int jc = 0; jc < N; jc += kNC) {
+    const int nc = min_int(kNC, N - jc);
+    for (int pc = 0; pc < K; pc += kKC) {
+      const int kc = min_int(kKC, K - pc);
+      // Later K blocks accumulate onto what the first one wrote.
+      const float beta_k = pc == 0 ? beta : 1.0f;
+      for (int jr = 0; jr < nc; jr += kNR) {
+        const int w = min_int(kNR, nc - jr);
+        if (!trans_b)  // B (K,N): element (k,n) at B[k*ldb + n]
+          pack_copy(B + static_cast<long>(pc) * ldb + jc + jr, ldb, kc, w, kNR, Bp + jr * kc);
+        else  // B (N,K): element (k,n) at B[n*ldb + k]
+          pack_transpose(B + static_cast<long>(jc + jr) * ldb + pc, ldb, w, kc, kNR, Bp + jr * kc);
+      }
+      for (int ic = 0; ic < M; ic += kMC) {
+        const int mc = min_int(kMC, M - ic);
+        for (int ir = 0; ir < mc; ir += kMR) {
+          const int h = min_int(kMR, mc - ir);
+          if (!trans_a)  // A (M,K): element (m,k) at A[m*lda + k]
+            pack_transpose(A + static_cast<long>(ic + ir) * lda + pc, lda, h, kc, kMR, Ap + ir * kc);
+          else  // A (K,M): element (m,k) at A[k*lda + m]
+            pack_copy(A + static_cast<long>(pc) * lda + ic + ir, lda, kc, h, kMR, Ap + ir * kc);
+        }
+        for (int jr = 0; jr < nc; jr += kNR) {
+          const int n = min_int(kNR, nc - jr);
+          for (int ir = 0; ir < mc; ir += kMR) {
+            const int h = min_int(kMR, mc - ir);
+            kKernels[h](kc, Ap + ir * kc, Bp + jr * kc, C + static_cast<long>(ic + ir) * ldc + jc + jr, ldc,
+                        alpha, beta_k, n);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace troupe::kernels::cpu::detail
+
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
