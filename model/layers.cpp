@@ -1,0 +1,178 @@
+#include "model/layers.hpp"
+
+#include <algorithm>
+
+#include "core/error.hpp"
+#include "kernels/cpu/kernels.hpp"
+
+namespace troupe::model {
+namespace k = troupe::kernels::cpu;
+
+namespace {
+size_t sz(int64_t n) { return static_cast<size_t>(n); }
+}  // namespace
+
+Linear Linear::bind(ParamStore& ps, const std::string& prefix) {
+  Param& w = ps.get(prefix + ".weight");
+  Param& b = ps.get(prefix + ".bias");
+  TROUPE_CHECK(w.data.ndim() == 2 && b.data.ndim() == 1 && b.data.size(0) == w.data.size(0),
+               "bad linear parameters ", prefix);
+  Linear l;
+  l.w = w.data.f32();
+  l.dw = w.grad.f32();
+  l.b = b.data.f32();
+  l.db = b.grad.f32();
+  l.out = static_cast<int>(w.data.size(0));
+  l.in = static_cast<int>(w.data.size(1));
+  return l;
+}
+
+void Linear::forward(float* y, const float* x, int N) const { k::linear_forward(y, x, w, b, N, in, out); }
+
+void Linear::backward(float* dx, const float* dy, const float* x, int N) const {
+  k::linear_backward(dx, dw, b ? db : nullptr, dy, x, w, N, in, out);
+}
+
+LayerNorm LayerNorm::bind(ParamStore& ps, const std::string& prefix) {
+  Param& w = ps.get(prefix + ".weight");
+  Param& b = ps.get(prefix + ".bias");
+  LayerNorm l;
+  l.w = w.data.f32();
+  l.dw = w.grad.f32();
+  l.b = b.data.f32();
+  l.db = b.grad.f32();
+  l.C = static_cast<int>(w.data.size(0));
+  return l;
+}
+
+void LayerNorm::forward(float* y, float* mean, float* rstd, const float* x, int N) const {
+  k::layernorm_forward(y, mean, rstd, x, w, b, N, C);
+}
+
+void LayerNorm::backward(float* dx, const float* dy, const float* x, const float* mean, const float* rstd,
+                         int N) const {
+  k::layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, N, C);
+}
+
+Workspace::Workspace(const ModelConfig& cfg, int max_B) {
+  const int64_t N = int64_t{max_B} * cfg.seq_len, D = cfg.d_model;
+  dres = Tensor::zeros({N, D});
+  tmp_d = Tensor::zeros({N, D});
+  dh = Tensor::zeros({N, 4 * D});
+  dh_pre = Tensor::zeros({N, 4 * D});
+  if (cfg.kind == ModelKind::gpt) {
+    dqkv = Tensor::zeros({N, 3 * D});
+    datt = Tensor::zeros({int64_t{max_B}, cfg.n_head, cfg.seq_len, cfg.seq_len});
+  }
+}
+
+// ---------------------------------------------------------------- MLP sublayer
+
+MlpSublayer::MlpSublayer(ParamStore& ps, const std::string& prefix, const ModelConfig& cfg, int n_slots,
+                         int max_B)
+    : ln_2_(LayerNorm::bind(ps, prefix + ".ln_2")),
+      c_fc_(Linear::bind(ps, prefix + ".mlp.c_fc")),
+      c_proj_(Linear::bind(ps, prefix + ".mlp.c_proj")) {
+  const int64_t N = int64_t{max_B} * cfg.seq_len, D = cfg.d_model;
+  for (int s = 0; s < n_slots; ++s) {
+    Acts a;
+    a.ln = Tensor::zeros({N, D});
+    a.mean = Tensor::zeros({N});
+    a.rstd = Tensor::zeros({N});
+    a.h_pre = Tensor::zeros({N, 4 * D});
+    a.h = Tensor::zeros({N, 4 * D});
+    acts_.push_back(std::move(a));
+  }
+}
+
+void MlpSublayer::forward(int slot, float* y, const float* x, int N, Workspace& ws) {
+  Acts& a = acts_.at(static_cast<size_t>(slot));
+  const int D = ln_2_.C;
+  ln_2_.forward(a.ln.f32(), a.mean.f32(), a.rstd.f32(), x, N);
+  c_fc_.forward(a.h_pre.f32(), a.ln.f32(), N);
+  k::gelu_forward(a.h.f32(), a.h_pre.f32(), sz(int64_t{N} * 4 * D));
+  c_proj_.forward(ws.tmp_d.f32(), a.h.f32(), N);
+  k::residual_forward(y, x, ws.tmp_d.f32(), sz(int64_t{N} * D));
+}
+
+void MlpSublayer::backward(int slot, float* dres, const float* x, int N, Workspace& ws) {
+  Acts& a = acts_.at(static_cast<size_t>(slot));
+  const int D = ln_2_.C;
+  const int64_t nh = int64_t{N} * 4 * D, nd = int64_t{N} * D;
+  float* dh = ws.dh.f32();
+  float* dh_pre = ws.dh_pre.f32();
+  float* dln = ws.tmp_d.f32();
+  // The residual path passes dres through unchanged; the branch adds into it via ln_2.
+  std::fill(dh, dh + nh, 0.0f);
+  c_proj_.backward(dh, dres, a.h.f32(), N);
+  std::fill(dh_pre, dh_pre + nh, 0.0f);
+  k::gelu_backward(dh_pre, a.h_pre.f32(), dh, sz(nh));
+  std::fill(dln, dln + nd, 0.0f);
+  c_fc_.backward(dln, dh_pre, a.ln.f32(), N);
+  ln_2_.backward(dres, dln, x, a.mean.f32(), a.rstd.f32(), N);
+}
+
+// ---------------------------------------------------------------- GPT block
+
+GptBlock::GptBlock(ParamStore& ps, int layer, const ModelConfig& cfg, int n_slots, int max_B)
+    : D_(cfg.d_model),
+      NH_(cfg.n_head),
+      ln_1_(LayerNorm::bind(ps, "h." + std::to_string(layer) + ".ln_1")),
+      c_attn_(Linear::bind(ps, "h." + std::to_string(layer) + ".attn.c_attn")),
+      c_proj_(Linear::bind(ps, "h." + std::to_string(layer) + ".attn.c_proj")),
+      mlp_(ps, "h." + std::to_string(layer), cfg, n_slots, max_B) {
+  const int64_t T = cfg.seq_len, N = int64_t{max_B} * T, D = D_;
+  for (int s = 0; s < n_slots; ++s) {
+    Acts a;
+    a.ln = Tensor::zeros({N, D});
+    a.mean = Tensor::zeros({N});
+    a.rstd = Tensor::zeros({N});
+    a.qkv = Tensor::zeros({N, 3 * D});
+    a.att = Tensor::zeros({int64_t{max_B}, NH_, T, T});
+    a.atty = Tensor::zeros({N, D});
+    a.mid = Tensor::zeros({N, D});
+    acts_.push_back(std::move(a));
+  }
+}
+
+void GptBlock::forward(int slot, float* y, const float* x, int B, int T, Workspace& ws) {
+  Acts& a = acts_.at(static_cast<size_t>(slot));
+  const int N = B * T;
+  ln_1_.forward(a.ln.f32(), a.mean.f32(), a.rstd.f32(), x, N);
+  c_attn_.forward(a.qkv.f32(), a.ln.f32(), N);
+  k::attention_forward(a.atty.f32(), a.att.f32(), a.qkv.f32(), B, T, NH_, D_ / NH_);
+  c_proj_.forward(ws.tmp_d.f32(), a.atty.f32(), N);
+  k::residual_forward(a.mid.f32(), x, ws.tmp_d.f32(), sz(int64_t{N} * D_));
+  mlp_.forward(slot, y, a.mid.f32(), N, ws);
+}
+
+void GptBlock::backward(int slot, float* dres, const float* x, int B, int T, Workspace& ws) {
+  Acts& a = acts_.at(static_cast<size_t>(slot));
+  const int N = B * T;
+  const int64_t nd = int64_t{N} * D_;
+  mlp_.backward(slot, dres, a.mid.f32(), N, ws);
+  float* dtmp = ws.tmp_d.f32();
+  std::fill(dtmp, dtmp + nd, 0.0f);  // datty
+  c_proj_.backward(dtmp, dres, a.atty.f32(), N);
+  float* dqkv = ws.dqkv.f32();
+  std::fill(dqkv, dqkv + 3 * nd, 0.0f);
+  k::attention_backward(dqkv, ws.datt.f32(), dtmp, a.qkv.f32(), a.att.f32(), B, T, NH_, D_ / NH_);
+  std::fill(dtmp, dtmp + nd, 0.0f);  // dln_1
+  c_attn_.backward(dtmp, dqkv, a.ln.f32(), N);
+  ln_1_.backward(dres, dtmp, x, a.mean.f32(), a.rstd.f32(), N);
+}
+
+// ---------------------------------------------------------------- MLP block
+
+MlpBlock::MlpBlock(ParamStore& ps, int layer, const ModelConfig& cfg, int n_slots, int max_B)
+    : mlp_(ps, "h." + std::to_string(layer), cfg, n_slots, max_B) {}
+
+void MlpBlock::forward(int slot, float* y, const float* x, int B, int T, Workspace& ws) {
+  mlp_.forward(slot, y, x, B * T, ws);
+}
+
+void MlpBlock::backward(int slot, float* dres, const float* x, int B, int T, Workspace& ws) {
+  mlp_.backward(slot, dres, x, B * T, ws);
+}
+
+}  // namespace troupe::model

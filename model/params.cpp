@@ -1,0 +1,158 @@
+#include "model/params.hpp"
+
+#include <cmath>
+
+#include "core/error.hpp"
+#include "core/rng.hpp"
+
+namespace troupe::model {
+namespace {
+
+constexpr double kInitStd = 0.02;
+constexpr int64_t kAlignFloats = Tensor::kAlignment / sizeof(float);
+
+ParamSpec weight(std::string name, Shape shape, double std) {
+  ParamSpec p;
+  p.name = std::move(name);
+  p.global_shape = std::move(shape);
+  p.decay = true;
+  p.init_std = std;
+  return p;
+}
+
+ParamSpec constant(std::string name, int64_t n, float value) {
+  ParamSpec p;
+  p.name = std::move(name);
+  p.global_shape = {n};
+  p.init_const = value;
+  return p;
+}
+
+void add_layernorm(std::vector<ParamSpec>& out, const std::string& prefix, int64_t D) {
+  out.push_back(constant(prefix + ".weight", D, 1.0f));
+  out.push_back(constant(prefix + ".bias", D, 0.0f));
+}
+
+void add_linear(std::vector<ParamSpec>& out, const std::string& prefix, int64_t n_out, int64_t n_in,
+                double std) {
+  out.push_back(weight(prefix + ".weight", {n_out, n_in}, std));
+  out.push_back(constant(prefix + ".bias", n_out, 0.0f));
+}
+
+}  // namespace
+
+Shape ParamSpec::local_shape() const {
+  Shape s = global_shape;
+  if (split_dim >= 0) {
+    TROUPE_CHECK(split_dim < static_cast<int>(s.size()), name, ": split_dim ", split_dim, " out of range");
+    TROUPE_CHECK(offset >= 0 && local >= 0 && offset + local <= s[static_cast<size_t>(split_dim)], name,
+                 ": slice [", offset, ", ", offset + local, ") outside ", shape_str(global_shape));
+    s[static_cast<size_t>(split_dim)] = local;
+  }
+  return s;
+}
+
+std::vector<ParamSpec> param_specs(const ModelConfig& cfg, const StageRange& range) {
+  cfg.validate();
+  TROUPE_CHECK(0 <= range.first && range.first <= range.last && range.last <= cfg.n_layer, "stage layers [",
+               range.first, ", ", range.last, ") outside a model of ", cfg.n_layer, " layers");
+  const int64_t V = cfg.vocab_size, D = cfg.d_model, T = cfg.seq_len;
+  // GPT-2: residual output projections scaled by 1/sqrt(2L) so the residual stream's
+  // variance does not grow with depth.
+  const double proj_std = kInitStd / std::sqrt(2.0 * std::max(cfg.n_layer, 1));
+  std::vector<ParamSpec> out;
+  if (range.has_embedding) {
+    out.push_back(weight("wte.weight", {V, D}, kInitStd));
+    if (cfg.kind == ModelKind::gpt) out.push_back(weight("wpe.weight", {T, D}, kInitStd));
+  }
+  for (int l = range.first; l < range.last; ++l) {
+    const std::string h = "h." + std::to_string(l);
+    if (cfg.kind == ModelKind::gpt) {
+      add_layernorm(out, h + ".ln_1", D);
+      add_linear(out, h + ".attn.c_attn", 3 * D, D, kInitStd);
+      add_linear(out, h + ".attn.c_proj", D, D, proj_std);
+    }
+    add_layernorm(out, h + ".ln_2", D);
+    add_linear(out, h + ".mlp.c_fc", 4 * D, D, kInitStd);
+    add_linear(out, h + ".mlp.c_proj", D, 4 * D, proj_std);
+  }
+  if (range.has_head) {
+    add_layernorm(out, "ln_f", D);
+    if (!range.has_embedding) out.push_back(weight("wte.weight", {V, D}, kInitStd));
+  }
+  return out;
+}
+
+void init_param(float* out, const ParamSpec& spec, uint64_t seed) {
+  Shape local = spec.local_shape();
+  int64_t n = shape_numel(local);
+  if (spec.init_std <= 0.0) {
+    for (int64_t i = 0; i < n; ++i) out[i] = spec.init_const;
+    return;
+  }
+  const uint64_t key = rng::name_hash(spec.name);
+  if (spec.split_dim < 0 || n == 0) {
+    rng::fill_normal(out, static_cast<size_t>(n), seed, key, 0, 0.0, spec.init_std);
+    return;
+  }
+  // local index (o, j, k) -> global index (o, offset + j, k) around the split dim.
+  const size_t d = static_cast<size_t>(spec.split_dim);
+  int64_t outer = 1, inner = 1;
+  for (size_t i = 0; i < d; ++i) outer *= spec.global_shape[i];
+  for (size_t i = d + 1; i < spec.global_shape.size(); ++i) inner *= spec.global_shape[i];
+  const int64_t G = spec.global_shape[d];
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t j = 0; j < spec.local; ++j) {
+      uint64_t g = static_cast<uint64_t>((o * G + spec.offset + j) * inner);
+      rng::fill_normal(out + (o * spec.local + j) * inner, static_cast<size_t>(inner), seed, key, g, 0.0,
+                       spec.init_std);
+    }
+}
+
+ParamStore::ParamStore(const std::vector<ParamSpec>& specs, uint64_t seed) {
+  std::vector<int64_t> offsets;
+  int64_t total = 0;
+  for (const auto& s : specs) {
+    offsets.push_back(total);
+    int64_t n = shape_numel(s.local_shape());
+    num_params_ += n;
+    total += (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+  }
+  flat_data_ = Tensor::zeros({total});
+  flat_grad_ = Tensor::zeros({total});
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const ParamSpec& s = specs[i];
+    TROUPE_CHECK(!contains(s.name), "duplicate parameter ", s.name);
+    Shape local = s.local_shape();
+    int64_t n = shape_numel(local);
+    Param p;
+    p.name = s.name;
+    p.global_shape = s.global_shape;
+    p.split_dim = s.split_dim;
+    p.offset = s.offset;
+    p.decay = s.decay;
+    p.data = flat_data_.slice(offsets[i], offsets[i] + n).reshape(local);
+    p.grad = flat_grad_.slice(offsets[i], offsets[i] + n).reshape(local);
+    init_param(p.data.f32(), s, seed);
+    params_.push_back(std::move(p));
+  }
+}
+
+bool ParamStore::contains(const std::string& name) const {
+  for (const auto& p : params_)
+    if (p.name == name) return true;
+  return false;
+}
+
+Param& ParamStore::get(const std::string& name) {
+  for (auto& p : params_)
+    if (p.name == name) return p;
+  TROUPE_CHECK(false, "no parameter named ", name);
+  return params_.front();
+}
+
+const Param& ParamStore::get(const std::string& name) const {
+  return const_cast<ParamStore*>(this)->get(name);
+}
+
+}  // namespace troupe::model

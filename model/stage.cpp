@@ -1,0 +1,157 @@
+#include "model/stage.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.hpp"
+#include "kernels/cpu/kernels.hpp"
+
+namespace troupe::model {
+namespace k = troupe::kernels::cpu;
+
+Stage::Stage(const ModelConfig& cfg, const StageRange& range, int n_slots, int max_micro_batch)
+    : cfg_(cfg), range_(range), max_B_(max_micro_batch), store_(param_specs(cfg, range), cfg.seed) {
+  TROUPE_CHECK(n_slots > 0 && max_micro_batch > 0, "need n_slots > 0 and max_micro_batch > 0, got ", n_slots,
+               ", ", max_micro_batch);
+  const int64_t T = cfg.seq_len, N = int64_t{max_B_} * T, D = cfg.d_model, V = cfg.vocab_size;
+  for (int l = range.first; l < range.last; ++l) {
+    if (cfg.kind == ModelKind::gpt)
+      blocks_.push_back(std::make_unique<GptBlock>(store_, l, cfg, n_slots, max_B_));
+    else
+      blocks_.push_back(std::make_unique<MlpBlock>(store_, l, cfg, n_slots, max_B_));
+  }
+  if (range.has_embedding || range.has_head) {
+    Param& wte = store_.get("wte.weight");
+    wte_ = wte.data.f32();
+    dwte_ = wte.grad.f32();
+  }
+  if (range.has_embedding && cfg.kind == ModelKind::gpt) {
+    Param& wpe = store_.get("wpe.weight");
+    wpe_ = wpe.data.f32();
+    dwpe_ = wpe.grad.f32();
+  }
+  if (range.has_head) {
+    ln_f_ = LayerNorm::bind(store_, "ln_f");
+    head_.w = wte_;
+    head_.dw = dwte_;
+    head_.in = static_cast<int>(D);
+    head_.out = static_cast<int>(V);
+    dlogits_ = Tensor::zeros({N, V});
+  }
+  ws_ = Workspace(cfg, max_B_);
+  slots_.resize(static_cast<size_t>(n_slots));
+  for (Slot& s : slots_) {
+    s.tokens = Tensor::zeros({N}, DType::i32);
+    s.targets = Tensor::zeros({N}, DType::i32);
+    for (int b = 0; b <= range.n_blocks(); ++b) s.resid.push_back(Tensor::zeros({N, D}));
+    if (range.has_head) {
+      s.lnf = Tensor::zeros({N, D});
+      s.lnf_mean = Tensor::zeros({N});
+      s.lnf_rstd = Tensor::zeros({N});
+      s.logits = Tensor::zeros({N, V});
+    }
+    if (!range.has_embedding) s.dinput = Tensor::zeros({N, D});
+  }
+}
+
+Stage::~Stage() = default;
+
+Stage::Slot& Stage::slot_at(int slot) {
+  TROUPE_CHECK(slot >= 0 && slot < n_slots(), "slot ", slot, " out of range [0, ", n_slots(), ")");
+  return slots_[static_cast<size_t>(slot)];
+}
+
+double Stage::forward(int slot, const int32_t* tokens, const float* x_in, const int32_t* targets, int B,
+                      int T) {
+  Slot& s = slot_at(slot);
+  TROUPE_CHECK(B > 0 && B <= max_B_, "micro-batch ", B, " outside [1, ", max_B_, "]");
+  TROUPE_CHECK(T > 0 && T <= cfg_.seq_len, "T = ", T, " outside [1, ", cfg_.seq_len, "]");
+  const int N = B * T, D = cfg_.d_model, V = cfg_.vocab_size;
+  const size_t nd = static_cast<size_t>(N) * D;
+  s.B = B;
+  s.T = T;
+  s.forwarded = false;
+  if (range_.has_embedding) {
+    TROUPE_CHECK(tokens != nullptr, "the first stage needs tokens");
+    for (int i = 0; i < N; ++i)
+      TROUPE_CHECK(tokens[i] >= 0 && tokens[i] < V, "token ", tokens[i], " at ", i, " outside [0, ", V, ")");
+    std::memcpy(s.tokens.data(), tokens, sizeof(int32_t) * static_cast<size_t>(N));
+    k::embedding_forward(s.resid[0].f32(), s.tokens.i32(), wte_, wpe_, B, T, D, V);
+  } else {
+    TROUPE_CHECK(x_in != nullptr, "a stage without the embedding needs its input activations");
+    std::memcpy(s.resid[0].data(), x_in, sizeof(float) * nd);
+  }
+  for (size_t b = 0; b < blocks_.size(); ++b)
+    blocks_[b]->forward(slot, s.resid[b + 1].f32(), s.resid[b].f32(), B, T, ws_);
+  s.forwarded = true;
+  s.has_targets = false;
+  if (!range_.has_head) return 0.0;
+
+  ln_f_.forward(s.lnf.f32(), s.lnf_mean.f32(), s.lnf_rstd.f32(), s.resid.back().f32(), N);
+  head_.forward(s.logits.f32(), s.lnf.f32(), N);
+  if (targets == nullptr) return 0.0;
+  for (int i = 0; i < N; ++i)
+    TROUPE_CHECK(targets[i] >= 0 && targets[i] < V, "target ", targets[i], " at ", i, " outside [0, ", V,
+                 ")");
+  std::memcpy(s.targets.data(), targets, sizeof(int32_t) * static_cast<size_t>(N));
+  s.has_targets = true;
+  return k::cross_entropy(nullptr, s.logits.f32(), s.targets.i32(), N, V, 0.0f);
+}
+
+void Stage::backward(int slot, const float* dout, float dloss) {
+  Slot& s = slot_at(slot);
+  TROUPE_CHECK(s.forwarded, "backward(", slot, ") without a forward of that slot");
+  const int B = s.B, T = s.T, N = B * T, D = cfg_.d_model, V = cfg_.vocab_size;
+  const size_t nd = static_cast<size_t>(N) * D;
+  float* dres = ws_.dres.f32();
+  if (range_.has_head) {
+    TROUPE_CHECK(s.has_targets, "backward through the head needs a forward with targets");
+    // dlogits is recomputed from the saved logits rather than kept per slot: (B,T,V) per
+    // slot would dominate activation memory for a small D.
+    float* dlogits = dlogits_.f32();
+    std::fill(dlogits, dlogits + static_cast<size_t>(N) * V, 0.0f);
+    k::cross_entropy(dlogits, s.logits.f32(), s.targets.i32(), N, V, dloss);
+    float* dlnf = ws_.tmp_d.f32();
+    std::fill(dlnf, dlnf + nd, 0.0f);
+    head_.backward(dlnf, dlogits, s.lnf.f32(), N);
+    std::fill(dres, dres + nd, 0.0f);
+    ln_f_.backward(dres, dlnf, s.resid.back().f32(), s.lnf_mean.f32(), s.lnf_rstd.f32(), N);
+  } else {
+    TROUPE_CHECK(dout != nullptr, "a stage without the head needs the gradient of its output");
+    std::memcpy(dres, dout, sizeof(float) * nd);
+  }
+  for (size_t b = blocks_.size(); b-- > 0;) blocks_[b]->backward(slot, dres, s.resid[b].f32(), B, T, ws_);
+  if (range_.has_embedding)
+    k::embedding_backward(dwte_, dwpe_, dres, s.tokens.i32(), B, T, D, V);
+  else
+    std::memcpy(s.dinput.data(), dres, sizeof(float) * nd);
+}
+
+Tensor Stage::output(int slot) const {
+  TROUPE_CHECK(!range_.has_head, "a stage with the head has no output activations; use logits()");
+  const Slot& s = slots_.at(static_cast<size_t>(slot));
+  TROUPE_CHECK(s.forwarded, "output(", slot, ") before forward");
+  return s.resid.back().slice(0, int64_t{s.B} * s.T).reshape({s.B, s.T, cfg_.d_model});
+}
+
+Tensor Stage::input_grad(int slot) const {
+  TROUPE_CHECK(!range_.has_embedding, "the first stage has no input gradient");
+  const Slot& s = slots_.at(static_cast<size_t>(slot));
+  return s.dinput.slice(0, int64_t{s.B} * s.T).reshape({s.B, s.T, cfg_.d_model});
+}
+
+Tensor Stage::logits(int slot) const {
+  TROUPE_CHECK(range_.has_head, "only the last stage has logits");
+  const Slot& s = slots_.at(static_cast<size_t>(slot));
+  TROUPE_CHECK(s.forwarded, "logits(", slot, ") before forward");
+  return s.logits.slice(0, int64_t{s.B} * s.T).reshape({s.B, s.T, cfg_.vocab_size});
+}
+
+void Stage::last_logits(const int32_t* tokens, int T, float* out) {
+  TROUPE_CHECK(range_.has_embedding && range_.has_head, "last_logits needs the full model");
+  forward(0, tokens, nullptr, nullptr, 1, T);
+  const float* row = slots_[0].logits.f32() + static_cast<size_t>(T - 1) * cfg_.vocab_size;
+  std::memcpy(out, row, sizeof(float) * static_cast<size_t>(cfg_.vocab_size));
+}
+
+}  // namespace troupe::model

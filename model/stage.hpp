@@ -1,0 +1,94 @@
+// A pipeline stage of a GPT or MLP model: optional embedding, a contiguous range of
+// blocks, optional head (ln_f + LM head tied to wte + cross-entropy). The
+// single-device model is Stage(cfg, StageRange::full(cfg), ...).
+//
+// Activations live in n_slots independent micro-batch slots, allocated once for
+// (max_micro_batch, cfg.seq_len); a call may use any B <= max_micro_batch and
+// T <= seq_len. forward(slot) keeps what backward(slot) needs until the slot is
+// forwarded again; backward runs one slot at a time and accumulates into the grads.
+//
+// Chaining stages by hand (what the pipeline executor does over the wire):
+//   s0.forward(m, tokens, nullptr, nullptr, B, T);                 // has_embedding
+//   double loss = s1.forward(m, nullptr, s0.output(m).f32(), targets, B, T);  // has_head
+//   s1.backward(m, nullptr, 1.0f / (B * T));
+//   s0.backward(m, s1.input_grad(m).f32(), 0.0f);
+// With a split of the tied embedding, both the first and the last stage hold
+// wte.weight; their grads must be summed (and values kept equal) between them.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "core/tensor.hpp"
+#include "model/config.hpp"
+#include "model/layers.hpp"
+#include "model/params.hpp"
+
+namespace troupe::model {
+
+class Stage {
+ public:
+  Stage(const ModelConfig& cfg, const StageRange& range, int n_slots = 1, int max_micro_batch = 1);
+  ~Stage();
+  Stage(const Stage&) = delete;
+  Stage& operator=(const Stage&) = delete;
+
+  // tokens(B,T) int32 in [0,V) when has_embedding (else null); x_in(B,T,D) otherwise
+  // (copied, the caller may reuse it). targets(B,T) int32 when has_head: returns the
+  // SUM of the B*T per-token losses (double). targets == null with has_head computes
+  // logits(slot) only and returns 0. Without a head, the result is output(slot), returns 0.
+  double forward(int slot, const int32_t* tokens, const float* x_in, const int32_t* targets, int B, int T);
+
+  // dout(B,T,D) = dL/d output(slot) when !has_head (else null). With has_head, dloss is
+  // dL/d(each token's loss), e.g. 1/(global tokens), and the slot must have had targets.
+  // Accumulates into every parameter grad; when !has_embedding, input_grad(slot) =
+  // dL/d x_in (overwritten).
+  void backward(int slot, const float* dout, float dloss);
+
+  Tensor output(int slot) const;      // (B,T,D) view, valid after forward(slot), !has_head
+  Tensor input_grad(int slot) const;  // (B,T,D) view, valid after backward(slot), !has_embedding
+  Tensor logits(int slot) const;      // (B,T,V) view, valid after forward(slot), has_head
+
+  // Sampling: logits(V) of the last position of prefix tokens(T), B=1, T <= seq_len.
+  // Needs the full model (embedding and head); uses slot 0.
+  void last_logits(const int32_t* tokens, int T, float* out);
+
+  std::vector<Param>& params() { return store_.params(); }
+  const std::vector<Param>& params() const { return store_.params(); }
+  Param& param(const std::string& name) { return store_.get(name); }
+  ParamStore& store() { return store_; }
+  void zero_grads() { store_.zero_grads(); }
+  int64_t num_params() const { return store_.num_params(); }
+
+  const ModelConfig& config() const { return cfg_; }
+  const StageRange& range() const { return range_; }
+  int n_slots() const { return static_cast<int>(slots_.size()); }
+  int max_micro_batch() const { return max_B_; }
+
+ private:
+  struct Slot {
+    int B = 0, T = 0;
+    bool forwarded = false, has_targets = false;
+    Tensor tokens, targets;          // (B,T) int32
+    std::vector<Tensor> resid;       // n_blocks + 1 of (B,T,D): stage input, then each block's output
+    Tensor lnf, lnf_mean, lnf_rstd;  // (B,T,D), (B,T), (B,T)
+    Tensor logits;                   // (B,T,V)
+    Tensor dinput;                   // (B,T,D)
+  };
+
+  ModelConfig cfg_;
+  StageRange range_;
+  int max_B_;
+  ParamStore store_;
+  std::vector<std::unique_ptr<Block>> blocks_;
+  std::vector<Slot> slots_;
+  Workspace ws_;
+  Tensor dlogits_;  // (B,T,V) head backward scratch
+  Linear head_;     // tied: weight = wte, no bias
+  LayerNorm ln_f_;
+  float *wte_ = nullptr, *dwte_ = nullptr, *wpe_ = nullptr, *dwpe_ = nullptr;
+
+  Slot& slot_at(int slot);
+};
+
+}  // namespace troupe::model
