@@ -1,0 +1,172 @@
+// The job spec: a YAML file turned into a typed, validated JobSpec.
+//
+// Validation collects every problem of a file before it throws, each as a Diagnostic that
+// reads like a compiler error ("job.yaml:12:9: error: ...") with a hint the user can act on.
+// docs/job-spec.md lists every key, its default, its range and the cross-field rules.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/units.hpp"
+
+namespace troupe {
+
+struct Diagnostic {
+  std::string file;
+  int line = 0;  // 1-based; 0 when the problem is the file as a whole (missing, too large)
+  int col = 0;   // 1-based
+  std::string message;
+  std::string hint;
+  // "file:line:col: error: message\n  hint: hint"; without ":line:col" when line is 0, without the
+  // hint line when there is no hint.
+  std::string str() const;
+};
+
+class SpecError : public std::exception {
+ public:
+  SpecError() = default;
+  explicit SpecError(std::vector<Diagnostic> d);
+  std::vector<Diagnostic> diagnostics;         // sorted by position, file-level ones first
+  const char* what() const noexcept override;  // every diagnostic's str(), one after another
+
+ private:
+  mutable std::string what_;
+};
+
+enum class ModelType { gpt, mlp };
+enum class DataSource { text, synthetic };
+enum class Precision { fp32, bf16, fp16 };
+enum class Recompute { none, block };
+enum class Schedule { gpipe, one_f_one_b, interleaved };
+enum class DeviceKind { cpu, cuda };
+enum class LrSchedule { constant, cosine, linear };
+
+struct ModelSpec {
+  ModelType type = ModelType::gpt;
+  int vocab_size = 256;
+  int seq_len = 0;
+  int d_model = 0;
+  int n_layers = 0;
+  int n_heads = 0;        // gpt only; 0 for mlp
+  std::string init_from;  // safetensors file or checkpoint dir to start from; "" = fresh init
+};
+
+struct DataSpec {
+  DataSource source = DataSource::text;
+  std::string path;  // text only: a file, or a directory whose text files are read
+  double val_fraction = 0.05;
+};
+
+struct OptimizerSpec {
+  std::string type = "adamw";
+  double lr = 3e-4;
+  double beta1 = 0.9, beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+};
+
+struct TrainSpec {
+  int64_t steps = 0;
+  int global_batch = 0;  // sequences per optimizer step, over all data-parallel ranks
+  int micro_batch = 0;   // sequences per forward/backward on one rank; 0 = "auto" (planner decides)
+  OptimizerSpec optimizer;
+  LrSchedule lr_schedule = LrSchedule::cosine;
+  int64_t warmup_steps = 0;
+  double min_lr = 0.0;
+  double grad_clip = 1.0;  // max global L2 norm; 0 = off
+  Precision precision = Precision::fp32;
+  Recompute recompute = Recompute::none;
+  uint64_t seed = 0;
+  int64_t eval_every = 0;  // 0 = off
+  int eval_batches = 4;
+  int64_t log_every = 1;
+};
+
+struct ParallelSpec {
+  int data = 1, pipeline = 1, tensor = 1;  // 0 means "auto"
+  Schedule schedule = Schedule::one_f_one_b;
+  int virtual_stages = 1;  // model chunks per pipeline rank (interleaved schedule)
+};
+
+struct ResourcesSpec {
+  DeviceKind device = DeviceKind::cpu;
+  int threads_per_worker = 1;
+  uint64_t memory_per_device = 0;  // bytes, 0 = unknown (probe the device)
+};
+
+struct CheckpointSpec {
+  std::string dir;    // "" = <run dir>/ckpt
+  int64_t every = 0;  // 0 = off
+  int keep = 3;
+  bool async = true;
+};
+
+struct FaultSpec {
+  int max_restarts = 3;
+  std::chrono::milliseconds heartbeat{1000};
+  std::chrono::milliseconds step_timeout{0};  // 0 = derived from measured step times
+};
+
+struct ElasticSpec {
+  int min_devices = 0;  // 0 = the planned layout's size
+  int max_devices = 0;  // 0 = the planned layout's size
+};
+
+struct JobSpec {
+  std::string name;
+  std::string source_file;  // where it was read from; not part of the spec's content
+  ModelSpec model;
+  DataSpec data;
+  TrainSpec train;
+  ParallelSpec parallel;
+  ResourcesSpec resources;
+  CheckpointSpec checkpoint;
+  FaultSpec fault;
+  ElasticSpec elastic;
+};
+
+// Field-by-field equality; JobSpec's ignores source_file, so a spec equals its own to_yaml round trip.
+bool operator==(const ModelSpec&, const ModelSpec&);
+bool operator==(const DataSpec&, const DataSpec&);
+bool operator==(const OptimizerSpec&, const OptimizerSpec&);
+bool operator==(const TrainSpec&, const TrainSpec&);
+bool operator==(const ParallelSpec&, const ParallelSpec&);
+bool operator==(const ResourcesSpec&, const ResourcesSpec&);
+bool operator==(const CheckpointSpec&, const CheckpointSpec&);
+bool operator==(const FaultSpec&, const FaultSpec&);
+bool operator==(const ElasticSpec&, const ElasticSpec&);
+bool operator==(const JobSpec&, const JobSpec&);
+inline bool operator!=(const JobSpec& a, const JobSpec& b) { return !(a == b); }
+
+// A spec file is at most this large; larger files are refused before they are read.
+inline constexpr uint64_t kMaxSpecBytes = 1 << 20;
+
+// Reads, parses and validates a spec file. Throws SpecError for every problem, the file's own
+// included (missing, a directory, too large, not text).
+JobSpec load_spec(const std::string& path);
+// Parses and validates YAML text; `filename` is used in diagnostics and stored as source_file.
+JobSpec parse_spec(const std::string& yaml_text, const std::string& filename);
+
+// The resolved spec as YAML: every key with its value, defaults filled in, "auto" where a parallel
+// degree or micro_batch is left to the planner. parse_spec(to_yaml(s), f) == s.
+std::string to_yaml(const JobSpec& spec);
+
+// The YAML spelling of each enum value ("1f1b" for Schedule::one_f_one_b).
+const char* to_string(ModelType v);
+const char* to_string(DataSource v);
+const char* to_string(Precision v);
+const char* to_string(Recompute v);
+const char* to_string(Schedule v);
+const char* to_string(DeviceKind v);
+const char* to_string(LrSchedule v);
+
+// Devices of a fully given layout (data * pipeline * tensor), or nullopt when any degree is auto.
+std::optional<int> layout_devices(const ParallelSpec& p);
+
+}  // namespace troupe
