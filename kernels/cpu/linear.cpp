@@ -1,0 +1,52 @@
+// Fully connected layer, PyTorch convention: weight is (OC,IC), out = inp @ weight^T + bias.
+// The products go through gemm(); only the bias broadcast and its reduction are loops here.
+#include "core/error.hpp"
+#include "kernels/cpu/kernels.hpp"
+
+namespace troupe::kernels::cpu {
+
+namespace {
+
+// out(N,OC) = bias broadcast over rows, so the product can then accumulate (beta = 1).
+void fill_rows(float* __restrict__ out, const float* __restrict__ bias, int N, int OC) {
+  for (int n = 0; n < N; ++n) {
+    float* __restrict__ row = out + size_t(n) * OC;
+    for (int o = 0; o < OC; ++o) row[o] = bias[o];
+  }
+}
+
+// dbias(OC) += sum over rows of dout(N,OC); rows outer so the inner loop is contiguous.
+void sum_rows(float* __restrict__ dbias, const float* __restrict__ dout, int N, int OC) {
+  for (int n = 0; n < N; ++n) {
+    const float* __restrict__ row = dout + size_t(n) * OC;
+    for (int o = 0; o < OC; ++o) dbias[o] += row[o];
+  }
+}
+
+}  // namespace
+
+void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int IC,
+                    int OC) {
+  TROUPE_CHECK(N > 0 && IC > 0 && OC > 0, "N=", N, " IC=", IC, " OC=", OC);
+  TROUPE_CHECK(out && inp && weight, "null tensor");
+  float beta = 0.0f;
+  if (bias) {
+    fill_rows(out, bias, N, OC);
+    beta = 1.0f;
+  }
+  // (N,IC) x (OC,IC)^T -> (N,OC)
+  gemm(false, true, N, OC, IC, 1.0f, inp, IC, weight, IC, beta, out, OC);
+}
+
+void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int IC, int OC) {
+  TROUPE_CHECK(N > 0 && IC > 0 && OC > 0, "N=", N, " IC=", IC, " OC=", OC);
+  TROUPE_CHECK(dout && inp && weight, "null tensor");
+  // dinp(N,IC) += dout(N,OC) x weight(OC,IC)
+  if (dinp) gemm(false, false, N, IC, OC, 1.0f, dout, OC, weight, IC, 1.0f, dinp, IC);
+  // dweight(OC,IC) += dout(N,OC)^T x inp(N,IC)
+  if (dweight) gemm(true, false, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);
+  if (dbias) sum_rows(dbias, dout, N, OC);
+}
+
+}  // namespace troupe::kernels::cpu
