@@ -180,7 +180,7 @@ class Prescan : public YAML::EventHandler {
   void OnAlias(const YAML::Mark& m, YAML::anchor_t) override {
     error(m, "YAML aliases (*name) are not supported in a job spec",
           "write the value out in full; anchors and aliases are refused so a spec cannot expand");
-    if (++aliases >= 10) throw StopScan{};
+    if (++aliases >= 3) throw StopScan{};
   }
   void OnScalar(const YAML::Mark& m, const std::string&, YAML::anchor_t, const std::string&) override {
     node(m);

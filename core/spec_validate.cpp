@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <map>
 #include <optional>
@@ -146,6 +147,13 @@ std::string fmt_real(double v) {
   return std::string(buf, r.ptr);
 }
 
+// Three significant digits, for suggestions in hints.
+std::string short_real(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", v);
+  return buf;
+}
+
 // Shortens a user's value for quoting it back in a message.
 std::string shown(const std::string& s) {
   std::string out;
@@ -175,7 +183,8 @@ std::string describe(const YAML::Node& n) {
     case YAML::NodeType::Scalar: {
       const std::string& s = n.Scalar();
       if (is_quoted(n)) return "the string \"" + shown(s) + "\"";
-      if (is_bool_word(s)) return "the boolean " + s;
+      if (s == "true" || s == "True" || s == "TRUE" || s == "false" || s == "False" || s == "FALSE")
+        return "the boolean " + s;
       return "'" + shown(s) + "'";
     }
     default:
@@ -298,9 +307,10 @@ class Section {
       ctx_.error(at,
                  (path_.empty() ? std::string("a job spec") : "'" + path_ + "'") +
                      " must be a mapping of keys, got " + describe(node),
-                 "write it as indented 'key: value' lines, e.g. " +
-                     (path_.empty() ? std::string("name: my-job")
-                                    : path_ + ":\n    " + schema().at(path_).front() + ": ..."));
+                 path_.empty() ? std::string("write it as 'key: value' lines, starting with 'name: my-job'")
+                               : "put '" + path_.substr(path_.rfind('.') + 1) +
+                                     ":' on its own line and its keys indented below it, e.g. '  " +
+                                     schema().at(path_).front() + ": ...'");
       ctx_.mark_bad(path_);
       valid_ = false;
       return;
@@ -350,7 +360,7 @@ class Section {
   Section sub(const std::string& key, bool required = false) {
     auto it = entries_.find(key);
     if (it == entries_.end()) {
-      if (required && valid_) missing(key, "a '" + key + ":' section");
+      if (required && valid_ && ctx_.ok(path_)) missing(key, "a '" + key + ":' section");
       return Section(ctx_, YAML::Node(YAML::NodeType::Undefined), child(path_, key), ctx_.loc(path_));
     }
     return Section(ctx_, it->second.value, child(path_, key), it->second.key);
@@ -534,7 +544,7 @@ class Section {
   };
 
   const YAML::Node* value(const std::string& key, bool required, const std::string& what) {
-    if (!valid_) return nullptr;
+    if (!valid_ || !ctx_.ok(path_)) return nullptr;
     auto it = entries_.find(key);
     if (it == entries_.end()) {
       if (required) missing(key, "'" + key + ": <" + what + ">'");
@@ -583,10 +593,15 @@ class Section {
 };
 
 // Divisors of n nearest to `near`, to suggest a value that satisfies a divisibility rule.
-std::string nearby_divisors(int64_t n, int64_t near) {
+std::string nearby_divisors(int64_t n, int64_t near, int64_t min = 1) {
   std::vector<int64_t> ds;
   for (int64_t d = 1; d * d <= n && d < 1000000; ++d)
-    if (n % d == 0) ds.push_back(d), ds.push_back(n / d);
+    if (n % d == 0) {
+      if (d >= min) ds.push_back(d);
+      if (n / d >= min) ds.push_back(n / d);
+    }
+  if (ds.empty())
+    return "none: no divisor of " + std::to_string(n) + " is " + std::to_string(min) + " or more";
   std::sort(ds.begin(), ds.end());
   ds.erase(std::unique(ds.begin(), ds.end()), ds.end());
   std::sort(ds.begin(), ds.end(), [&](int64_t a, int64_t b) {
@@ -713,7 +728,7 @@ JobSpec build_spec(const YAML::Node& root_node, const std::string& file, std::ve
     ctx.error(
         ctx.loc("train.min_lr"),
         "train.min_lr (" + fmt_real(t.min_lr) + ") is above train.optimizer.lr (" + fmt_real(o.lr) + ")",
-        "the schedule decays from lr down to min_lr; e.g. min_lr: " + fmt_real(o.lr / 10));
+        "the schedule decays from lr down to min_lr; e.g. min_lr: " + short_real(o.lr / 10));
   if (ctx.ok("train.global_batch") && ctx.ok("train.micro_batch") && t.micro_batch > t.global_batch)
     ctx.error(ctx.loc("train.micro_batch"),
               "train.micro_batch (" + std::to_string(t.micro_batch) +
@@ -799,7 +814,7 @@ JobSpec build_spec(const YAML::Node& root_node, const std::string& file, std::ve
                     ") is not divisible by pipeline x virtual_stages (" + std::to_string(chunks) + ")",
                 "the interleaved schedule gives every model chunk the same number of layers; e.g. "
                 "virtual_stages: " +
-                    nearby_divisors(m.n_layers / std::max(1, p.pipeline), p.virtual_stages));
+                    nearby_divisors(m.n_layers / std::max(1, p.pipeline), p.virtual_stages, 2));
   }
 
   // ---- resources
