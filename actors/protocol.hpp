@@ -1,0 +1,223 @@
+// The control-plane protocol between coordinator, agents and workers, written
+// once: every message type, every atom and every typed actor interface.
+//
+// Include this only from the few translation units that host actors (it pulls
+// in caf/all.hpp); kernels, model and the pure coordinator state never see it.
+//
+// Who sends what:
+//
+//   agent  --register_agent(AgentHello)--> coordinator   => Welcome
+//   coord  --launch(LaunchRequest)-------> agent         => pid
+//   agent  --worker_exit(WorkerExit)-----> coordinator     (after waitpid)
+//   worker --register_worker(WorkerHello)> coordinator   => Assignment
+//   worker --step(StepMetrics)-----------> coordinator     (one per optimizer step)
+//   worker --worker_done(WorkerResult)---> coordinator
+//   worker --store_set / store_get-------> coordinator   => rendezvous values
+//   coord  --abort(reason)---------------> worker
+//   coord  --where-----------------------> worker        => "step 12: forward mb 3"
+//
+// Registration carries kProtocolVersion; the coordinator refuses a peer that
+// speaks another version, naming both versions.
+#pragma once
+
+#include <caf/all.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "actors/version.hpp"
+
+namespace troupe::actors {
+
+// ---------------------------------------------------------------- atoms (<= 10 chars)
+using reg_agent_atom = caf::atom_constant<caf::atom("reg_agent")>;
+using reg_worker_atom = caf::atom_constant<caf::atom("reg_worker")>;
+using launch_atom = caf::atom_constant<caf::atom("launch")>;
+using kill_atom = caf::atom_constant<caf::atom("kill")>;
+using worker_exit_atom = caf::atom_constant<caf::atom("wexit")>;
+using step_atom = caf::atom_constant<caf::atom("step")>;
+using worker_done_atom = caf::atom_constant<caf::atom("wdone")>;
+using abort_atom = caf::atom_constant<caf::atom("abort")>;
+using where_atom = caf::atom_constant<caf::atom("where")>;
+using store_set_atom = caf::atom_constant<caf::atom("st_set")>;
+using store_get_atom = caf::atom_constant<caf::atom("st_get")>;
+using store_expire_atom = caf::atom_constant<caf::atom("st_expire")>;
+using api_atom = caf::atom_constant<caf::atom("api")>;
+using tick_atom = caf::atom_constant<caf::atom("tick")>;
+using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;
+using lost_atom = caf::atom_constant<caf::atom("lost")>;
+
+// ---------------------------------------------------------------- messages
+
+// An agent introduces its host and devices ("cpu:0", "cuda:3").
+struct AgentHello {
+  int32_t protocol = kProtocolVersion;
+  std::string host;
+  int32_t pid = 0;
+  std::vector<std::string> devices;
+};
+
+// The coordinator's answer to a registration.
+struct Welcome {
+  bool accepted = false;
+  std::string message;  // why it was refused, or the agent id
+  int32_t coordinator_protocol = kProtocolVersion;
+};
+
+// Start one worker process for (job, generation, rank) on one device.
+struct LaunchRequest {
+  std::string job_id;
+  int32_t generation = 0;
+  int32_t rank = 0;
+  std::string device;    // "cpu:3"
+  std::string log_path;  // stdout+stderr of the worker; "" = inherit
+};
+
+// A worker process ended (reaped by its agent with waitpid).
+struct WorkerExit {
+  std::string job_id;
+  int32_t generation = 0;
+  int32_t rank = 0;
+  int32_t pid = 0;
+  int32_t exit_code = -1;  // when it exited normally
+  int32_t signal = 0;      // when a signal ended it (9 = SIGKILL)
+};
+
+// A worker process asks for its assignment.
+struct WorkerHello {
+  int32_t protocol = kProtocolVersion;
+  std::string job_id;
+  int32_t generation = 0;
+  int32_t rank = 0;
+  int32_t pid = 0;
+  std::string host;
+};
+
+// What one rank runs. Rank order puts tensor parallelism fastest, then data,
+// then pipeline: rank = pp_index * (dp * tp) + dp_index * tp + tp_index.
+struct Assignment {
+  std::string refused;  // non-empty: registration refused, nothing to run
+  std::string job_id;
+  int32_t generation = 0;
+  int32_t rank = 0;
+  int32_t world = 1;
+  int32_t dp = 1, pp = 1, tp = 1;
+  int32_t dp_index = 0, pp_index = 0, tp_index = 0;
+  int32_t first_layer = 0, last_layer = 0;  // this stage's layers [first, last)
+  std::string device;
+  std::string spec_yaml;    // the resolved job spec
+  std::string run_dir;      // runs/<name>-<id>
+  std::string resume_from;  // checkpoint directory, "" = fresh
+  int64_t first_step = 0;
+};
+
+// One optimizer step as seen by one rank.
+struct StepMetrics {
+  std::string job_id;
+  int32_t generation = 0;
+  int32_t rank = 0;
+  int64_t step = 0;
+  double loss = 0, lr = 0;
+  int64_t tokens = 0;
+  double step_ms = 0, grad_norm = 0;
+  bool has_val_loss = false;
+  double val_loss = 0;
+};
+
+// A rank finished: ok, or failed with a named error.
+struct WorkerResult {
+  std::string job_id;
+  int32_t generation = 0;
+  int32_t rank = 0;
+  bool ok = false;
+  std::string error_name;  // e.g. "engine_error", "aborted"
+  std::string message;
+};
+
+// A rendezvous key, namespaced by (job, generation, group).
+struct StoreKey {
+  std::string job_id;
+  int32_t generation = 0;
+  std::string group;
+  std::string key;
+};
+
+struct StoreValue {
+  bool found = false;
+  std::string value;
+  std::string error;  // "timeout", "stale generation", ...
+};
+
+// ---------------------------------------------------------------- inspectors
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, AgentHello& x) {
+  return f(caf::meta::type_name("AgentHello"), x.protocol, x.host, x.pid, x.devices);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, Welcome& x) {
+  return f(caf::meta::type_name("Welcome"), x.accepted, x.message, x.coordinator_protocol);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, LaunchRequest& x) {
+  return f(caf::meta::type_name("LaunchRequest"), x.job_id, x.generation, x.rank, x.device, x.log_path);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, WorkerExit& x) {
+  return f(caf::meta::type_name("WorkerExit"), x.job_id, x.generation, x.rank, x.pid, x.exit_code, x.signal);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, WorkerHello& x) {
+  return f(caf::meta::type_name("WorkerHello"), x.protocol, x.job_id, x.generation, x.rank, x.pid, x.host);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, Assignment& x) {
+  return f(caf::meta::type_name("Assignment"), x.refused, x.job_id, x.generation, x.rank, x.world, x.dp, x.pp,
+           x.tp, x.dp_index, x.pp_index, x.tp_index, x.first_layer, x.last_layer, x.device, x.spec_yaml,
+           x.run_dir, x.resume_from, x.first_step);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, StepMetrics& x) {
+  return f(caf::meta::type_name("StepMetrics"), x.job_id, x.generation, x.rank, x.step, x.loss, x.lr,
+           x.tokens, x.step_ms, x.grad_norm, x.has_val_loss, x.val_loss);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, WorkerResult& x) {
+  return f(caf::meta::type_name("WorkerResult"), x.job_id, x.generation, x.rank, x.ok, x.error_name,
+           x.message);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, StoreKey& x) {
+  return f(caf::meta::type_name("StoreKey"), x.job_id, x.generation, x.group, x.key);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, StoreValue& x) {
+  return f(caf::meta::type_name("StoreValue"), x.found, x.value, x.error);
+}
+
+// ---------------------------------------------------------------- typed interfaces
+
+// Messages marked "self" are timers an actor sends to itself.
+using coordinator_actor = caf::typed_actor<
+    caf::replies_to<reg_agent_atom, AgentHello>::with<Welcome>,
+    caf::replies_to<reg_worker_atom, WorkerHello>::with<Assignment>,
+    caf::reacts_to<worker_exit_atom, WorkerExit>, caf::reacts_to<step_atom, StepMetrics>,
+    caf::reacts_to<worker_done_atom, WorkerResult>,
+    caf::replies_to<store_set_atom, StoreKey, std::string>::with<bool>,
+    caf::replies_to<store_get_atom, StoreKey, int64_t>::with<StoreValue>,
+    caf::reacts_to<store_expire_atom, uint64_t>,                // self
+    caf::replies_to<api_atom, std::string>::with<std::string>,  // local: the ZeroMQ API thread
+    caf::reacts_to<lost_atom, std::string, int32_t, int32_t>,   // self: (job, generation, rank)
+    caf::reacts_to<tick_atom>>;                                 // self
+
+using agent_actor = caf::typed_actor<caf::replies_to<launch_atom, LaunchRequest>::with<int32_t>,
+                                     caf::reacts_to<kill_atom, std::string, int32_t>,  // (job, generation):
+                                                                                       // SIGKILL its workers
+                                     caf::reacts_to<tick_atom>,                        // self: reap children
+                                     caf::reacts_to<shutdown_atom>>;
+
+using worker_actor =
+    caf::typed_actor<caf::reacts_to<abort_atom, std::string>, caf::replies_to<where_atom>::with<std::string>,
+                     caf::reacts_to<tick_atom>>;  // self: notice the engine thread's end
+
+}  // namespace troupe::actors

@@ -1,0 +1,54 @@
+#include "actors/system.hpp"
+
+#include <unistd.h>
+
+#include "actors/protocol.hpp"
+#include "core/error.hpp"
+
+namespace troupe::actors {
+
+NodeConfig::NodeConfig() {
+  add_message_type<AgentHello>("troupe::AgentHello");
+  add_message_type<Welcome>("troupe::Welcome");
+  add_message_type<LaunchRequest>("troupe::LaunchRequest");
+  add_message_type<WorkerExit>("troupe::WorkerExit");
+  add_message_type<WorkerHello>("troupe::WorkerHello");
+  add_message_type<Assignment>("troupe::Assignment");
+  add_message_type<StepMetrics>("troupe::StepMetrics");
+  add_message_type<WorkerResult>("troupe::WorkerResult");
+  add_message_type<StoreKey>("troupe::StoreKey");
+  add_message_type<StoreValue>("troupe::StoreValue");
+  add_message_type<std::vector<std::string>>("std::vector<std::string>");
+  load<caf::io::middleman>();
+  set("middleman.heartbeat-interval", caf::timespan{kHeartbeatInterval});
+  set("middleman.connection-timeout", caf::timespan{kConnectionTimeout});
+  // Control traffic is light; two scheduler threads leave the cores to the engine.
+  set("scheduler.max-threads", size_t{2});
+  set("logger.console", caf::atom("none"));
+}
+
+std::pair<std::string, uint16_t> parse_host_port(const std::string& address) {
+  auto colon = address.rfind(':');
+  TROUPE_CHECK(colon != std::string::npos && colon > 0 && colon + 1 < address.size(),
+               "expected HOST:PORT, got '", address, "'");
+  std::string host = address.substr(0, colon);
+  int port = -1;
+  try {
+    size_t used = 0;
+    port = std::stoi(address.substr(colon + 1), &used);
+    if (used != address.size() - colon - 1) port = -1;
+  } catch (const std::exception&) {
+    port = -1;
+  }
+  TROUPE_CHECK(port >= 0 && port <= 65535, "bad port in '", address, "'");
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return {host, static_cast<uint16_t>(port)};
+}
+
+std::string host_name() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof buf - 1) != 0) return "localhost";
+  return buf;
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,35 @@
+#include "coordinator/metrics.hpp"
+
+#include <algorithm>
+
+namespace troupe::coord {
+
+MetricsAggregator::MetricsAggregator(int world, int generation, std::string layout)
+    : world_(world), generation_(generation), layout_(std::move(layout)) {}
+
+std::optional<nlohmann::json> MetricsAggregator::add(const StepSample& s) {
+  if (s.rank < 0 || s.rank >= world_ || s.step <= last_emitted_) return std::nullopt;
+  auto& ranks = pending_[s.step];
+  if (!ranks.emplace(s.rank, s).second) return std::nullopt;
+  if (static_cast<int>(ranks.size()) < world_) return std::nullopt;
+
+  const StepSample& last = ranks.at(world_ - 1);
+  double step_ms = 0;
+  for (const auto& [r, x] : ranks) step_ms = std::max(step_ms, x.step_ms);
+  nlohmann::json line = {{"step", s.step},
+                         {"loss", last.loss},
+                         {"lr", last.lr},
+                         {"tokens", last.tokens},
+                         {"tokens_per_s", step_ms > 0 ? last.tokens / (step_ms / 1000.0) : 0.0},
+                         {"step_ms", step_ms},
+                         {"grad_norm", last.grad_norm},
+                         {"generation", generation_},
+                         {"layout", layout_}};
+  if (last.val_loss) line["val_loss"] = *last.val_loss;
+  pending_.erase(s.step);
+  last_emitted_ = std::max(last_emitted_, s.step);
+  ++completed_;
+  return line;
+}
+
+}  // namespace troupe::coord

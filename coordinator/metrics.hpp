@@ -1,0 +1,45 @@
+// Aggregates the per-rank step reports of one job generation into one
+// metrics.jsonl line per optimizer step.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+namespace troupe::coord {
+
+struct StepSample {
+  int rank = 0;
+  int64_t step = 0;
+  double loss = 0, lr = 0;
+  int64_t tokens = 0;
+  double step_ms = 0, grad_norm = 0;
+  std::optional<double> val_loss;
+};
+
+class MetricsAggregator {
+ public:
+  MetricsAggregator(int world, int generation, std::string layout);
+
+  // Adds one rank's report. When every rank has reported step s, returns its
+  // line: step, loss, lr, tokens, grad_norm and val_loss from the last rank
+  // (it holds the last pipeline stage, where the loss is computed; every rank
+  // reports the global-batch mean), step_ms = the slowest rank's,
+  // tokens_per_s = tokens / step_ms, generation and layout.
+  // A duplicate or out-of-world report is ignored (returns nullopt).
+  std::optional<nlohmann::json> add(const StepSample& s);
+
+  int64_t steps_completed() const { return completed_; }
+  int pending_steps() const { return static_cast<int>(pending_.size()); }
+
+ private:
+  int world_, generation_;
+  std::string layout_;
+  std::map<int64_t, std::map<int, StepSample>> pending_;  // step -> rank -> sample
+  int64_t completed_ = 0;
+  int64_t last_emitted_ = -1;
+};
+
+}  // namespace troupe::coord

@@ -1,0 +1,413 @@
+#include "coordinator/state.hpp"
+
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.hpp"
+#include "core/run_dir.hpp"
+
+namespace troupe::coord {
+
+double now_ms() {
+  using namespace std::chrono;
+  return duration_cast<microseconds>(system_clock::now().time_since_epoch()).count() / 1000.0;
+}
+
+std::string signal_name(int sig) {
+  switch (sig) {
+    case SIGKILL:
+      return "SIGKILL";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGSEGV:
+      return "SIGSEGV";
+    case SIGABRT:
+      return "SIGABRT";
+    case SIGBUS:
+      return "SIGBUS";
+    case SIGFPE:
+      return "SIGFPE";
+    case SIGILL:
+      return "SIGILL";
+    case SIGINT:
+      return "SIGINT";
+    case SIGHUP:
+      return "SIGHUP";
+    case SIGPIPE:
+      return "SIGPIPE";
+    default:
+      return "signal " + std::to_string(sig);
+  }
+}
+
+void Actions::append(Actions&& o) {
+  for (auto& x : o.launches) launches.push_back(std::move(x));
+  for (auto& x : o.aborts) aborts.push_back(std::move(x));
+  for (auto& x : o.kills) kills.push_back(std::move(x));
+  for (auto& x : o.events) events.push_back(std::move(x));
+}
+
+CoordinatorState::CoordinatorState(std::string runs_root, int protocol_version)
+    : runs_root_(std::move(runs_root)), protocol_(protocol_version), make_id_(make_job_id) {
+  std::error_code ec;
+  auto abs = std::filesystem::absolute(runs_root_, ec);
+  if (!ec) runs_root_ = abs.lexically_normal().string();
+}
+
+// ---------------------------------------------------------------- agents
+
+RegisterResult CoordinatorState::register_agent(int protocol, const std::string& host, int pid,
+                                                const std::vector<std::string>& devices, Actions* out) {
+  if (protocol != protocol_)
+    return {false, "protocol version mismatch: the agent speaks protocol " + std::to_string(protocol) +
+                       ", the coordinator speaks protocol " + std::to_string(protocol_) +
+                       "; run the same troupe version on every node"};
+  std::string id;
+  try {
+    id = registry_.add_agent(host, pid, devices);
+  } catch (const Error& e) {
+    return {false, std::string("agent refused: ") + e.what()};
+  }
+  out->events.push_back({{"event", "agent"},
+                         {"agent", id},
+                         {"host", host},
+                         {"pid", pid},
+                         {"devices", devices},
+                         {"state", "registered"}});
+  schedule(out);
+  return {true, id};
+}
+
+void CoordinatorState::remove_agent(const std::string& agent_id, Actions* out) {
+  const Agent* a = registry_.agent(agent_id);
+  if (!a) return;
+  std::string who = agent_id + " on " + a->host + " (pid " + std::to_string(a->pid) + ")";
+  auto affected = registry_.remove_agent(agent_id);
+  out->events.push_back({{"event", "agent"}, {"agent", agent_id}, {"state", "lost"}});
+  for (const auto& job_id : affected)
+    if (Job* j = find(job_id)) fail(*j, "agent_lost", "agent " + who + " disconnected", out);
+  schedule(out);
+}
+
+// ---------------------------------------------------------------- jobs
+
+Job* CoordinatorState::find(const std::string& job_id) {
+  auto it = jobs_.find(job_id);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+const Job* CoordinatorState::job(const std::string& job_id) const {
+  auto it = jobs_.find(job_id);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+bool CoordinatorState::current(const std::string& job_id, int generation) const {
+  const Job* j = job(job_id);
+  return j && j->generation == generation && !is_terminal(j->state);
+}
+
+std::string CoordinatorState::submit(JobRequest request, Actions* out) {
+  TROUPE_CHECK(request.layout.world() > 0, "bad layout ", request.layout.str());
+  std::string id = make_id_();
+  while (jobs_.count(id)) id = make_id_();
+  Job& j = jobs_[id];
+  j.id = id;
+  j.request = std::move(request);
+  j.run_dir = runs_root_ + "/" + j.request.name + "-" + id;
+  j.submitted_ms = now_ms();
+  order_.push_back(id);
+  out->events.push_back({{"event", "submitted"},
+                         {"job", id},
+                         {"name", j.request.name},
+                         {"run_dir", j.run_dir},
+                         {"layout", j.request.layout.str()},
+                         {"spec", j.request.spec_yaml}});
+  out->events.push_back({{"event", "state"}, {"job", id}, {"state", "queued"}, {"reason", ""}});
+  schedule(out);
+  return id;
+}
+
+void CoordinatorState::transition(Job& job, JobState to, const std::string& reason, Actions* out) {
+  if (!transition_allowed(job.state, to)) throw IllegalTransition(job.state, to);
+  job.state = to;
+  job.reason = reason;
+  if (is_terminal(to)) job.finished_ms = now_ms();
+  out->events.push_back({{"event", "state"}, {"job", job.id}, {"state", to_string(to)}, {"reason", reason}});
+}
+
+void CoordinatorState::schedule(Actions* out) {
+  for (const auto& id : order_) {
+    Job& j = jobs_.at(id);
+    if (j.state == JobState::queued) try_place(j, out);
+  }
+}
+
+bool CoordinatorState::try_place(Job& job, Actions* out) {
+  std::string why;
+  const auto& req = job.request;
+  auto devices = registry_.allocate(job.id, req.device_kind, req.layout.world(), &why);
+  if (!devices) {
+    if (why != job.reason) {
+      job.reason = why;
+      out->events.push_back({{"event", "waiting"}, {"job", job.id}, {"state", "queued"}, {"reason", why}});
+    }
+    return false;
+  }
+  transition(job, JobState::planning, "", out);
+  job.ranks.assign(devices->size(), RankSlot{});
+  for (size_t r = 0; r < devices->size(); ++r) {
+    job.ranks[r].device = (*devices)[r];
+    if (const Agent* a = registry_.agent((*devices)[r].agent_id)) job.ranks[r].host = a->host;
+  }
+  job.metrics = std::make_unique<MetricsAggregator>(req.layout.world(), job.generation, req.layout.str());
+  std::string placed;
+  for (size_t r = 0; r < devices->size(); ++r)
+    placed += (r ? ", " : "") + std::to_string(r) + "=" + job.ranks[r].host + "/" + (*devices)[r].device;
+  transition(job, JobState::launching, "placed " + req.layout.str() + " on " + placed, out);
+  for (size_t r = 0; r < devices->size(); ++r)
+    out->launches.push_back({(*devices)[r].agent_id, job.id, job.generation, static_cast<int>(r),
+                             (*devices)[r].device, job.run_dir + "/workers/" + std::to_string(r) + ".log"});
+  return true;
+}
+
+void CoordinatorState::stop_workers(Job& job, const std::string& reason, Actions* out) {
+  std::vector<std::string> agents;
+  for (size_t r = 0; r < job.ranks.size(); ++r) {
+    const RankSlot& s = job.ranks[r];
+    if (s.exited) continue;
+    if (s.registered && !s.done) out->aborts.push_back({job.id, job.generation, static_cast<int>(r), reason});
+    if (registry_.agent(s.device.agent_id) &&
+        std::find(agents.begin(), agents.end(), s.device.agent_id) == agents.end())
+      agents.push_back(s.device.agent_id);
+  }
+  for (const auto& a : agents) out->kills.push_back({a, job.id, job.generation});
+}
+
+void CoordinatorState::fail(Job& job, const std::string& name, const std::string& message, Actions* out) {
+  if (is_terminal(job.state)) return;
+  job.failure_name = name;
+  transition(job, JobState::failed, name + ": " + message, out);
+  stop_workers(job, "job failed: " + name, out);
+  registry_.release(job.id);
+  store_.drop_job(job.id);
+  schedule(out);
+}
+
+bool CoordinatorState::cancel(const std::string& job_id, const std::string& reason, Actions* out,
+                              std::string* why) {
+  Job* j = find(job_id);
+  if (!j) {
+    if (why) *why = "unknown job '" + job_id + "'";
+    return false;
+  }
+  if (is_terminal(j->state)) {
+    if (why) *why = "job " + job_id + " already " + to_string(j->state);
+    return false;
+  }
+  transition(*j, JobState::cancelled, reason, out);
+  stop_workers(*j, "job cancelled", out);
+  registry_.release(j->id);
+  store_.drop_job(j->id);
+  schedule(out);
+  return true;
+}
+
+// ---------------------------------------------------------------- workers
+
+void CoordinatorState::worker_launched(const std::string& job_id, int generation, int rank, int pid) {
+  Job* j = find(job_id);
+  if (!j || j->generation != generation || rank < 0 || rank >= static_cast<int>(j->ranks.size())) return;
+  j->ranks[rank].pid = pid;
+}
+
+void CoordinatorState::launch_failed(const std::string& job_id, int generation, int rank,
+                                     const std::string& message, Actions* out) {
+  Job* j = find(job_id);
+  if (!j || j->generation != generation) return;
+  if (rank >= 0 && rank < static_cast<int>(j->ranks.size())) j->ranks[rank].exited = true;
+  fail(*j, "launch_failed", "rank " + std::to_string(rank) + ": " + message, out);
+}
+
+WorkerAssignment CoordinatorState::register_worker(int protocol, const std::string& job_id, int generation,
+                                                   int rank, const std::string& host, int pid, Actions* out) {
+  WorkerAssignment a;
+  if (protocol != protocol_) {
+    a.refused = "protocol version mismatch: the worker speaks protocol " + std::to_string(protocol) +
+                ", the coordinator speaks protocol " + std::to_string(protocol_) +
+                "; run the same troupe version on every node";
+    if (Job* j = find(job_id); j && j->generation == generation)
+      fail(*j, "protocol_mismatch", "rank " + std::to_string(rank) + ": " + a.refused, out);
+    return a;
+  }
+  Job* j = find(job_id);
+  if (!j) {
+    a.refused = "unknown job '" + job_id + "'";
+    return a;
+  }
+  if (j->generation != generation) {
+    a.refused = "stale generation " + std::to_string(generation) + " (job " + job_id + " is at generation " +
+                std::to_string(j->generation) + ")";
+    return a;
+  }
+  if (is_terminal(j->state)) {
+    a.refused = "job " + job_id + " already " + to_string(j->state);
+    return a;
+  }
+  if (rank < 0 || rank >= static_cast<int>(j->ranks.size())) {
+    a.refused =
+        "rank " + std::to_string(rank) + " outside the job's world of " + std::to_string(j->ranks.size());
+    return a;
+  }
+  RankSlot& s = j->ranks[rank];
+  if (s.registered) {
+    a.refused = "rank " + std::to_string(rank) + " of job " + job_id + " is already registered";
+    return a;
+  }
+  s.registered = true;
+  s.pid = pid;
+  if (!host.empty()) s.host = host;
+  ++j->control_messages;
+  a.job = j;
+  a.rank = rank;
+  a.coords = rank_coords(j->request.layout, rank, j->request.n_layers);
+  bool all = true;
+  for (const auto& r : j->ranks) all = all && r.registered;
+  if (all && j->state == JobState::launching)
+    transition(*j, JobState::running, std::to_string(j->ranks.size()) + " worker(s) running", out);
+  return a;
+}
+
+void CoordinatorState::step(const std::string& job_id, int generation, const StepSample& sample,
+                            Actions* out) {
+  Job* j = find(job_id);
+  if (!j || j->generation != generation || is_terminal(j->state) || !j->metrics) return;
+  ++j->control_messages;
+  auto line = j->metrics->add(sample);
+  if (!line) return;
+  j->last_step = sample.step;
+  j->last_loss = (*line)["loss"].get<double>();
+  if (j->first_step_ms == 0) j->first_step_ms = now_ms();
+  out->events.push_back({{"event", "step"}, {"job", job_id}, {"metrics", *line}});
+}
+
+void CoordinatorState::worker_done(const std::string& job_id, int generation, int rank, bool ok,
+                                   const std::string& error_name, const std::string& message, Actions* out) {
+  Job* j = find(job_id);
+  if (!j || j->generation != generation || is_terminal(j->state)) return;
+  if (rank < 0 || rank >= static_cast<int>(j->ranks.size())) return;
+  ++j->control_messages;
+  if (!ok) {
+    fail(*j, error_name.empty() ? "worker_failed" : error_name,
+         "rank " + std::to_string(rank) + ": " + message, out);
+    return;
+  }
+  j->ranks[rank].done = true;
+  for (const auto& r : j->ranks)
+    if (!r.done) return;
+  transition(*j, JobState::succeeded, std::to_string(j->last_step + 1) + " step(s)", out);
+  registry_.release(j->id);
+  store_.drop_job(j->id);
+  schedule(out);
+}
+
+void CoordinatorState::worker_exited(const std::string& job_id, int generation, int rank, int pid,
+                                     int exit_code, int signal, Actions* out) {
+  Job* j = find(job_id);
+  if (!j || j->generation != generation || rank < 0 || rank >= static_cast<int>(j->ranks.size())) return;
+  RankSlot& s = j->ranks[rank];
+  s.exited = true;
+  std::string how =
+      signal > 0 ? "was killed by " + signal_name(signal) : "exited with code " + std::to_string(exit_code);
+  out->events.push_back(
+      {{"event", "worker_exit"},
+       {"job", job_id},
+       {"rank", rank},
+       {"pid", pid},
+       {"exit_code", exit_code},
+       {"signal", signal},
+       {"message", "rank " + std::to_string(rank) + " (pid " + std::to_string(pid) + ") " + how}});
+  if (is_terminal(j->state) || s.done) return;
+  std::string where = "rank " + std::to_string(rank) + " (pid " + std::to_string(pid) + ", " +
+                      s.device.device + " on " + s.host + ") ";
+  fail(*j, signal > 0 ? "worker_killed" : "worker_exited", where + how + " before finishing", out);
+}
+
+void CoordinatorState::worker_lost(const std::string& job_id, int generation, int rank,
+                                   const std::string& why, Actions* out) {
+  Job* j = find(job_id);
+  if (!j || j->generation != generation || is_terminal(j->state)) return;
+  if (rank < 0 || rank >= static_cast<int>(j->ranks.size())) return;
+  const RankSlot& s = j->ranks[rank];
+  if (s.done || s.exited) return;
+  fail(*j, "worker_lost",
+       "rank " + std::to_string(rank) + " (pid " + std::to_string(s.pid) + ", " + s.device.device + " on " +
+           s.host + ") lost its connection: " + why,
+       out);
+}
+
+std::string CoordinatorState::store_refusal(const std::string& job_id, int generation) const {
+  const Job* j = job(job_id);
+  if (!j) return "unknown job '" + job_id + "'";
+  if (j->generation != generation)
+    return "stale generation " + std::to_string(generation) + " (job is at generation " +
+           std::to_string(j->generation) + ")";
+  if (is_terminal(j->state)) return "job already " + std::string(to_string(j->state));
+  return "";
+}
+
+// ---------------------------------------------------------------- queries
+
+nlohmann::json CoordinatorState::job_json(const Job& j) const {
+  nlohmann::json workers = nlohmann::json::array();
+  for (size_t r = 0; r < j.ranks.size(); ++r) {
+    const RankSlot& s = j.ranks[r];
+    workers.push_back({{"rank", r},
+                       {"agent", s.device.agent_id},
+                       {"host", s.host},
+                       {"device", s.device.device},
+                       {"pid", s.pid},
+                       {"registered", s.registered},
+                       {"done", s.done},
+                       {"exited", s.exited}});
+  }
+  nlohmann::json out = {{"id", j.id},
+                        {"name", j.request.name},
+                        {"state", to_string(j.state)},
+                        {"reason", j.reason},
+                        {"failure", j.failure_name},
+                        {"layout", j.request.layout.str()},
+                        {"world", j.request.layout.world()},
+                        {"device_kind", j.request.device_kind},
+                        {"generation", j.generation},
+                        {"run_dir", j.run_dir},
+                        {"steps_done", j.last_step + 1},
+                        {"total_steps", j.request.total_steps},
+                        {"control_messages", j.control_messages},
+                        {"workers", workers}};
+  if (j.last_step >= 0) out["loss"] = j.last_loss;
+  if (j.first_step_ms > 0) out["first_step_latency_ms"] = j.first_step_ms - j.submitted_ms;
+  if (j.finished_ms > 0) out["duration_ms"] = j.finished_ms - j.submitted_ms;
+  return out;
+}
+
+nlohmann::json CoordinatorState::list_json() const {
+  nlohmann::json jobs = nlohmann::json::array();
+  for (const auto& id : order_) {
+    const Job& j = jobs_.at(id);
+    jobs.push_back({{"id", j.id},
+                    {"name", j.request.name},
+                    {"state", to_string(j.state)},
+                    {"reason", j.reason},
+                    {"layout", j.request.layout.str()},
+                    {"steps_done", j.last_step + 1},
+                    {"total_steps", j.request.total_steps}});
+  }
+  nlohmann::json devices;
+  for (const char* kind : {"cpu", "cuda"})
+    devices[kind] = {{"total", registry_.total(kind)}, {"free", registry_.free(kind)}};
+  return {{"jobs", jobs}, {"agents", registry_.to_json()}, {"devices", devices}};
+}
+
+}  // namespace troupe::coord

@@ -1,0 +1,324 @@
+// The coordinator's pure state: registry, job state machine, placement,
+// metrics aggregation and the rendezvous store, without actors or processes.
+#include <catch2/catch.hpp>
+#include <filesystem>
+
+#include "coordinator/job.hpp"
+#include "coordinator/metrics.hpp"
+#include "coordinator/registry.hpp"
+#include "coordinator/rendezvous.hpp"
+#include "coordinator/spec_request.hpp"
+#include "coordinator/state.hpp"
+#include "core/error.hpp"
+
+using namespace troupe::coord;
+
+namespace {
+
+JobRequest request(const std::string& name, int dp, int pp = 1, int tp = 1, const std::string& kind = "cpu") {
+  JobRequest r;
+  r.name = name;
+  r.spec_yaml = "name: " + name + "\n";
+  r.device_kind = kind;
+  r.layout = {dp, pp, tp};
+  r.n_layers = 4;
+  r.total_steps = 3;
+  return r;
+}
+
+std::vector<std::string> cpus(int n) {
+  std::vector<std::string> d;
+  for (int i = 0; i < n; ++i) d.push_back("cpu:" + std::to_string(i));
+  return d;
+}
+
+struct Fixture {
+  std::string root = (std::filesystem::temp_directory_path() / "troupe-state-test").string();
+  CoordinatorState st{root, 7};
+  int next = 0;
+  Fixture() {
+    st.set_id_source([this] { return "job" + std::to_string(++next); });
+  }
+};
+
+bool has_state_event(const Actions& a, const std::string& job, const std::string& state) {
+  for (const auto& e : a.events)
+    if (e["event"] == "state" && e["job"] == job && e["state"] == state) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("registry: agents register devices, duplicates and bad names are refused", "[registry]") {
+  DeviceRegistry reg;
+  auto a = reg.add_agent("h1", 10, cpus(4));
+  auto b = reg.add_agent("h2", 11, {"cuda:0", "cuda:1"});
+  CHECK(a != b);
+  CHECK(reg.total("cpu") == 4);
+  CHECK(reg.total("cuda") == 2);
+  CHECK(reg.free("cpu") == 4);
+  CHECK_THROWS_AS(reg.add_agent("h3", 12, {"cpu:0", "cpu:0"}), troupe::Error);
+  CHECK_THROWS_AS(reg.add_agent("h3", 12, {"tpu:0"}), troupe::Error);
+  CHECK_THROWS_AS(reg.add_agent("h3", 12, {"cpu:x"}), troupe::Error);
+  CHECK_THROWS_AS(reg.add_agent("h3", 12, {}), troupe::Error);
+
+  std::string why;
+  auto got = reg.allocate("j1", "cpu", 3, &why);
+  REQUIRE(got);
+  CHECK(got->size() == 3);
+  CHECK(reg.free("cpu") == 1);
+  CHECK(reg.held_by("j1").size() == 3);
+  auto jobs = reg.remove_agent(a);
+  REQUIRE(jobs.size() == 1);
+  CHECK(jobs[0] == "j1");
+  CHECK(reg.total("cpu") == 0);
+  CHECK(reg.agent(a) == nullptr);
+}
+
+TEST_CASE("registry: allocation prefers one agent, else spans agents, else says why", "[registry]") {
+  DeviceRegistry reg;
+  auto a = reg.add_agent("h1", 1, cpus(2));
+  auto b = reg.add_agent("h2", 2, cpus(4));
+  std::string why;
+  auto one = reg.allocate("j1", "cpu", 3, &why);
+  REQUIRE(one);
+  for (const auto& d : *one) CHECK(d.agent_id == b);  // only b holds all three
+  auto span = reg.allocate("j2", "cpu", 3, &why);     // no agent has 3 free: spans a and b
+  REQUIRE(span);
+  CHECK(span->front().agent_id == a);
+  CHECK(span->back().agent_id == b);
+  CHECK_FALSE(reg.allocate("j3", "cpu", 1, &why));
+  CHECK(why == "waiting for 1 free cpu device(s): 0 free of 6 registered");
+  reg.release("j1");
+  CHECK(reg.free("cpu") == 3);
+  CHECK_FALSE(reg.allocate("j3", "cuda", 1, &why));
+  CHECK(why.find("too few") != std::string::npos);
+}
+
+TEST_CASE("job FSM: legal and illegal transitions", "[fsm]") {
+  using S = JobState;
+  CHECK(transition_allowed(S::queued, S::planning));
+  CHECK(transition_allowed(S::planning, S::launching));
+  CHECK(transition_allowed(S::planning, S::queued));
+  CHECK(transition_allowed(S::launching, S::running));
+  CHECK(transition_allowed(S::running, S::succeeded));
+  for (S s : {S::queued, S::planning, S::launching, S::running}) {
+    CHECK(transition_allowed(s, S::failed));
+    CHECK(transition_allowed(s, S::cancelled));
+  }
+  CHECK_FALSE(transition_allowed(S::queued, S::running));
+  CHECK_FALSE(transition_allowed(S::queued, S::succeeded));
+  CHECK_FALSE(transition_allowed(S::launching, S::succeeded));
+  CHECK_FALSE(transition_allowed(S::running, S::queued));
+  for (S t : {S::succeeded, S::failed, S::cancelled})
+    for (S to : {S::queued, S::running, S::failed, S::cancelled, S::succeeded})
+      CHECK_FALSE(transition_allowed(t, to));
+  IllegalTransition e(S::succeeded, S::running);
+  CHECK(std::string(e.what()) == "illegal job transition succeeded -> running");
+}
+
+TEST_CASE("rank coordinates: tensor fastest, then data, then pipeline; stages balanced", "[layout]") {
+  Layout l{2, 2, 2};
+  auto c = rank_coords(l, 5, 5);
+  CHECK(c.pp_index == 1);
+  CHECK(c.dp_index == 0);
+  CHECK(c.tp_index == 1);
+  CHECK(c.first_layer == 3);  // stage 0 holds 3 layers, stage 1 holds 2
+  CHECK(c.last_layer == 5);
+  auto c0 = rank_coords(l, 0, 5);
+  CHECK(c0.first_layer == 0);
+  CHECK(c0.last_layer == 3);
+  CHECK_THROWS_AS(rank_coords(l, 8, 5), troupe::Error);
+  CHECK(l.str() == "2x2x2");
+}
+
+TEST_CASE("placement: two jobs that fit run at once, a third waits with a reason", "[placement]") {
+  Fixture f;
+  Actions a;
+  REQUIRE(f.st.register_agent(7, "h1", 100, cpus(2), &a).accepted);
+  REQUIRE(f.st.register_agent(7, "h2", 101, cpus(2), &a).accepted);
+  Actions s1, s2, s3;
+  auto j1 = f.st.submit(request("a", 2), &s1);
+  auto j2 = f.st.submit(request("b", 2), &s2);
+  auto j3 = f.st.submit(request("c", 1), &s3);
+  CHECK(f.st.job(j1)->state == JobState::launching);
+  CHECK(f.st.job(j2)->state == JobState::launching);
+  CHECK(s1.launches.size() == 2);
+  CHECK(s2.launches.size() == 2);
+  CHECK(s1.launches[0].agent_id != s2.launches[0].agent_id);  // each job on one host
+  CHECK(s3.launches.empty());
+  CHECK(f.st.job(j3)->state == JobState::queued);
+  CHECK(f.st.job(j3)->reason == "waiting for 1 free cpu device(s): 0 free of 4 registered");
+  CHECK(s1.launches[1].log_path == f.st.job(j1)->run_dir + "/workers/1.log");
+
+  // j1 finishes: j3 is placed on a freed device.
+  Actions done;
+  for (int r = 0; r < 2; ++r) f.st.register_worker(7, j1, 0, r, "h1", 200 + r, &done);
+  CHECK(f.st.job(j1)->state == JobState::running);
+  f.st.worker_done(j1, 0, 0, true, "", "", &done);
+  CHECK(f.st.job(j1)->state == JobState::running);
+  f.st.worker_done(j1, 0, 1, true, "", "", &done);
+  CHECK(f.st.job(j1)->state == JobState::succeeded);
+  CHECK(f.st.job(j3)->state == JobState::launching);
+  REQUIRE(done.launches.size() == 1);
+  CHECK(done.launches[0].job_id == j3);
+  CHECK(has_state_event(done, j1, "succeeded"));
+  CHECK(has_state_event(done, j3, "launching"));
+}
+
+TEST_CASE("workers: registration checks protocol, generation, rank and duplicates", "[workers]") {
+  Fixture f;
+  Actions a;
+  auto refused = f.st.register_agent(6, "h1", 1, cpus(2), &a);
+  CHECK_FALSE(refused.accepted);
+  CHECK(refused.message.find("agent speaks protocol 6, the coordinator speaks protocol 7") !=
+        std::string::npos);
+  REQUIRE(f.st.register_agent(7, "h1", 1, cpus(2), &a).accepted);
+  auto j = f.st.submit(request("w", 1, 2, 1), &a);
+  CHECK(f.st.register_worker(7, "nope", 0, 0, "h", 1, &a).refused == "unknown job 'nope'");
+  CHECK(f.st.register_worker(7, j, 3, 0, "h", 1, &a).refused.find("stale generation 3") != std::string::npos);
+  CHECK(f.st.register_worker(7, j, 0, 2, "h", 1, &a).refused.find("outside") != std::string::npos);
+  auto ok = f.st.register_worker(7, j, 0, 1, "h", 1, &a);
+  CHECK(ok.refused.empty());
+  CHECK(ok.coords.pp_index == 1);
+  CHECK(ok.coords.first_layer == 2);
+  CHECK(f.st.register_worker(7, j, 0, 1, "h", 1, &a).refused.find("already registered") != std::string::npos);
+  Actions m;
+  auto bad = f.st.register_worker(5, j, 0, 0, "h", 1, &m);
+  CHECK(bad.refused.find("worker speaks protocol 5, the coordinator speaks protocol 7") != std::string::npos);
+  CHECK(f.st.job(j)->state == JobState::failed);
+  CHECK(f.st.job(j)->failure_name == "protocol_mismatch");
+}
+
+TEST_CASE("failures: a killed worker fails its job by name and stops the others", "[failures]") {
+  Fixture f;
+  Actions a;
+  REQUIRE(f.st.register_agent(7, "h1", 1, cpus(2), &a).accepted);
+  auto j = f.st.submit(request("k", 2), &a);
+  f.st.worker_launched(j, 0, 0, 300);
+  f.st.worker_launched(j, 0, 1, 301);
+  f.st.register_worker(7, j, 0, 0, "h1", 300, &a);
+  f.st.register_worker(7, j, 0, 1, "h1", 301, &a);
+  Actions x;
+  f.st.worker_exited(j, 0, 1, 301, -1, 9, &x);
+  const Job* job = f.st.job(j);
+  CHECK(job->state == JobState::failed);
+  CHECK(job->failure_name == "worker_killed");
+  CHECK(job->reason.find("rank 1 (pid 301, cpu:1 on h1) was killed by SIGKILL") != std::string::npos);
+  REQUIRE(x.aborts.size() == 1);
+  CHECK(x.aborts[0].rank == 0);
+  REQUIRE(x.kills.size() == 1);
+  CHECK(f.st.registry().free("cpu") == 2);
+  // Late news about a finished job changes nothing.
+  Actions late;
+  f.st.worker_lost(j, 0, 0, "gone", &late);
+  CHECK(job->failure_name == "worker_killed");
+  CHECK(late.kills.empty());
+}
+
+TEST_CASE("cancel: running and queued jobs, not finished ones", "[cancel]") {
+  Fixture f;
+  Actions a;
+  REQUIRE(f.st.register_agent(7, "h1", 1, cpus(1), &a).accepted);
+  auto j1 = f.st.submit(request("r", 1), &a);
+  auto j2 = f.st.submit(request("q", 1), &a);
+  f.st.register_worker(7, j1, 0, 0, "h1", 5, &a);
+  Actions c;
+  std::string why;
+  REQUIRE(f.st.cancel(j1, "cancelled by user", &c, &why));
+  CHECK(f.st.job(j1)->state == JobState::cancelled);
+  CHECK(c.aborts.size() == 1);
+  CHECK(c.kills.size() == 1);
+  CHECK(f.st.job(j2)->state == JobState::launching);  // took the freed device
+  CHECK_FALSE(f.st.cancel(j1, "again", &c, &why));
+  CHECK(why == "job " + j1 + " already cancelled");
+  CHECK_FALSE(f.st.cancel("zzz", "x", &c, &why));
+  CHECK(why == "unknown job 'zzz'");
+}
+
+TEST_CASE("agent loss fails the jobs on it", "[failures]") {
+  Fixture f;
+  Actions a;
+  auto r = f.st.register_agent(7, "h1", 42, cpus(1), &a);
+  auto j = f.st.submit(request("x", 1), &a);
+  Actions l;
+  f.st.remove_agent(r.message, &l);
+  CHECK(f.st.job(j)->failure_name == "agent_lost");
+  CHECK(f.st.job(j)->reason.find("h1 (pid 42) disconnected") != std::string::npos);
+  CHECK(f.st.registry().total("cpu") == 0);
+}
+
+TEST_CASE("metrics: one line per step once every rank reported", "[metrics]") {
+  MetricsAggregator m(2, 3, "2x1x1");
+  StepSample s0{0, 0, 2.5, 1e-3, 512, 40.0, 1.0, std::nullopt};
+  StepSample s1{1, 0, 2.5, 1e-3, 512, 50.0, 1.0, 2.7};
+  CHECK_FALSE(m.add(s0));
+  CHECK_FALSE(m.add(s0));  // duplicate
+  auto line = m.add(s1);
+  REQUIRE(line);
+  CHECK((*line)["step"] == 0);
+  CHECK((*line)["loss"].get<double>() == Approx(2.5));
+  CHECK((*line)["step_ms"].get<double>() == Approx(50.0));
+  CHECK((*line)["tokens_per_s"].get<double>() == Approx(512 / 0.05));
+  CHECK((*line)["val_loss"].get<double>() == Approx(2.7));
+  CHECK((*line)["generation"] == 3);
+  CHECK((*line)["layout"] == "2x1x1");
+  CHECK_FALSE(m.add(s1));                                             // late duplicate of an emitted step
+  CHECK_FALSE(m.add(StepSample{5, 1, 0, 0, 0, 0, 0, std::nullopt}));  // outside the world
+  CHECK(m.steps_completed() == 1);
+
+  Fixture f;
+  Actions a;
+  REQUIRE(f.st.register_agent(7, "h1", 1, cpus(1), &a).accepted);
+  auto j = f.st.submit(request("m", 1), &a);
+  f.st.register_worker(7, j, 0, 0, "h1", 5, &a);
+  Actions st;
+  f.st.step(j, 0, StepSample{0, 0, 3.0, 1e-3, 64, 10, 1, std::nullopt}, &st);
+  REQUIRE(st.events.size() == 1);
+  CHECK(st.events[0]["event"] == "step");
+  CHECK(st.events[0]["metrics"]["loss"].get<double>() == Approx(3.0));
+  auto js = f.st.job_json(*f.st.job(j));
+  CHECK(js["steps_done"] == 1);
+  CHECK(js.contains("first_step_latency_ms"));
+  CHECK(js["control_messages"] == 2);  // registration + one step
+}
+
+TEST_CASE("rendezvous: set wakes waiters, namespaces per generation, stale generations refused", "[store]") {
+  RendezvousStore s;
+  auto ns0 = store_namespace("j", 0, "world");
+  auto ns1 = store_namespace("j", 1, "world");
+  auto w = s.add_waiter(ns0, "addr/1");
+  auto w2 = s.add_waiter(ns0, "addr/2");
+  auto woken = s.set(ns0, "addr/1", "10.0.0.1:4000");
+  REQUIRE(woken.size() == 1);
+  CHECK(woken[0] == w);
+  CHECK(s.get(ns0, "addr/1") == std::optional<std::string>("10.0.0.1:4000"));
+  CHECK_FALSE(s.get(ns1, "addr/1"));
+  CHECK(s.remove_waiter(w2));
+  CHECK_FALSE(s.remove_waiter(w));
+  s.set(store_namespace("k", 0, "world"), "x", std::string("\0\1", 2));
+  s.drop_job("j");
+  CHECK(s.size() == 1);
+  CHECK(s.get(store_namespace("k", 0, "world"), "x")->size() == 2);
+
+  Fixture f;
+  Actions a;
+  REQUIRE(f.st.register_agent(7, "h1", 1, cpus(1), &a).accepted);
+  auto j = f.st.submit(request("s", 1), &a);
+  CHECK(f.st.store_refusal(j, 0).empty());
+  CHECK(f.st.store_refusal(j, 1).find("stale generation 1") != std::string::npos);
+  CHECK(f.st.store_refusal("nope", 0).find("unknown job") != std::string::npos);
+}
+
+TEST_CASE("spec request: layout, device and resolved YAML come from the job spec", "[spec]") {
+  auto r = job_request(
+      troupe::load_spec(std::string(TROUPE_SOURCE_DIR) + "/configs/layouts/tiny_dp2_pp2_tp1.yaml"));
+  CHECK(r.layout.dp == 2);
+  CHECK(r.layout.pp == 2);
+  CHECK(r.layout.tp == 1);
+  CHECK(r.device_kind == "cpu");
+  CHECK(r.n_layers == 4);
+  CHECK(r.total_steps > 0);
+  CHECK(troupe::parse_spec(r.spec_yaml, "resolved.yaml").name == r.name);
+  CHECK_THROWS_AS(job_request_from_yaml("name: [oops", "bad.yaml"), troupe::SpecError);
+}
