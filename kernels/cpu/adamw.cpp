@@ -5,14 +5,15 @@
 
 #include "core/error.hpp"
 #include "kernels/cpu/kernels.hpp"
+#include "kernels/cpu/vec_math.hpp"
 
 namespace troupe::kernels::cpu {
 
 namespace {
 
-void adamw_loop(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
-                float* __restrict__ v, size_t n, float decay, float beta1, float beta2, float step_size,
-                float bc2_sqrt, float eps) {
+TROUPE_VEC_CLONES void adamw_loop(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
+                                  float* __restrict__ v, size_t n, float decay, float beta1, float beta2,
+                                  float step_size, float bc2_sqrt, float eps) {
   const float one_minus_b1 = 1.0f - beta1, one_minus_b2 = 1.0f - beta2;
   for (size_t i = 0; i < n; ++i) {
     const float pi = p[i] * decay;
@@ -50,7 +51,7 @@ double sum_squares(const float* x, size_t n) {
   size_t i = 0;
   for (; i + kL <= n; i += kL)
     for (int j = 0; j < kL; ++j) acc[j] += double(x[i + j]) * double(x[i + j]);
-  for (int j = 0; i < n; ++i, ++j) acc[j] += double(x[i]) * double(x[i]);
+  for (size_t j = 0; j < n - i && j < kL; ++j) acc[j] += double(x[i + j]) * double(x[i + j]);
   for (int w = kL / 2; w > 0; w /= 2)
     for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
   return acc[0];

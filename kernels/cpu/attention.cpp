@@ -22,7 +22,7 @@ void check_shapes(int B, int T, int NH, int HS) {
 }
 
 // row(T): scores of one query in [0,n), n = t+1; becomes probabilities, zero beyond n.
-void softmax_row(float* __restrict__ row, int n, int T) {
+TROUPE_VEC_CLONES void softmax_row(float* __restrict__ row, int n, int T) {
   const float mx = detail::lane_max(row, n);  // stable: the largest exponent is e^0
   for (int s = 0; s < n; ++s) row[s] = detail::exp_approx(row[s] - mx);
   const float inv = 1.0f / detail::lane_sum(row, n);
@@ -31,7 +31,8 @@ void softmax_row(float* __restrict__ row, int n, int T) {
 }
 
 // d(T): dL/datt for one query, becomes scale * dL/dscores (softmax Jacobian), zero beyond n.
-void softmax_row_backward(float* __restrict__ d, const float* __restrict__ p, int n, int T, float scale) {
+TROUPE_VEC_CLONES void softmax_row_backward(float* __restrict__ d, const float* __restrict__ p, int n, int T,
+                                            float scale) {
   const float pd = detail::lane_dot(p, d, n);
   for (int s = 0; s < n; ++s) d[s] = scale * p[s] * (d[s] - pd);
   for (int s = n; s < T; ++s) d[s] = 0.0f;

@@ -11,20 +11,20 @@ namespace troupe::kernels::cpu {
 namespace {
 
 // sum_v e^(l_v - mx) over l(V), lane-wise like detail::lane_sum.
-float sum_exp(const float* __restrict__ l, int V, float mx) {
+TROUPE_VEC_CLONES float sum_exp(const float* __restrict__ l, int V, float mx) {
   float acc[detail::kLanes] = {};
   int i = 0;
   for (; i + detail::kLanes <= V; i += detail::kLanes)
     for (int j = 0; j < detail::kLanes; ++j) acc[j] += detail::exp_approx(l[i + j] - mx);
-  for (int j = 0; i < V; ++i, ++j) acc[j] += detail::exp_approx(l[i] - mx);
+  for (int j = 0; j < V - i && j < detail::kLanes; ++j) acc[j] += detail::exp_approx(l[i + j] - mx);
   for (int w = detail::kLanes / 2; w > 0; w /= 2)
     for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
   return acc[0];
 }
 
 // dl(V) += softmax(l) * dloss; the one-hot part is subtracted by the caller.
-void softmax_grad(float* __restrict__ dl, const float* __restrict__ l, int V, float mx, float inv_sum,
-                  float dloss) {
+TROUPE_VEC_CLONES void softmax_grad(float* __restrict__ dl, const float* __restrict__ l, int V, float mx,
+                                    float inv_sum, float dloss) {
   const float s = inv_sum * dloss;
   for (int v = 0; v < V; ++v) dl[v] += detail::exp_approx(l[v] - mx) * s;
 }

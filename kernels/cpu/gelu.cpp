@@ -12,7 +12,7 @@ namespace {
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kCubic = 0.044715f;
 
-void gelu_loop(float* __restrict__ out, const float* __restrict__ inp, size_t n) {
+TROUPE_VEC_CLONES void gelu_loop(float* __restrict__ out, const float* __restrict__ inp, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     const float x = inp[i];
     const float th = detail::tanh_approx(kSqrt2OverPi * (x + kCubic * x * x * x));
@@ -20,11 +20,19 @@ void gelu_loop(float* __restrict__ out, const float* __restrict__ inp, size_t n)
   }
 }
 
+// The same loop without the no-alias promise: each element is read before it is written.
+TROUPE_VEC_CLONES void gelu_inplace_loop(float* y, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const float x = y[i];
+    y[i] = 0.5f * x * (1.0f + detail::tanh_approx(kSqrt2OverPi * (x + kCubic * x * x * x)));
+  }
+}
+
 // dgelu/dx = 0.5 (1 + tanh u) + 0.5 x sech^2(u) du/dx,  du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
 // sech^2 = 4E / (E + 1)^2 with E = e^(2u), not 1 - tanh^2: the latter keeps a float rounding
 // residue of ~1e-7 for large u, which the x^3 growth of x du/dx would blow up.
-void gelu_backward_loop(float* __restrict__ dinp, const float* __restrict__ inp,
-                        const float* __restrict__ dout, size_t n) {
+TROUPE_VEC_CLONES void gelu_backward_loop(float* __restrict__ dinp, const float* __restrict__ inp,
+                                          const float* __restrict__ dout, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     const float x = inp[i];
     const float e = detail::exp_approx(2.0f * kSqrt2OverPi * (x + kCubic * x * x * x));
@@ -42,15 +50,10 @@ void gelu_backward_loop(float* __restrict__ dinp, const float* __restrict__ inp,
 // out(n) = gelu(inp(n)). out == inp (in place) is allowed.
 void gelu_forward(float* out, const float* inp, size_t n) {
   TROUPE_CHECK(n == 0 || (out && inp), "null tensor");
-  if (out == inp) {
-    // Same loop without the no-alias promise: each element is read before it is written.
-    for (size_t i = 0; i < n; ++i) {
-      const float x = out[i];
-      out[i] = 0.5f * x * (1.0f + detail::tanh_approx(kSqrt2OverPi * (x + kCubic * x * x * x)));
-    }
-    return;
-  }
-  gelu_loop(out, inp, n);
+  if (out == inp)
+    gelu_inplace_loop(out, n);
+  else
+    gelu_loop(out, inp, n);
 }
 
 // dinp(n) += gelu'(inp) * dout.

@@ -13,8 +13,9 @@ namespace {
 constexpr float kEps = 1e-5f;
 
 // One row: out, x, w, b are (C). Returns mean and rstd through the pointers.
-void norm_row(float* __restrict__ out, float* mean_out, float* rstd_out, const float* __restrict__ x,
-              const float* __restrict__ w, const float* __restrict__ b, int C) {
+TROUPE_VEC_CLONES void norm_row(float* __restrict__ out, float* mean_out, float* rstd_out,
+                                const float* __restrict__ x, const float* __restrict__ w,
+                                const float* __restrict__ b, int C) {
   const float mean = detail::lane_sum(x, C) / float(C);
   for (int c = 0; c < C; ++c) out[c] = x[c] - mean;
   // Centred second pass: no cancellation when |mean| >> std.
@@ -27,9 +28,10 @@ void norm_row(float* __restrict__ out, float* mean_out, float* rstd_out, const f
 
 // With xhat = (x - mean) * rstd and g = dout * w:
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  dw += dout * xhat,  db += dout.
-void norm_row_backward(float* __restrict__ dx, float* __restrict__ dw, float* __restrict__ db,
-                       const float* __restrict__ dout, const float* __restrict__ x,
-                       const float* __restrict__ w, float mean, float rstd, int C) {
+TROUPE_VEC_CLONES void norm_row_backward(float* __restrict__ dx, float* __restrict__ dw,
+                                         float* __restrict__ db, const float* __restrict__ dout,
+                                         const float* __restrict__ x, const float* __restrict__ w, float mean,
+                                         float rstd, int C) {
   if (dx) {
     float acc_g[detail::kLanes] = {}, acc_gx[detail::kLanes] = {};
     int c = 0;
@@ -39,10 +41,10 @@ void norm_row_backward(float* __restrict__ dx, float* __restrict__ dw, float* __
         acc_g[j] += g;
         acc_gx[j] += g * ((x[c + j] - mean) * rstd);
       }
-    for (int j = 0; c < C; ++c, ++j) {
-      const float g = dout[c] * w[c];
+    for (int j = 0; j < C - c && j < detail::kLanes; ++j) {
+      const float g = dout[c + j] * w[c + j];
       acc_g[j] += g;
-      acc_gx[j] += g * ((x[c] - mean) * rstd);
+      acc_gx[j] += g * ((x[c + j] - mean) * rstd);
     }
     for (int s = detail::kLanes / 2; s > 0; s /= 2)
       for (int j = 0; j < s; ++j) {

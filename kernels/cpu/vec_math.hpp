@@ -13,6 +13,18 @@
 #include <cstdint>
 #include <cstring>
 
+// The project builds for baseline x86-64 (SSE2). Hot loops are also compiled for AVX2 and
+// AVX-512 and the best is picked at load time (ifunc). The clones give the same bits: the
+// lane reductions fix the summation order, and the build keeps -ffp-contract=off, so no clone
+// fuses a multiply and an add that another does not. -DTROUPE_VEC_CLONES= turns them off.
+#ifndef TROUPE_VEC_CLONES
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define TROUPE_VEC_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define TROUPE_VEC_CLONES
+#endif
+#endif
+
 namespace troupe::kernels::cpu::detail {
 
 constexpr int kLanes = 16;
@@ -23,7 +35,7 @@ inline float lane_sum(const float* __restrict__ x, size_t n) {
   size_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
     for (int j = 0; j < kLanes; ++j) acc[j] += x[i + j];
-  for (int j = 0; i < n; ++i, ++j) acc[j] += x[i];
+  for (size_t j = 0; j < n - i && j < kLanes; ++j) acc[j] += x[i + j];
   for (int w = kLanes / 2; w > 0; w /= 2)
     for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
   return acc[0];
@@ -35,7 +47,7 @@ inline float lane_dot(const float* __restrict__ x, const float* __restrict__ y, 
   size_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
     for (int j = 0; j < kLanes; ++j) acc[j] += x[i + j] * y[i + j];
-  for (int j = 0; i < n; ++i, ++j) acc[j] += x[i] * y[i];
+  for (size_t j = 0; j < n - i && j < kLanes; ++j) acc[j] += x[i + j] * y[i + j];
   for (int w = kLanes / 2; w > 0; w /= 2)
     for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
   return acc[0];
@@ -48,7 +60,7 @@ inline float lane_max(const float* __restrict__ x, size_t n) {
   size_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
     for (int j = 0; j < kLanes; ++j) acc[j] = x[i + j] > acc[j] ? x[i + j] : acc[j];
-  for (int j = 0; i < n; ++i, ++j) acc[j] = x[i] > acc[j] ? x[i] : acc[j];
+  for (size_t j = 0; j < n - i && j < kLanes; ++j) acc[j] = x[i + j] > acc[j] ? x[i + j] : acc[j];
   for (int w = kLanes / 2; w > 0; w /= 2)
     for (int j = 0; j < w; ++j) acc[j] = acc[j + w] > acc[j] ? acc[j + w] : acc[j];
   return acc[0];
