@@ -7,6 +7,7 @@
 #include "core/error.hpp"
 #include "core/rng.hpp"
 #include "kernels/cpu/kernels.hpp"
+#include "model/from_spec.hpp"
 #include "model/stage.hpp"
 #include "reference.hpp"
 
@@ -374,4 +375,26 @@ TEST_CASE("model: AdamW on synthetic data lowers the loss clearly", "[model][tra
     REQUIRE(before > 5.0);
     REQUIRE(after < 2.0);
   }
+}
+
+TEST_CASE("model: configuration from a job spec", "[model]") {
+  JobSpec spec;
+  spec.model.type = ModelType::mlp;
+  spec.model.seq_len = 32;
+  spec.model.d_model = 48;
+  spec.model.n_layers = 3;
+  spec.model.n_heads = 0;
+  spec.train.seed = 17;
+  ModelConfig c = model_config(spec);
+  REQUIRE(c.kind == ModelKind::mlp);
+  REQUIRE(c.vocab_size == 256);
+  REQUIRE(c.seq_len == 32);
+  REQUIRE(c.d_model == 48);
+  REQUIRE(c.n_layer == 3);
+  REQUIRE(c.seed == 17);
+  spec.model.type = ModelType::gpt;
+  spec.model.n_heads = 5;  // 48 % 5 != 0
+  REQUIRE_THROWS_AS(model_config(spec), troupe::Error);
+  spec.model.n_heads = 4;
+  REQUIRE(model_config(spec).head_dim() == 12);
 }
