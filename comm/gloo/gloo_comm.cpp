@@ -1,0 +1,387 @@
+#include "comm/gloo/gloo_comm.hpp"
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/common/logging.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "comm/gloo/gloo_store.hpp"
+#include "comm/reduce.hpp"
+
+namespace troupe::comm {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using gloo::transport::UnboundBuffer;
+
+// Slot prefixes of our own unbound-buffer traffic; gloo's collectives use 0x01..0x08.
+constexpr uint8_t kP2PSlotPrefix = 0x20;
+constexpr uint8_t kReduceScatterSlotPrefix = 0x21;
+
+// gloo reports its own timeouts as IoException("Timed out ..."); a peer that
+// closed or died is any other IoException.
+CommErrc classify(const std::string& what) {
+  if (what.find("Timed out") != std::string::npos || what.find("timed out") != std::string::npos ||
+      what.find("Timeout") != std::string::npos || what.find("timeout") != std::string::npos)
+    return CommErrc::timed_out;
+  return CommErrc::peer_lost;
+}
+
+// What an operation in flight needs, shared between the communicator and its
+// op thread so that the thread may outlive the communicator (see OpThread).
+struct GlooState {
+  std::shared_ptr<gloo::rendezvous::Context> ctx;
+  std::atomic<bool> aborted{false};
+  // Unbound buffers of ours with a wait in progress: abort() interrupts them.
+  std::mutex pending_m;
+  std::vector<UnboundBuffer*> pending;
+
+  void wait(UnboundBuffer* b, Clock::time_point deadline, bool recv) {
+    {
+      std::lock_guard<std::mutex> lock(pending_m);
+      if (aborted) throw CommError(CommErrc::aborted, "aborted");
+      pending.push_back(b);
+    }
+    bool ok = false;
+    std::exception_ptr err;
+    const auto left =
+        std::max(std::chrono::milliseconds(1),
+                 std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+    try {
+      ok = recv ? b->waitRecv(nullptr, left) : b->waitSend(nullptr, left);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lock(pending_m);
+      pending.erase(std::find(pending.begin(), pending.end(), b));
+    }
+    if (err) std::rethrow_exception(err);
+    if (!ok) throw CommError(CommErrc::aborted, "wait interrupted by abort");
+  }
+
+  void abort() {
+    aborted = true;
+    // Our own waits: interrupted. The peers: they see the connections drop
+    // and fail with peer_lost. A gloo collective's internal waits cannot be
+    // reached; it ends at its own timeout, with nothing more arriving into
+    // its buffers once the connections are closed.
+    std::lock_guard<std::mutex> lock(pending_m);
+    for (auto* b : pending) {
+      b->abortWaitRecv();
+      b->abortWaitSend();
+    }
+    ctx->closeConnections();
+  }
+};
+
+// One thread that runs the gloo calls of one communicator, so that the
+// calling thread waits on a condition it controls. If the communicator goes
+// away while a call is still in gloo (after an abort), the thread is detached
+// and finishes by itself at that call's timeout; it holds the shared state.
+class OpThread {
+ public:
+  OpThread() : s_(std::make_shared<Shared>()) {
+    std::thread([s = s_] { loop(*s); }).swap(thread_);
+  }
+  ~OpThread() {
+    bool busy;
+    {
+      std::lock_guard<std::mutex> lock(s_->m);
+      s_->stop = true;
+      busy = s_->busy;
+    }
+    s_->cv.notify_all();
+    if (busy)
+      thread_.detach();
+    else
+      thread_.join();
+  }
+
+  // Runs fn on the thread. Returns true when it finished (err set if it
+  // threw), false when `interrupted()` became true or the deadline passed first.
+  bool run(std::function<void()> fn, Clock::time_point deadline, const std::function<bool()>& interrupted,
+           std::exception_ptr* err) {
+    std::unique_lock<std::mutex> lock(s_->m);
+    s_->job = std::move(fn);
+    s_->busy = true;
+    s_->err = nullptr;
+    s_->cv.notify_all();
+    s_->cv.wait_until(lock, deadline, [&] { return !s_->busy || interrupted(); });
+    if (s_->busy) return false;
+    *err = s_->err;
+    return true;
+  }
+
+  // Wakes a caller blocked in run() so it re-checks `interrupted`.
+  void poke() {
+    std::lock_guard<std::mutex> lock(s_->m);
+    s_->cv.notify_all();
+  }
+
+ private:
+  struct Shared {
+    std::mutex m;
+    std::condition_variable cv;
+    std::function<void()> job;
+    bool busy = false;
+    bool stop = false;
+    std::exception_ptr err;
+  };
+
+  static void loop(Shared& s) {
+    std::unique_lock<std::mutex> lock(s.m);
+    for (;;) {
+      s.cv.wait(lock, [&] { return s.stop || s.job; });
+      if (!s.job) return;
+      auto fn = std::move(s.job);
+      s.job = nullptr;
+      lock.unlock();
+      std::exception_ptr err;
+      try {
+        fn();
+      } catch (...) {
+        err = std::current_exception();
+      }
+      fn = nullptr;
+      lock.lock();
+      s.err = err;
+      s.busy = false;
+      s.cv.notify_all();
+    }
+  }
+
+  std::shared_ptr<Shared> s_;
+  std::thread thread_;
+};
+
+struct GlooShared {
+  std::shared_ptr<Store> store;  // unprefixed job store
+  std::shared_ptr<gloo::transport::Device> device;
+};
+
+template <class F>
+void with_type(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::f32:
+      return f(float{});
+    case DType::f64:
+      return f(double{});
+    case DType::i32:
+      return f(int32_t{});
+    case DType::i64:
+      return f(int64_t{});
+  }
+}
+
+class GlooCommunicator : public Communicator {
+ public:
+  GlooCommunicator(std::shared_ptr<GlooShared> shared, int rank, int size, const std::string& prefix,
+                   std::chrono::milliseconds timeout)
+      : Communicator(rank, size, prefix), shared_(std::move(shared)), st_(std::make_shared<GlooState>()) {
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    // Before connectFullMesh: it is also the connect deadline.
+    ctx->setTimeout(timeout);
+    GlooStore store(std::make_shared<PrefixStore>(prefix, shared_->store), timeout);
+    try {
+      ctx->connectFullMesh(store, shared_->device);
+    } catch (const CommError& e) {
+      throw CommError(e.code(), describe("connect", -1, e.what()));
+    } catch (const gloo::IoException& e) {
+      throw CommError(classify(e.what()), describe("connect", -1, e.what()));
+    } catch (const std::exception& e) {
+      throw CommError(CommErrc::internal, describe("connect", -1, e.what()));
+    }
+    st_->ctx = std::move(ctx);
+  }
+
+  const char* backend() const override { return "gloo"; }
+
+ protected:
+  void do_allreduce(void* data, size_t count, DType dtype, ReduceOp op, const Options& opt) override {
+    const int n = size();
+    run("allreduce", opt, [st = st_, data, count, dtype, op, n, timeout = opt.timeout] {
+      with_type(dtype, [&](auto zero) {
+        using T = decltype(zero);
+        gloo::AllreduceOptions o(st->ctx);
+        o.setOutput(static_cast<T*>(data), count);
+        o.setReduceFunction([dtype, op](void* out, const void* a, const void* b, size_t k) {
+          reduce_into(dtype, op, out, a, b, k);
+        });
+        o.setTimeout(timeout);
+        gloo::allreduce(o);
+      });
+      if (op == ReduceOp::avg) divide_by(dtype, data, count, n);
+    });
+  }
+
+  // Ring: at step s (0..n-2) rank r sends the partial sum of chunk
+  // (r-s-1) mod n to r+1 and receives chunk (r-s-2) mod n from r-1, adding its
+  // own contribution; after n-1 steps it holds chunk r reduced over all ranks.
+  // Each link carries (n-1)/n of the input, like the reduce-scatter half of a
+  // ring allreduce.
+  void do_reduce_scatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op,
+                         const Options& opt) override {
+    const int n = size(), r = rank();
+    run("reduce_scatter", opt, [st = st_, in, out, count, dtype, op, n, r, timeout = opt.timeout] {
+      const size_t bytes = count * dtype_size(dtype);
+      const auto slot = gloo::Slot::build(kReduceScatterSlotPrefix, 0);
+      const int next = (r + 1) % n, prev = (r + n - 1) % n;
+      const char* input = static_cast<const char*>(in);
+      std::vector<char> a(bytes), b(bytes);
+      auto in_buf = st->ctx->createUnboundBuffer(const_cast<char*>(input), bytes * n);
+      auto send_buf = st->ctx->createUnboundBuffer(a.data(), bytes);
+      auto recv_buf = st->ctx->createUnboundBuffer(b.data(), bytes);
+      const auto deadline = Clock::now() + timeout;
+      for (int s = 0; s < n - 1; ++s) {
+        const int c_send = ((r - s - 1) % n + n) % n;
+        const int c_recv = ((r - s - 2) % n + n) % n;
+        recv_buf->recv(prev, slot, 0, bytes);
+        auto* sender = s == 0 ? in_buf.get() : send_buf.get();
+        sender->send(next, slot, s == 0 ? c_send * bytes : 0, bytes);
+        st->wait(recv_buf.get(), deadline, true);
+        st->wait(sender, deadline, false);
+        reduce_into(dtype, op, recv_buf->ptr, recv_buf->ptr, input + c_recv * bytes, count);
+        std::swap(send_buf, recv_buf);
+      }
+      std::memcpy(out, send_buf->ptr, bytes);
+      if (op == ReduceOp::avg) divide_by(dtype, out, count, n);
+    });
+  }
+
+  void do_allgather(const void* in, void* out, size_t count, DType dtype, const Options& opt) override {
+    const int n = size(), r = rank();
+    run("allgather", opt, [st = st_, in, out, count, dtype, n, r, timeout = opt.timeout] {
+      const size_t bytes = count * dtype_size(dtype);
+      gloo::AllgatherOptions o(st->ctx);
+      char* outp = static_cast<char*>(out);
+      // Unset input = the contribution is already in place in the output.
+      if (in != outp + r * bytes) o.setInput(const_cast<char*>(static_cast<const char*>(in)), bytes);
+      o.setOutput(outp, bytes * n);
+      o.setTimeout(timeout);
+      gloo::allgather(o);
+    });
+  }
+
+  void do_broadcast(void* data, size_t count, DType dtype, int root, const Options& opt) override {
+    run("broadcast", opt, [st = st_, data, count, dtype, root, timeout = opt.timeout] {
+      gloo::BroadcastOptions o(st->ctx);
+      o.setOutput(static_cast<char*>(data), count * dtype_size(dtype));
+      o.setRoot(root);
+      o.setTimeout(timeout);
+      gloo::broadcast(o);
+    });
+  }
+
+  void do_barrier(const Options& opt) override {
+    run("barrier", opt, [st = st_, timeout = opt.timeout] {
+      gloo::BarrierOptions o(st->ctx);
+      o.setTimeout(timeout);
+      gloo::barrier(o);
+    });
+  }
+
+  void do_batch(const std::vector<P2POp>& ops, const Options& opt) override {
+    run("sendrecv", opt, [st = st_, ops, timeout = opt.timeout] {
+      const auto deadline = Clock::now() + timeout;
+      std::vector<std::unique_ptr<UnboundBuffer>> bufs;
+      for (const auto& o : ops) {
+        bufs.push_back(st->ctx->createUnboundBuffer(o.data, o.bytes));
+        const auto slot = gloo::Slot::build(kP2PSlotPrefix, o.tag);
+        if (o.kind == P2POp::Kind::recv)
+          bufs.back()->recv(o.peer, slot, 0, o.bytes);
+        else
+          bufs.back()->send(o.peer, slot, 0, o.bytes);
+      }
+      for (size_t i = 0; i < ops.size(); ++i)
+        st->wait(bufs[i].get(), deadline, ops[i].kind == P2POp::Kind::recv);
+    });
+  }
+
+  void do_abort() override {
+    st_->abort();
+    op_->poke();
+  }
+
+  std::unique_ptr<Communicator> do_new_group(const std::vector<int>& ranks, int new_rank,
+                                             const std::string& name) override {
+    return std::make_unique<GlooCommunicator>(shared_, new_rank, static_cast<int>(ranks.size()),
+                                              group() + name + "/", st_->ctx->getTimeout());
+  }
+
+ private:
+  // Runs fn on the op thread; maps every way it can end to a CommError.
+  void run(const char* op, const Options& opt, std::function<void()> fn) {
+    // gloo enforces the op's timeout itself; the grace bound only guards
+    // against a wait that gloo does not time.
+    const auto deadline = Clock::now() + opt.timeout + opt.timeout / 4 + std::chrono::milliseconds(500);
+    std::exception_ptr err;
+    const bool finished = op_->run(
+        std::move(fn), deadline, [this] { return abort_requested(); }, &err);
+    if (!finished) {
+      st_->ctx->closeConnections();
+      if (abort_requested()) fail(CommErrc::aborted, op, -1, "aborted while in flight");
+      fail(CommErrc::timed_out, op, -1,
+           "no completion within " + std::to_string(opt.timeout.count()) + " ms (+ grace)");
+    }
+    if (!err) return;
+    CommErrc code = CommErrc::internal;
+    std::string what;
+    try {
+      std::rethrow_exception(err);
+    } catch (const CommError& e) {
+      code = e.code();
+      what = e.what();
+    } catch (const gloo::IoException& e) {
+      code = classify(e.what());
+      what = e.what();
+    } catch (const gloo::EnforceNotMet& e) {
+      what = e.what();
+    } catch (const std::exception& e) {
+      what = e.what();
+    }
+    if (abort_requested()) code = CommErrc::aborted;
+    // Peers blocked on us learn at once instead of at their own timeout.
+    st_->ctx->closeConnections();
+    fail(code, op, -1, what);
+  }
+
+  std::shared_ptr<GlooShared> shared_;
+  std::shared_ptr<GlooState> st_;
+  // Declared last: destroyed first, before the state it may still share.
+  std::unique_ptr<OpThread> op_ = std::make_unique<OpThread>();
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_gloo_communicator(const CommConfig& cfg) {
+  if (!cfg.store) throw CommError(CommErrc::invalid_argument, "make_communicator(gloo): config has no store");
+  auto shared = std::make_shared<GlooShared>();
+  shared->store = cfg.store;
+  gloo::transport::tcp::attr attr;
+  attr.hostname = cfg.hostname;
+  try {
+    shared->device = gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    throw CommError(CommErrc::invalid_argument, "make_communicator(gloo): cannot open a TCP device on '" +
+                                                    cfg.hostname + "': " + e.what());
+  }
+  return std::make_unique<GlooCommunicator>(shared, cfg.rank, cfg.size,
+                                            store_prefix(cfg.job, cfg.generation, cfg.group), cfg.timeout);
+}
+
+}  // namespace troupe::comm

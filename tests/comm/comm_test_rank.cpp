@@ -1,0 +1,66 @@
+// One rank of a multi-process comm test, started by test_comm:
+//   comm_test_rank <scenario> <store dir> <rank> <size> [timeout ms]
+// Exit status: 0 passed; 1 a check failed (stderr says which); 2 bad usage;
+// 10 + CommErrc for a CommError (the test asserts on the name).
+#include <fstream>
+#include <iostream>
+#include <string>
+
+#include "comm/communicator.hpp"
+#include "comm_checks.hpp"
+
+using namespace troupe::comm;
+
+namespace {
+
+int run(const std::string& scenario, const std::string& dir, int rank, int size,
+        std::chrono::milliseconds timeout) {
+  CommConfig cfg;
+  cfg.backend = "gloo";
+  cfg.rank = rank;
+  cfg.size = size;
+  cfg.job = scenario;
+  cfg.timeout = std::chrono::milliseconds(30000);
+  cfg.store = std::make_shared<FileStore>(dir);
+  auto c = make_communicator(cfg);
+  if (scenario == "ops") {
+    testing::check_all_ops(*c);
+  } else if (scenario == "grid") {
+    testing::check_grid(*c, 2, 2, 2);
+  } else if (scenario == "kill") {
+    // Allreduce until a peer is killed; the first completed one announces
+    // that this rank is in the loop.
+    Options opt;
+    opt.timeout = timeout;
+    std::vector<float> x(1 << 18, 1.f);
+    for (int it = 0; it < 1000000; ++it) {
+      c->allreduce(x.data(), x.size(), ReduceOp::avg, opt);
+      if (it == 0) std::ofstream(dir + "/ready." + std::to_string(rank)) << "1";
+    }
+    std::cerr << "rank " << rank << ": allreduce loop ended without an error\n";
+    return 1;
+  } else {
+    std::cerr << "unknown scenario " << scenario << "\n";
+    return 2;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 5) {
+    std::cerr << "usage: comm_test_rank <scenario> <store dir> <rank> <size> [timeout ms]\n";
+    return 2;
+  }
+  const std::chrono::milliseconds timeout(argc > 5 ? std::stoi(argv[5]) : 30000);
+  try {
+    return run(argv[1], argv[2], std::stoi(argv[3]), std::stoi(argv[4]), timeout);
+  } catch (const CommError& e) {
+    std::cerr << "rank " << argv[3] << ": CommError " << e.what() << "\n";
+    return 10 + static_cast<int>(e.code());
+  } catch (const std::exception& e) {
+    std::cerr << "rank " << argv[3] << ": " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,468 @@
+// The data plane: store, grid groups, and every Communicator operation over
+// the local backend (threads), gloo (threads and separate processes) and NCCL
+// (when a GPU is present). Multi-process tests start comm_test_rank once per
+// rank and assert on its exit status; every wait is bounded and every child is
+// reaped (and killed if still running) before a test returns.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <thread>
+
+#include "comm/communicator.hpp"
+#include "comm/groups.hpp"
+#include "comm/store.hpp"
+#include "comm_checks.hpp"
+#if TROUPE_HAVE_NCCL
+#include <cuda_runtime.h>
+
+#include "comm/nccl/nccl_comm.hpp"
+#endif
+
+using namespace troupe::comm;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  TempDir() {
+    char tmpl[] = "/tmp/troupe_comm_XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string path;
+};
+
+// Runs fn(rank) on n threads; returns one message per failed rank ("" = ok).
+std::vector<std::string> run_threads(int n, const std::function<void(int)>& fn) {
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  return errors;
+}
+
+void require_no_errors(const std::vector<std::string>& errors) {
+  for (size_t r = 0; r < errors.size(); ++r) {
+    INFO("rank " << r);
+    CHECK(errors[r] == "");
+  }
+}
+
+// Child processes of one test. The destructor kills and reaps whatever still
+// runs, so a failed assertion never leaves orphans.
+class Ranks {
+ public:
+  Ranks(const std::string& scenario, int n, const std::string& store_dir, int timeout_ms = 30000) {
+    for (int r = 0; r < n; ++r) {
+      const std::vector<std::string> args{COMM_TEST_RANK,    scenario,          store_dir,
+                                          std::to_string(r), std::to_string(n), std::to_string(timeout_ms)};
+      const pid_t pid = ::fork();
+      if (pid == 0) {
+        std::vector<char*> argv;
+        for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+        argv.push_back(nullptr);
+        ::execv(argv[0], argv.data());
+        ::_exit(127);
+      }
+      REQUIRE(pid > 0);
+      pids_.push_back(pid);
+    }
+    status_.assign(n, -1);
+  }
+  ~Ranks() {
+    for (size_t r = 0; r < pids_.size(); ++r) kill_rank(static_cast<int>(r));
+  }
+
+  void kill_rank(int r) {
+    if (status_[r] != -1) return;
+    ::kill(pids_[r], SIGKILL);
+    int st = 0;
+    ::waitpid(pids_[r], &st, 0);
+    status_[r] = decode(st);
+  }
+
+  // Exit status of rank r (128 + signal when killed), or -1 if it did not end
+  // before the deadline (it is then killed).
+  int wait(int r, std::chrono::steady_clock::time_point deadline) {
+    while (status_[r] == -1) {
+      int st = 0;
+      const pid_t p = ::waitpid(pids_[r], &st, WNOHANG);
+      if (p == pids_[r]) {
+        status_[r] = decode(st);
+        break;
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill_rank(r);
+        return -1;
+      }
+      std::this_thread::sleep_for(5ms);
+    }
+    return status_[r];
+  }
+
+  std::vector<int> wait_all(std::chrono::seconds limit) {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    std::vector<int> out;
+    for (size_t r = 0; r < pids_.size(); ++r) out.push_back(wait(static_cast<int>(r), deadline));
+    return out;
+  }
+
+ private:
+  static int decode(int st) { return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st); }
+  std::vector<pid_t> pids_;
+  std::vector<int> status_;
+};
+
+constexpr int exit_code(CommErrc c) { return 10 + static_cast<int>(c); }
+
+std::shared_ptr<LocalWorld> g_unused;
+
+std::vector<std::unique_ptr<Communicator>> make_group(const std::string& backend, int n,
+                                                      const std::string& job,
+                                                      std::chrono::milliseconds timeout = 10s) {
+  auto store = std::make_shared<MemoryStore>();
+  auto world = backend == "local" ? make_local_world(n) : nullptr;
+  std::vector<std::unique_ptr<Communicator>> comms(n);
+  auto errors = run_threads(n, [&](int r) {
+    CommConfig cfg;
+    cfg.backend = backend;
+    cfg.rank = r;
+    cfg.size = n;
+    cfg.job = job;
+    cfg.timeout = timeout;
+    cfg.store = store;
+    cfg.local_world = world;
+    comms[r] = make_communicator(cfg);
+  });
+  require_no_errors(errors);
+  for (auto& c : comms) REQUIRE(c);
+  return comms;
+}
+
+// Runs op on rank 0 in a thread, aborts rank 0 from this thread, and returns
+// the error code op ended with.
+CommErrc abort_while_blocked(Communicator& c, const std::function<void()>& op) {
+  std::atomic<int> code{-1};
+  std::thread t([&] {
+    try {
+      op();
+      code = 100;
+    } catch (const CommError& e) {
+      code = static_cast<int>(e.code());
+    }
+  });
+  std::this_thread::sleep_for(200ms);
+  c.abort();
+  t.join();
+  REQUIRE(code != 100);
+  REQUIRE(code >= 0);
+  return static_cast<CommErrc>(code.load());
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- store
+
+TEST_CASE("store: memory store set/get/wait/add and a named timeout", "[store]") {
+  MemoryStore s;
+  s.set("a", std::string("x\0y", 3));
+  CHECK(s.get("a", 10ms) == std::string("x\0y", 3));
+  CHECK(s.add("n", 2) == 2);
+  CHECK(s.add("n", 3) == 5);
+  std::thread t([&] {
+    std::this_thread::sleep_for(20ms);
+    s.set("late", "v");
+  });
+  CHECK(s.get("late", 5s) == "v");
+  t.join();
+  try {
+    s.wait({"a", "missing"}, 20ms);
+    FAIL("wait returned without the key");
+  } catch (const CommError& e) {
+    CHECK(e.code() == CommErrc::timed_out);
+    CHECK(std::string(e.what()).find("missing") != std::string::npos);
+  }
+}
+
+TEST_CASE("store: file store shares keys across instances, prefixes isolate generations", "[store]") {
+  TempDir dir;
+  auto a = std::make_shared<FileStore>(dir.path);
+  FileStore b(dir.path);
+  a->set("job/g0/world/0", "addr0");
+  CHECK(b.get("job/g0/world/0", 1s) == "addr0");
+  b.wait({"job/g0/world/0"}, 1s);
+  CHECK(a->add("ctr", 4) == 4);
+  CHECK(b.add("ctr", -1) == 3);
+
+  PrefixStore g0(store_prefix("job", 0, "world"), a), g1(store_prefix("job", 1, "world"), a);
+  CHECK(g0.get("0", 1s) == "addr0");
+  g1.set("0", "addr-new");
+  CHECK(g0.get("0", 1s) == "addr0");
+  CHECK(g1.get("0", 1s) == "addr-new");
+  CHECK_THROWS_AS(g1.get("1", 20ms), CommError);
+}
+
+// ---------------------------------------------------------------- groups
+
+TEST_CASE("groups: 2x2x2 grid, tensor innermost", "[groups]") {
+  const GridGroups g = grid_groups(2, 2, 2);
+  CHECK(g.tensor == std::vector<std::vector<int>>{{0, 1}, {2, 3}, {4, 5}, {6, 7}});
+  CHECK(g.pipeline == std::vector<std::vector<int>>{{0, 2}, {1, 3}, {4, 6}, {5, 7}});
+  CHECK(g.data == std::vector<std::vector<int>>{{0, 4}, {1, 5}, {2, 6}, {3, 7}});
+  const GridCoord c = grid_coord(6, 2, 2, 2);
+  CHECK((c.d == 1 && c.p == 1 && c.t == 0));
+  CHECK(group_of(g.data, 5) == std::vector<int>{1, 5});
+  CHECK(group_name("dp", g.data, 5) == "dp1");
+  const GridGroups h = grid_groups(1, 3, 2);
+  CHECK(h.pipeline == std::vector<std::vector<int>>{{0, 2, 4}, {1, 3, 5}});
+  CHECK(h.data.size() == 6);
+  CHECK_THROWS_AS(grid_groups(0, 1, 1), CommError);
+}
+
+// ---------------------------------------------------------------- local
+
+TEST_CASE("local: every op for world sizes 1-4, counts 0/1/7/1Mi, sum and average", "[local]") {
+  for (int n = 1; n <= 4; ++n) {
+    INFO("world size " << n);
+    auto comms = make_group("local", n, "ops");
+    require_no_errors(run_threads(n, [&](int r) { testing::check_all_ops(*comms[r]); }));
+  }
+}
+
+TEST_CASE("local: 2x2x2 grid groups", "[local]") {
+  auto comms = make_group("local", 8, "grid");
+  require_no_errors(run_threads(8, [&](int r) { testing::check_grid(*comms[r], 2, 2, 2); }));
+}
+
+TEST_CASE("local: a timeout is a named error, fails the peers and poisons", "[local]") {
+  auto comms = make_group("local", 3, "timeout");
+  std::vector<int> codes(3, -1);
+  run_threads(3, [&](int r) {
+    if (r == 2) return;  // never joins
+    Options opt;
+    opt.timeout = r == 0 ? 50ms : 10s;
+    float x = 1.f;
+    try {
+      comms[r]->allreduce(&x, 1, ReduceOp::sum, opt);
+    } catch (const CommError& e) {
+      codes[r] = static_cast<int>(e.code());
+    }
+  });
+  CHECK(codes[0] == static_cast<int>(CommErrc::timed_out));
+  CHECK(codes[1] == static_cast<int>(CommErrc::peer_lost));
+  CHECK(comms[0]->poisoned());
+  float x = 0.f;
+  try {
+    comms[0]->allreduce(&x, 1, ReduceOp::sum);
+    FAIL("a poisoned communicator ran an op");
+  } catch (const CommError& e) {
+    CHECK(e.code() == CommErrc::timed_out);
+    CHECK(std::string(e.what()).find("poisoned") != std::string::npos);
+  }
+}
+
+TEST_CASE("local: abort from another thread unblocks recv and allreduce", "[local][abort]") {
+  auto comms = make_group("local", 2, "abort");
+  std::vector<float> buf(16);
+  CHECK(abort_while_blocked(*comms[0], [&] { comms[0]->recv(buf.data(), 64, 1, 3, Options{20s}); }) ==
+        CommErrc::aborted);
+  auto again = make_group("local", 2, "abort2");
+  CHECK(abort_while_blocked(*again[0], [&] {
+          again[0]->allreduce(buf.data(), 16, ReduceOp::sum, Options{20s});
+        }) == CommErrc::aborted);
+  // The peer learns that the group is gone.
+  try {
+    again[1]->allreduce(buf.data(), 16, ReduceOp::sum, Options{20s});
+    FAIL("peer of an aborted rank completed an allreduce");
+  } catch (const CommError& e) {
+    CHECK(e.code() == CommErrc::peer_lost);
+  }
+}
+
+TEST_CASE("local and gloo: invalid arguments are named errors", "[local][gloo]") {
+  for (const char* backend : {"local", "gloo"}) {
+    INFO(backend);
+    auto comms = make_group(backend, 2, "invalid");
+    float x = 0.f;
+    try {
+      comms[0]->broadcast(&x, 1, 2);
+      FAIL("broadcast from rank 2 of 2");
+    } catch (const CommError& e) {
+      CHECK(e.code() == CommErrc::invalid_argument);
+      CHECK(std::string(e.what()).find("broadcast") != std::string::npos);
+    }
+    try {
+      comms[1]->send(&x, 4, 1, 0);
+      FAIL("send to self");
+    } catch (const CommError& e) {
+      CHECK(e.code() == CommErrc::invalid_argument);
+    }
+  }
+  CommConfig cfg;
+  cfg.backend = "carrier-pigeon";
+  CHECK_THROWS_AS(make_communicator(cfg), CommError);
+}
+
+// ---------------------------------------------------------------- gloo, ranks as threads
+
+TEST_CASE("gloo: abort from another thread unblocks recv and allreduce, the peer gets a named error",
+          "[gloo][abort]") {
+  auto comms = make_group("gloo", 2, "abort-recv");
+  std::vector<float> buf(1 << 20);
+  std::atomic<int> peer_code{-1};
+  std::thread peer([&] {
+    std::vector<float> b(16);
+    try {
+      comms[1]->recv(b.data(), 64, 0, 4, Options{10s});
+    } catch (const CommError& e) {
+      peer_code = static_cast<int>(e.code());
+    }
+  });
+  CHECK(abort_while_blocked(*comms[0], [&] { comms[0]->recv(buf.data(), 64, 1, 3, Options{20s}); }) ==
+        CommErrc::aborted);
+  peer.join();
+  CHECK((peer_code == static_cast<int>(CommErrc::peer_lost) ||
+         peer_code == static_cast<int>(CommErrc::timed_out)));
+
+  auto again = make_group("gloo", 2, "abort-allreduce");
+  CHECK(abort_while_blocked(*again[0], [&] {
+          again[0]->allreduce(buf.data(), buf.size(), ReduceOp::sum, Options{20s});
+        }) == CommErrc::aborted);
+  CHECK(again[0]->poisoned());
+}
+
+TEST_CASE("gloo: a rank that never joins makes the others time out, poisoned afterwards", "[gloo]") {
+  auto comms = make_group("gloo", 2, "timeout");
+  std::vector<float> x(7, 1.f);
+  try {
+    comms[0]->allreduce(x.data(), x.size(), ReduceOp::sum, Options{200ms});
+    FAIL("allreduce completed without its peer");
+  } catch (const CommError& e) {
+    CHECK(e.code() == CommErrc::timed_out);
+    CHECK(std::string(e.what()).find("allreduce") != std::string::npos);
+  }
+  CHECK(comms[0]->poisoned());
+  CHECK_THROWS_AS(comms[0]->barrier(), CommError);
+}
+
+// ---------------------------------------------------------------- gloo, ranks as processes
+
+TEST_CASE("gloo processes: every op for world sizes 1-4, counts 0/1/7/1Mi, sum and average", "[gloo][proc]") {
+  for (int n = 1; n <= 4; ++n) {
+    INFO("world size " << n);
+    TempDir dir;
+    Ranks ranks("ops", n, dir.path);
+    const auto st = ranks.wait_all(100s);
+    for (int r = 0; r < n; ++r) {
+      INFO("rank " << r);
+      CHECK(st[r] == 0);
+    }
+  }
+}
+
+TEST_CASE("gloo processes: the groups of a 2x2x2 grid", "[gloo][proc]") {
+  TempDir dir;
+  Ranks ranks("grid", 8, dir.path);
+  const auto st = ranks.wait_all(100s);
+  for (int r = 0; r < 8; ++r) {
+    INFO("rank " << r);
+    CHECK(st[r] == 0);
+  }
+}
+
+TEST_CASE("gloo processes: SIGKILL of one rank mid-allreduce fails every survivor with a named error",
+          "[gloo][proc][kill]") {
+  const int n = 4, victim = 2;
+  TempDir dir;
+  Ranks ranks("kill", n, dir.path, 3000);
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  for (int r = 0; r < n; ++r)
+    while (!fs::exists(dir.path + "/ready." + std::to_string(r))) {
+      REQUIRE(std::chrono::steady_clock::now() < deadline);
+      std::this_thread::sleep_for(5ms);
+    }
+  ranks.kill_rank(victim);
+  const auto st = ranks.wait_all(100s);
+  CHECK(st[victim] == 128 + SIGKILL);
+  for (int r = 0; r < n; ++r) {
+    if (r == victim) continue;
+    INFO("survivor " << r << " exit " << st[r]);
+    CHECK((st[r] == exit_code(CommErrc::peer_lost) || st[r] == exit_code(CommErrc::timed_out)));
+  }
+}
+
+// ---------------------------------------------------------------- nccl
+
+TEST_CASE("nccl: allreduce and abort on GPUs", "[gpu]") {
+#if TROUPE_HAVE_NCCL
+  const int devices = nccl_device_count();
+  if (devices == 0) {
+    WARN("no CUDA device visible (cudaGetDeviceCount): NCCL test skipped");
+    SUCCEED();
+    return;
+  }
+  const int n = std::min(devices, 4);
+  auto store = std::make_shared<MemoryStore>();
+  std::vector<std::unique_ptr<Communicator>> comms(n);
+  require_no_errors(run_threads(n, [&](int r) {
+    CommConfig cfg;
+    cfg.backend = "nccl";
+    cfg.rank = r;
+    cfg.size = n;
+    cfg.device = r;
+    cfg.store = store;
+    cfg.job = "nccl";
+    comms[r] = make_communicator(cfg);
+  }));
+  const size_t count = 1 << 20;
+  require_no_errors(run_threads(n, [&](int r) {
+    cudaSetDevice(r);
+    std::vector<float> host(count);
+    for (size_t i = 0; i < count; ++i) host[i] = testing::value(r, i);
+    float* dev = nullptr;
+    if (cudaMalloc(&dev, count * 4) != cudaSuccess) throw std::runtime_error("cudaMalloc");
+    cudaMemcpy(dev, host.data(), count * 4, cudaMemcpyHostToDevice);
+    comms[r]->allreduce(dev, count, ReduceOp::sum);
+    cudaMemcpy(host.data(), dev, count * 4, cudaMemcpyDeviceToHost);
+    cudaFree(dev);
+    const float s = static_cast<float>(n * (n + 1) / 2);
+    for (size_t i = 0; i < count; ++i)
+      COMM_EXPECT(host[i] == s * static_cast<float>(i % 13 + 1),
+                  "nccl allreduce element " + std::to_string(i));
+  }));
+  if (n < 2) {
+    WARN("one CUDA device: multi-rank NCCL abort needs two, skipped");
+    return;
+  }
+  float* dev = nullptr;
+  cudaSetDevice(0);
+  REQUIRE(cudaMalloc(&dev, 4096) == cudaSuccess);
+  CHECK(abort_while_blocked(*comms[0], [&] {
+          comms[0]->allreduce(dev, 1024, ReduceOp::sum, Options{20s});
+        }) == CommErrc::aborted);
+  comms.clear();
+  cudaFree(dev);
+#else
+  WARN("built without CUDA/NCCL: NCCL test skipped");
+  SUCCEED();
+#endif
+}
