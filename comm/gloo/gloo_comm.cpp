@@ -10,6 +10,7 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <condition_variable>
@@ -31,6 +32,7 @@ using gloo::transport::UnboundBuffer;
 // Slot prefixes of our own unbound-buffer traffic; gloo's collectives use 0x01..0x08.
 constexpr uint8_t kP2PSlotPrefix = 0x20;
 constexpr uint8_t kReduceScatterSlotPrefix = 0x21;
+constexpr uint8_t kAbortSlotPrefix = 0x22;
 
 // gloo reports its own timeouts as IoException("Timed out ..."); a peer that
 // closed or died is any other IoException.
@@ -41,8 +43,7 @@ CommErrc classify(const std::string& what) {
   return CommErrc::peer_lost;
 }
 
-// What an operation in flight needs, shared between the communicator and its
-// op thread so that the thread may outlive the communicator (see OpThread).
+// The context and what abort() needs to reach the operation in flight.
 struct GlooState {
   std::shared_ptr<gloo::rendezvous::Context> ctx;
   std::atomic<bool> aborted{false};
@@ -74,99 +75,31 @@ struct GlooState {
     if (!ok) throw CommError(CommErrc::aborted, "wait interrupted by abort");
   }
 
-  void abort() {
+  void abort(int peer) {
     aborted = true;
-    // Our own waits: interrupted. The peers: they see the connections drop
-    // and fail with peer_lost. A gloo collective's internal waits cannot be
-    // reached; it ends at its own timeout, with nothing more arriving into
-    // its buffers once the connections are closed.
-    std::lock_guard<std::mutex> lock(pending_m);
-    for (auto* b : pending) {
-      b->abortWaitRecv();
-      b->abortWaitSend();
-    }
-    ctx->closeConnections();
-  }
-};
-
-// One thread that runs the gloo calls of one communicator, so that the
-// calling thread waits on a condition it controls. If the communicator goes
-// away while a call is still in gloo (after an abort), the thread is detached
-// and finishes by itself at that call's timeout; it holds the shared state.
-class OpThread {
- public:
-  OpThread() : s_(std::make_shared<Shared>()) {
-    std::thread([s = s_] { loop(*s); }).swap(thread_);
-  }
-  ~OpThread() {
-    bool busy;
     {
-      std::lock_guard<std::mutex> lock(s_->m);
-      s_->stop = true;
-      busy = s_->busy;
-    }
-    s_->cv.notify_all();
-    if (busy)
-      thread_.detach();
-    else
-      thread_.join();
-  }
-
-  // Runs fn on the thread. Returns true when it finished (err set if it
-  // threw), false when `interrupted()` became true or the deadline passed first.
-  bool run(std::function<void()> fn, Clock::time_point deadline, const std::function<bool()>& interrupted,
-           std::exception_ptr* err) {
-    std::unique_lock<std::mutex> lock(s_->m);
-    s_->job = std::move(fn);
-    s_->busy = true;
-    s_->err = nullptr;
-    s_->cv.notify_all();
-    s_->cv.wait_until(lock, deadline, [&] { return !s_->busy || interrupted(); });
-    if (s_->busy) return false;
-    *err = s_->err;
-    return true;
-  }
-
-  // Wakes a caller blocked in run() so it re-checks `interrupted`.
-  void poke() {
-    std::lock_guard<std::mutex> lock(s_->m);
-    s_->cv.notify_all();
-  }
-
- private:
-  struct Shared {
-    std::mutex m;
-    std::condition_variable cv;
-    std::function<void()> job;
-    bool busy = false;
-    bool stop = false;
-    std::exception_ptr err;
-  };
-
-  static void loop(Shared& s) {
-    std::unique_lock<std::mutex> lock(s.m);
-    for (;;) {
-      s.cv.wait(lock, [&] { return s.stop || s.job; });
-      if (!s.job) return;
-      auto fn = std::move(s.job);
-      s.job = nullptr;
-      lock.unlock();
-      std::exception_ptr err;
-      try {
-        fn();
-      } catch (...) {
-        err = std::current_exception();
+      std::lock_guard<std::mutex> lock(pending_m);
+      for (auto* b : pending) {
+        b->abortWaitRecv();
+        b->abortWaitSend();
       }
-      fn = nullptr;
-      lock.lock();
-      s.err = err;
-      s.busy = false;
-      s.cv.notify_all();
+    }
+    // The waits inside a gloo collective (its scratch buffers) are out of
+    // reach, and closeConnections() wakes the peers but not them. A receive
+    // that times out, though, makes gloo signal every pair of the context
+    // ("Application timeout caused pair closure"): all pending waits throw and
+    // every connection closes, so the peers fail too. A 1 ms receive on a
+    // slot nobody sends to triggers exactly that.
+    if (peer < 0) return;
+    char byte = 0;
+    auto probe = ctx->createUnboundBuffer(&byte, 1);
+    try {
+      probe->recv(peer, gloo::Slot::build(kAbortSlotPrefix, 0), 0, 1);
+      probe->waitRecv(nullptr, std::chrono::milliseconds(1));
+    } catch (const std::exception&) {
+      // Expected: the timeout (or an already closed pair) is the point.
     }
   }
-
-  std::shared_ptr<Shared> s_;
-  std::thread thread_;
 };
 
 struct GlooShared {
@@ -313,8 +246,7 @@ class GlooCommunicator : public Communicator {
   }
 
   void do_abort() override {
-    st_->abort();
-    op_->poke();
+    if (st_->ctx) st_->abort(size() > 1 ? (rank() + 1) % size() : -1);
   }
 
   std::unique_ptr<Communicator> do_new_group(const std::vector<int>& ranks, int new_rank,
@@ -324,25 +256,15 @@ class GlooCommunicator : public Communicator {
   }
 
  private:
-  // Runs fn on the op thread; maps every way it can end to a CommError.
-  void run(const char* op, const Options& opt, std::function<void()> fn) {
-    // gloo enforces the op's timeout itself; the grace bound only guards
-    // against a wait that gloo does not time.
-    const auto deadline = Clock::now() + opt.timeout + opt.timeout / 4 + std::chrono::milliseconds(500);
-    std::exception_ptr err;
-    const bool finished = op_->run(
-        std::move(fn), deadline, [this] { return abort_requested(); }, &err);
-    if (!finished) {
-      st_->ctx->closeConnections();
-      if (abort_requested()) fail(CommErrc::aborted, op, -1, "aborted while in flight");
-      fail(CommErrc::timed_out, op, -1,
-           "no completion within " + std::to_string(opt.timeout.count()) + " ms (+ grace)");
-    }
-    if (!err) return;
+  // Runs fn on the calling thread; gloo enforces the op's timeout, abort()
+  // interrupts it (see GlooState::abort). Maps every failure to a CommError.
+  template <class F>
+  void run(const char* op, const Options& /*opt*/, F&& fn) {
     CommErrc code = CommErrc::internal;
     std::string what;
     try {
-      std::rethrow_exception(err);
+      fn();
+      return;
     } catch (const CommError& e) {
       code = e.code();
       what = e.what();
@@ -362,13 +284,16 @@ class GlooCommunicator : public Communicator {
 
   std::shared_ptr<GlooShared> shared_;
   std::shared_ptr<GlooState> st_;
-  // Declared last: destroyed first, before the state it may still share.
-  std::unique_ptr<OpThread> op_ = std::make_unique<OpThread>();
 };
 
 }  // namespace
 
 std::unique_ptr<Communicator> make_gloo_communicator(const CommConfig& cfg) {
+  // gloo writes to its sockets with writev, which raises SIGPIPE when a peer
+  // died: the default action would kill this rank instead of letting it report
+  // peer_lost. Ignored unless the process installed its own handler.
+  struct sigaction old {};
+  if (::sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
   if (!cfg.store) throw CommError(CommErrc::invalid_argument, "make_communicator(gloo): config has no store");
   auto shared = std::make_shared<GlooShared>();
   shared->store = cfg.store;

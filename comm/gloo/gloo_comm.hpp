@@ -2,11 +2,12 @@
 // only gloo's options API (allreduce, allgather, broadcast, barrier, unbound
 // buffer send/recv); reduce-scatter is a ring over unbound buffers.
 //
-// Each communicator runs its gloo calls on one operation thread of its own, so
-// the calling thread waits on a condition it controls: abort() wakes it at
-// once, whatever gloo is blocked in. The operation thread then finishes by
-// itself: abort and every failure close the context's connections, which makes
-// the peers fail fast too (peer_lost), and every gloo wait has the op's timeout.
+// Operations run on the calling thread with gloo's per-op timeout. abort()
+// from another thread interrupts whatever gloo waits on: it makes gloo fail
+// every pending wait of the context and close its connections (the path gloo
+// takes on its own timeouts), so the caller gets CommError{aborted} and the
+// peers fail fast with peer_lost. Any failure also closes the connections, so
+// a dead rank's failure reaches every survivor, not only its ring neighbours.
 #pragma once
 
 #include <memory>
