@@ -5,7 +5,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
-#include <regex>
+#include <sstream>
 
 #include "core/spec.hpp"
 
@@ -22,10 +22,14 @@ Expectation read_expectation(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   std::string first;
   std::getline(in, first);
-  static const std::regex re(R"(^# expect: (\d+):(\d+): (.+)$)");
-  std::smatch m;
+  // "# expect: 12:3: fragment"
   Expectation e;
-  if (std::regex_match(first, m, re)) e = {std::stoi(m[1]), std::stoi(m[2]), m[3]};
+  const std::string prefix = "# expect: ";
+  if (first.rfind(prefix, 0) != 0) return e;
+  std::istringstream rest(first.substr(prefix.size()));
+  char colon1 = 0, colon2 = 0;
+  if (!(rest >> e.line >> colon1 >> e.col >> colon2) || colon1 != ':' || colon2 != ':') return Expectation{};
+  std::getline(rest >> std::ws, e.fragment);
   return e;
 }
 
