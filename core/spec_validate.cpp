@@ -18,6 +18,8 @@ namespace troupe::spec_detail {
 
 size_t edit_distance(std::string_view a, std::string_view b) {
   const size_t n = a.size(), m = b.size();
+  // Keys and values are short; a pathological one (the file may hold a 1 MiB key) is simply "far".
+  if (n > 64 || m > 64) return std::max(n, m);
   std::vector<std::vector<size_t>> d(n + 1, std::vector<size_t>(m + 1));
   for (size_t i = 0; i <= n; ++i) d[i][0] = i;
   for (size_t j = 0; j <= m; ++j) d[0][j] = j;

@@ -404,3 +404,18 @@ TEST_CASE("a spec written into a file loads the same as its text", "[core][spec]
   CHECK(from_file == from_text);
   CHECK(from_file.source_file == p.string());
 }
+
+TEST_CASE("pathological keys and values are reported shortened", "[core][spec]") {
+  std::string key(1000, 'k');  // YAML caps implicit keys at 1024 characters
+  auto ds = errors_of(std::string(kMinimal) + key + ": 1\n");
+  REQUIRE(ds.size() == 1);
+  CHECK(ds[0].message.find("unknown key 'kkkk") != std::string::npos);
+  CHECK(ds[0].message.find("...") != std::string::npos);
+  CHECK(ds[0].message.size() < 200);
+  std::string text = kMinimal;
+  text.replace(text.find("steps: 10"), 9, "steps: " + std::string(300000, '9'));
+  ds = errors_of(text);
+  REQUIRE(ds.size() == 1);
+  CHECK(ds[0].message.find("'train.steps' is out of range") != std::string::npos);
+  CHECK(ds[0].message.size() < 200);
+}
