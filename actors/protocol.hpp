@@ -12,7 +12,7 @@
 //   worker --register_worker(WorkerHello)> coordinator   => Assignment
 //   worker --step(StepMetrics)-----------> coordinator     (one per optimizer step)
 //   worker --worker_done(WorkerResult)---> coordinator
-//   worker --store_set / store_get-------> coordinator   => rendezvous values
+//   worker --store_set/get/add-----------> coordinator   => StoreValue
 //   coord  --abort(reason)---------------> worker
 //   coord  --where-----------------------> worker        => "step 12: forward mb 3"
 //
@@ -41,6 +41,7 @@ using abort_atom = caf::atom_constant<caf::atom("abort")>;
 using where_atom = caf::atom_constant<caf::atom("where")>;
 using store_set_atom = caf::atom_constant<caf::atom("st_set")>;
 using store_get_atom = caf::atom_constant<caf::atom("st_get")>;
+using store_add_atom = caf::atom_constant<caf::atom("st_add")>;
 using store_expire_atom = caf::atom_constant<caf::atom("st_expire")>;
 using api_atom = caf::atom_constant<caf::atom("api")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
@@ -202,22 +203,23 @@ using coordinator_actor = caf::typed_actor<
     caf::replies_to<reg_agent_atom, AgentHello>::with<Welcome>,
     caf::replies_to<reg_worker_atom, WorkerHello>::with<Assignment>,
     caf::reacts_to<worker_exit_atom, WorkerExit>, caf::reacts_to<step_atom, StepMetrics>,
-    caf::reacts_to<worker_done_atom, WorkerResult>,
-    caf::replies_to<store_set_atom, StoreKey, std::string>::with<bool>,
+    caf::replies_to<worker_done_atom, WorkerResult>::with<bool>,  // acked before the worker exits
+    caf::replies_to<store_set_atom, StoreKey, std::string>::with<StoreValue>,
+    caf::replies_to<store_add_atom, StoreKey, int64_t>::with<StoreValue>,  // value = new count, decimal
     caf::replies_to<store_get_atom, StoreKey, int64_t>::with<StoreValue>,
     caf::reacts_to<store_expire_atom, uint64_t>,                // self
     caf::replies_to<api_atom, std::string>::with<std::string>,  // local: the ZeroMQ API thread
-    caf::reacts_to<lost_atom, std::string, int32_t, int32_t>,   // self: (job, generation, rank)
-    caf::reacts_to<tick_atom>>;                                 // self
+    caf::reacts_to<lost_atom, std::string, int32_t, int32_t>>;  // self: (job, generation, rank)
 
-using agent_actor = caf::typed_actor<caf::replies_to<launch_atom, LaunchRequest>::with<int32_t>,
-                                     caf::reacts_to<kill_atom, std::string, int32_t>,  // (job, generation):
-                                                                                       // SIGKILL its workers
-                                     caf::reacts_to<tick_atom>,                        // self: reap children
-                                     caf::reacts_to<shutdown_atom>>;
+// SIGKILL of (job, generation) kills every worker of that launch on the agent.
+using agent_actor =
+    caf::typed_actor<caf::replies_to<launch_atom, LaunchRequest>::with<int32_t>,  // pid or -errno
+                     caf::reacts_to<kill_atom, std::string, int32_t>,
+                     caf::reacts_to<tick_atom>,  // self: reap children
+                     caf::reacts_to<shutdown_atom>>;
 
+// Answered at once while the engine thread computes.
 using worker_actor =
-    caf::typed_actor<caf::reacts_to<abort_atom, std::string>, caf::replies_to<where_atom>::with<std::string>,
-                     caf::reacts_to<tick_atom>>;  // self: notice the engine thread's end
+    caf::typed_actor<caf::reacts_to<abort_atom, std::string>, caf::replies_to<where_atom>::with<std::string>>;
 
 }  // namespace troupe::actors

@@ -1,5 +1,7 @@
 #include "coordinator/rendezvous.hpp"
 
+#include <string>
+
 namespace troupe::coord {
 
 std::string store_namespace(const std::string& job_id, int generation, const std::string& group) {
@@ -26,6 +28,20 @@ std::optional<std::string> RendezvousStore::get(const std::string& ns, const std
   auto k = n->second.find(key);
   if (k == n->second.end()) return std::nullopt;
   return k->second;
+}
+
+std::pair<int64_t, std::vector<uint64_t>> RendezvousStore::add(const std::string& ns, const std::string& key,
+                                                               int64_t delta) {
+  int64_t v = 0;
+  if (auto old = get(ns, key)) {
+    try {
+      v = std::stoll(*old);
+    } catch (const std::exception&) {
+      v = 0;
+    }
+  }
+  v += delta;
+  return {v, set(ns, key, std::to_string(v))};
 }
 
 uint64_t RendezvousStore::add_waiter(const std::string& ns, const std::string& key) {

@@ -20,6 +20,8 @@ class RendezvousStore {
   // Stores the value; returns the waiters it satisfies (they are removed).
   std::vector<uint64_t> set(const std::string& ns, const std::string& key, std::string value);
   std::optional<std::string> get(const std::string& ns, const std::string& key) const;
+  // Adds delta to a decimal counter (missing = 0); returns the new value and the waiters it wakes.
+  std::pair<int64_t, std::vector<uint64_t>> add(const std::string& ns, const std::string& key, int64_t delta);
 
   // Parks a waiter for (ns, key); returns its id.
   uint64_t add_waiter(const std::string& ns, const std::string& key);

@@ -1,0 +1,93 @@
+#include "coordinator/api.hpp"
+
+#include "coordinator/spec_request.hpp"
+#include "core/error.hpp"
+#include "core/spec.hpp"
+
+namespace troupe::coord {
+
+nlohmann::json api_error(const std::string& name, const std::string& message) {
+  return {{"ok", false}, {"error", name}, {"message", message}};
+}
+
+namespace {
+
+// The string field `key`, or nullptr (and *err set) when absent or not a string.
+const std::string* string_field(const nlohmann::json& req, const char* key, nlohmann::json* err) {
+  auto it = req.find(key);
+  if (it == req.end()) {
+    *err = api_error("bad_request", std::string("missing field '") + key + "'");
+    return nullptr;
+  }
+  if (!it->is_string()) {
+    *err = api_error("bad_request", std::string("field '") + key + "' must be a string");
+    return nullptr;
+  }
+  return it->get_ptr<const std::string*>();
+}
+
+}  // namespace
+
+nlohmann::json handle_api_request(CoordinatorState& state, const nlohmann::json& req, Actions* out) {
+  if (!req.is_object()) return api_error("bad_request", "a request is a JSON object");
+  nlohmann::json err;
+  const std::string* op = string_field(req, "op", &err);
+  if (!op) return err;
+
+  if (*op == "submit") {
+    const std::string* spec = string_field(req, "spec", &err);
+    if (!spec) return err;
+    std::string filename = "<submitted>";
+    if (auto f = req.find("filename"); f != req.end() && f->is_string()) filename = f->get<std::string>();
+    JobRequest jr;
+    try {
+      jr = job_request_from_yaml(*spec, filename);
+    } catch (const SpecError& e) {
+      nlohmann::json diags = nlohmann::json::array();
+      for (const auto& d : e.diagnostics) diags.push_back(d.str());
+      auto r = api_error("invalid_spec", e.what());
+      r["diagnostics"] = diags;
+      return r;
+    }
+    std::string id;
+    try {
+      id = state.submit(std::move(jr), out);
+    } catch (const Error& e) {
+      return api_error("invalid_job", e.what());
+    }
+    const Job* j = state.job(id);
+    return {{"ok", true},
+            {"job", id},
+            {"state", to_string(j->state)},
+            {"reason", j->reason},
+            {"run_dir", j->run_dir}};
+  }
+  if (*op == "status") {
+    const std::string* id = string_field(req, "job", &err);
+    if (!id) return err;
+    const Job* j = state.job(*id);
+    if (!j) return api_error("unknown_job", "no job '" + *id + "'");
+    return {{"ok", true}, {"job", state.job_json(*j)}};
+  }
+  if (*op == "list") {
+    auto r = state.list_json();
+    r["ok"] = true;
+    return r;
+  }
+  if (*op == "cancel") {
+    const std::string* id = string_field(req, "job", &err);
+    if (!id) return err;
+    std::string why;
+    if (!state.cancel(*id, "cancelled by a client", out, &why))
+      return api_error(state.job(*id) ? "already_finished" : "unknown_job", why);
+    return {{"ok", true}, {"job", *id}, {"state", "cancelled"}};
+  }
+  if (*op == "scale") {
+    return api_error(
+        "not_supported",
+        "scale is not supported yet: resizing a running job needs elastic relaunch from a checkpoint");
+  }
+  return api_error("unknown_op", "unknown op '" + *op + "' (submit, status, list, cancel, scale, info)");
+}
+
+}  // namespace troupe::coord

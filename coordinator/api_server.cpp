@@ -1,0 +1,146 @@
+#include "coordinator/api_server.hpp"
+
+#include <nlohmann/json.hpp>
+#include <zmq.hpp>
+
+#include "coordinator/api.hpp"
+#include "core/error.hpp"
+
+namespace troupe::coord {
+
+struct ApiServer::Sockets {
+  zmq::context_t ctx{1};
+  zmq::socket_t router{ctx, zmq::socket_type::router};
+  zmq::socket_t pub{ctx, zmq::socket_type::pub};
+};
+
+namespace {
+
+// "tcp://host:port" -> (host, port); other transports -> ("", "").
+std::pair<std::string, std::string> split_tcp(const std::string& ep) {
+  const std::string scheme = "tcp://";
+  if (ep.compare(0, scheme.size(), scheme) != 0) return {"", ""};
+  auto rest = ep.substr(scheme.size());
+  auto colon = rest.rfind(':');
+  if (colon == std::string::npos) return {rest, ""};
+  return {rest.substr(0, colon), rest.substr(colon + 1)};
+}
+
+std::string bindable(const std::string& ep) {
+  auto [host, port] = split_tcp(ep);
+  if (!host.empty() && port == "0") return "tcp://" + host + ":*";
+  return ep;
+}
+
+}  // namespace
+
+bool is_loopback_endpoint(const std::string& ep) {
+  if (ep.rfind("ipc://", 0) == 0 || ep.rfind("inproc://", 0) == 0) return true;
+  auto [host, port] = split_tcp(ep);
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "[::1]" || host == "::1";
+}
+
+ApiServer::ApiServer(ApiOptions options, Handler handler)
+    : opt_(std::move(options)), handler_(std::move(handler)) {
+  TROUPE_CHECK(
+      is_loopback_endpoint(opt_.endpoint) || !opt_.token.empty(), "the API endpoint ", opt_.endpoint,
+      " is not a loopback address: give --api-token-file so that every request must carry the token");
+  if (opt_.pub_endpoint.empty()) {
+    auto [host, port] = split_tcp(opt_.endpoint);
+    TROUPE_CHECK(!host.empty() && !port.empty(), "cannot derive the PUB endpoint from ", opt_.endpoint,
+                 "; give it explicitly");
+    if (port == "0" || port == "*") {
+      opt_.pub_endpoint = "tcp://" + host + ":*";
+    } else {
+      opt_.pub_endpoint = "tcp://" + host + ":" + std::to_string(std::stoi(port) + 1);
+    }
+  }
+  TROUPE_CHECK(is_loopback_endpoint(opt_.pub_endpoint) || !opt_.token.empty(), "the PUB endpoint ",
+               opt_.pub_endpoint, " is not a loopback address: give --api-token-file");
+  auto s = std::make_unique<Sockets>();
+  s->router.set(zmq::sockopt::maxmsgsize, opt_.max_message_bytes);
+  s->router.set(zmq::sockopt::linger, 0);
+  s->pub.set(zmq::sockopt::linger, 0);
+  try {
+    s->router.bind(bindable(opt_.endpoint));
+    s->pub.bind(bindable(opt_.pub_endpoint));
+  } catch (const zmq::error_t& e) {
+    TROUPE_CHECK(false, "cannot bind the API (", opt_.endpoint, ", ", opt_.pub_endpoint, "): ", e.what());
+  }
+  endpoint_ = s->router.get(zmq::sockopt::last_endpoint);
+  pub_endpoint_ = s->pub.get(zmq::sockopt::last_endpoint);
+  sockets_ = s.release();
+  thread_ = std::thread([this] { loop(); });
+}
+
+ApiServer::~ApiServer() {
+  stop();
+  delete sockets_;
+}
+
+void ApiServer::stop() {
+  stop_.store(true);
+  if (thread_.joinable()) thread_.join();
+}
+
+void ApiServer::publish(std::string event_json) {
+  std::lock_guard<std::mutex> lock(mu_);
+  events_.push_back(std::move(event_json));
+}
+
+std::string ApiServer::answer(const std::string& payload) {
+  nlohmann::json req;
+  try {
+    req = nlohmann::json::parse(payload);
+  } catch (const nlohmann::json::exception& e) {
+    return api_error("bad_json", std::string("the request is not JSON: ") + e.what()).dump();
+  }
+  if (!req.is_object()) return api_error("bad_request", "a request is a JSON object").dump();
+  if (!opt_.token.empty()) {
+    auto t = req.find("token");
+    if (t == req.end() || !t->is_string() || t->get<std::string>() != opt_.token)
+      return api_error("unauthorized", "this API requires a valid \"token\" field").dump();
+  }
+  auto op = req.find("op");
+  if (op == req.end() || !op->is_string())
+    return api_error("bad_request", "missing string field 'op'").dump();
+  if (*op == "info") return nlohmann::json{{"ok", true}, {"api", endpoint_}, {"pub", pub_endpoint_}}.dump();
+  return handler_(payload);
+}
+
+void ApiServer::loop() {
+  auto& router = sockets_->router;
+  auto& pub = sockets_->pub;
+  while (!stop_.load()) {
+    zmq::pollitem_t items[] = {{router.handle(), 0, ZMQ_POLLIN, 0}};
+    zmq::poll(items, 1, std::chrono::milliseconds(10));
+    if (items[0].revents & ZMQ_POLLIN) {
+      // Envelope: identity, then an empty delimiter for REQ clients (none for
+      // DEALER); the last frame is the request.
+      std::vector<zmq::message_t> frames;
+      while (true) {
+        zmq::message_t m;
+        if (!router.recv(m, zmq::recv_flags::dontwait)) break;
+        bool more = m.more();
+        frames.push_back(std::move(m));
+        if (!more) break;
+      }
+      if (frames.size() >= 2) {
+        ++requests_;
+        std::string reply = answer(frames.back().to_string());
+        for (size_t i = 0; i + 1 < frames.size(); ++i)
+          router.send(zmq::buffer(frames[i].data(), frames[i].size()),
+                      zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+        router.send(zmq::buffer(reply), zmq::send_flags::dontwait);
+      }
+    }
+    std::deque<std::string> out;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      out.swap(events_);
+    }
+    for (auto& e : out) pub.send(zmq::buffer(e), zmq::send_flags::dontwait);
+  }
+}
+
+}  // namespace troupe::coord

@@ -1,0 +1,123 @@
+#include "coordinator/server.hpp"
+
+#include <unistd.h>
+
+#include <csignal>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "actors/system.hpp"
+#include "coordinator/api.hpp"
+#include "coordinator/api_server.hpp"
+#include "coordinator/coordinator_actor.hpp"
+#include "core/error.hpp"
+
+namespace troupe::coord {
+
+std::string read_token_file(const std::string& path) {
+  std::ifstream in(path);
+  TROUPE_CHECK(in.good(), "cannot read the token file ", path);
+  std::string line;
+  std::getline(in, line);
+  auto b = line.find_first_not_of(" \t\r\n"), e = line.find_last_not_of(" \t\r\n");
+  TROUPE_CHECK(b != std::string::npos, "the token file ", path, " is empty");
+  return line.substr(b, e - b + 1);
+}
+
+int run_coordinator(const CoordinatorOptions& o) {
+  // Signals are taken synchronously by this thread (sigtimedwait); every thread
+  // started from here on inherits the mask.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  std::string token;
+  if (!o.api_token_file.empty()) token = read_token_file(o.api_token_file);
+  auto [host, port] = actors::parse_host_port(o.listen);
+
+  actors::NodeConfig cfg;
+  caf::actor_system sys{cfg};
+
+  std::mutex api_mu;
+  ApiServer* api_ptr = nullptr;
+  CoordinatorActorOptions copt;
+  copt.runs_dir = o.runs_dir;
+  if (o.protocol_override) copt.protocol = o.protocol_override;
+  copt.on_event = [&](const std::string& e) {
+    std::lock_guard<std::mutex> lock(api_mu);
+    if (api_ptr) api_ptr->publish(e);
+  };
+  auto coord = spawn_coordinator(sys, copt);
+
+  auto ask = [&](const std::string& req) {
+    caf::scoped_actor self{sys};
+    std::string out;
+    self->request(coord, std::chrono::seconds(10), actors::api_atom::value, req)
+        .receive([&](std::string& r) { out = std::move(r); },
+                 [&](caf::error& e) { out = api_error("internal", sys.render(e)).dump(); });
+    return out;
+  };
+
+  std::unique_ptr<ApiServer> api;
+  try {
+    ApiOptions aopt;
+    aopt.endpoint = o.api;
+    aopt.pub_endpoint = o.api_pub;
+    aopt.token = token;
+    api = std::make_unique<ApiServer>(aopt, ask);
+  } catch (const Error& e) {
+    std::cerr << "troupe coordinator: " << e.what() << "\n";
+    caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
+    return 2;
+  }
+  {
+    std::lock_guard<std::mutex> lock(api_mu);
+    api_ptr = api.get();
+  }
+  auto published = sys.middleman().publish(coord, port, host.c_str(), true);
+  if (!published) {
+    std::cerr << "troupe coordinator: cannot listen on " << o.listen << ": " << sys.render(published.error())
+              << "\n";
+    api->stop();
+    caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
+    return 2;
+  }
+  std::string listen = host + ":" + std::to_string(*published);
+  nlohmann::json ready = {
+      {"listen", listen}, {"api", api->endpoint()}, {"pub", api->pub_endpoint()}, {"pid", getpid()}};
+  std::cout << "troupe coordinator: agents and workers connect to " << listen << "; API " << api->endpoint()
+            << ", events " << api->pub_endpoint() << std::endl;
+  if (!o.ready_file.empty()) {
+    std::string tmp = o.ready_file + ".tmp";
+    std::ofstream(tmp) << ready.dump() << "\n";
+    std::rename(tmp.c_str(), o.ready_file.c_str());
+  }
+
+  int sig = 0;
+  while (sig <= 0) sig = sigwaitinfo(&sigs, nullptr);
+  std::cout << "troupe coordinator: " << (sig == SIGINT ? "interrupted" : "terminated")
+            << ", cancelling running jobs" << std::endl;
+  auto list = nlohmann::json::parse(ask(R"({"op":"list"})"), nullptr, false);
+  if (list.is_object() && list.contains("jobs"))
+    for (const auto& j : list["jobs"]) {
+      std::string st = j.value("state", "");
+      if (st != "succeeded" && st != "failed" && st != "cancelled")
+        ask(nlohmann::json{{"op", "cancel"}, {"job", j["id"]}}.dump());
+    }
+  // The agents SIGKILL what is left when the coordinator goes; give the aborts a moment to leave first.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  {
+    std::lock_guard<std::mutex> lock(api_mu);
+    api_ptr = nullptr;
+  }
+  api->stop();
+  caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
+  return sig == SIGINT ? 130 : 0;
+}
+
+}  // namespace troupe::coord

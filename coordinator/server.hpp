@@ -1,0 +1,26 @@
+// `troupe coordinator`: the coordinator actor published for agents and workers,
+// plus the ZeroMQ client API. No CAF here: the CLI includes it.
+#pragma once
+
+#include <string>
+
+namespace troupe::coord {
+
+struct CoordinatorOptions {
+  std::string listen = "127.0.0.1:0";        // actor port for agents and workers; 0 = ephemeral
+  std::string api = "tcp://127.0.0.1:5555";  // ROUTER; port 0 = ephemeral
+  std::string api_pub;                       // PUB; "" = next port
+  std::string api_token_file;                // required when the API binds a non-loopback address
+  std::string runs_dir = "runs";
+  std::string ready_file;  // written once serving: {"listen":"host:port","api":...,"pub":...,"pid":...}
+  int protocol_override = 0;
+};
+
+// Serves until SIGINT or SIGTERM, then cancels the running jobs (their workers
+// are killed by their agents) and returns the process exit code.
+int run_coordinator(const CoordinatorOptions& options);
+
+// Reads a token file: its first line, surrounding whitespace removed. Throws troupe::Error.
+std::string read_token_file(const std::string& path);
+
+}  // namespace troupe::coord

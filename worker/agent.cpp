@@ -1,0 +1,158 @@
+#include "worker/agent.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <map>
+
+#include "actors/system.hpp"
+
+namespace troupe::worker {
+
+namespace {
+
+using namespace troupe::actors;
+
+struct Child {
+  std::string job_id;
+  int32_t generation = 0;
+  int32_t rank = 0;
+};
+
+struct AgentState {
+  AgentActorOptions opt;
+  coordinator_actor coordinator;
+  std::map<pid_t, Child> children;
+  bool stopped = false;
+  static inline const char* name = "troupe.agent";
+};
+
+using self_ptr = agent_actor::stateful_pointer<AgentState>;
+
+constexpr auto kReapEvery = std::chrono::milliseconds(20);
+
+// fork + exec one worker. Returns its pid, or -errno.
+int32_t start_worker(self_ptr self, const LaunchRequest& r) {
+  auto& o = self->state.opt;
+  std::vector<std::string> args = {o.worker_binary, "worker",
+                                   "--coordinator", o.coordinator_address,
+                                   "--job",         r.job_id,
+                                   "--generation",  std::to_string(r.generation),
+                                   "--rank",        std::to_string(r.rank),
+                                   "--device",      r.device};
+  if (o.worker_protocol_override) {
+    args.push_back("--protocol-version-override");
+    args.push_back(std::to_string(o.worker_protocol_override));
+  }
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  int logfd = -1;
+  if (!r.log_path.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(r.log_path).parent_path(), ec);
+    logfd = ::open(r.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (logfd < 0) return -errno;
+  }
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) {
+    int err = errno;
+    if (logfd >= 0) ::close(logfd);
+    return -err;
+  }
+  if (pid == 0) {
+    // Only async-signal-safe calls from here to exec.
+    setpgid(0, 0);  // a Ctrl-C at the terminal reaches the agent, which stops its workers itself
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);  // the agent died between fork and prctl
+    if (logfd >= 0) {
+      dup2(logfd, 1);
+      dup2(logfd, 2);
+    }
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);  // the agent blocks SIGINT/SIGTERM; exec would keep the mask
+    // Inherited sockets (the agent's CAF connections) must not live on in the worker.
+#ifdef SYS_close_range
+    if (syscall(SYS_close_range, 3u, ~0u, 0u) != 0)
+#endif
+      for (int fd = 3; fd < 4096; ++fd) ::close(fd);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  if (logfd >= 0) ::close(logfd);
+  self->state.children[pid] = Child{r.job_id, r.generation, r.rank};
+  return pid;
+}
+
+void reap(self_ptr self, bool block) {
+  auto& s = self->state;
+  for (auto it = s.children.begin(); it != s.children.end();) {
+    int status = 0;
+    pid_t got = waitpid(it->first, &status, block ? 0 : WNOHANG);
+    if (got == 0) {
+      ++it;
+      continue;
+    }
+    WorkerExit x{it->second.job_id, it->second.generation, it->second.rank, it->first, -1, 0};
+    if (got > 0 && WIFEXITED(status)) x.exit_code = WEXITSTATUS(status);
+    if (got > 0 && WIFSIGNALED(status)) x.signal = WTERMSIG(status);
+    if (!block) self->send(s.coordinator, worker_exit_atom::value, x);
+    it = s.children.erase(it);
+  }
+}
+
+void stop(self_ptr self, int code, const std::string& why) {
+  auto& s = self->state;
+  if (s.stopped) return;
+  s.stopped = true;
+  for (const auto& [pid, c] : s.children) ::kill(pid, SIGKILL);
+  reap(self, true);
+  if (s.opt.on_stop) s.opt.on_stop(code, why);
+  self->quit();
+}
+
+agent_actor::behavior_type agent_fn(self_ptr self, coordinator_actor coordinator, AgentActorOptions opt) {
+  self->state.opt = std::move(opt);
+  self->state.coordinator = coordinator;
+  self->monitor(coordinator);
+  self->set_down_handler(
+      [=](caf::down_msg& dm) { stop(self, 1, "lost the coordinator: " + self->system().render(dm.reason)); });
+  AgentHello hello{self->state.opt.protocol, host_name(), static_cast<int32_t>(getpid()),
+                   self->state.opt.devices};
+  self->request(coordinator, std::chrono::seconds(30), reg_agent_atom::value, hello)
+      .then(
+          [=](const Welcome& w) {
+            if (!w.accepted) stop(self, 1, "refused by the coordinator: " + w.message);
+          },
+          [=](caf::error& e) { stop(self, 1, "registration failed: " + self->system().render(e)); });
+  self->delayed_send(self, kReapEvery, tick_atom::value);
+  return {
+      [=](launch_atom, const LaunchRequest& r) -> int32_t { return start_worker(self, r); },
+      [=](kill_atom, const std::string& job, int32_t generation) {
+        for (const auto& [pid, c] : self->state.children)
+          if (c.job_id == job && c.generation == generation) ::kill(pid, SIGKILL);
+      },
+      [=](tick_atom) {
+        reap(self, false);
+        self->delayed_send(self, kReapEvery, tick_atom::value);
+      },
+      [=](shutdown_atom) { stop(self, 0, "shut down"); },
+  };
+}
+
+}  // namespace
+
+actors::agent_actor spawn_agent(caf::actor_system& sys, actors::coordinator_actor coordinator,
+                                AgentActorOptions options) {
+  return sys.spawn(agent_fn, std::move(coordinator), std::move(options));
+}
+
+}  // namespace troupe::worker

@@ -1,0 +1,116 @@
+// The `troupe agent` process: connect, register, serve until told to stop.
+#include <signal.h>
+
+#include <atomic>
+#include <filesystem>
+#include <iostream>
+#include <mutex>
+
+#include "actors/system.hpp"
+#include "core/error.hpp"
+#include "worker/agent.hpp"
+#include "worker/node.hpp"
+
+namespace troupe::worker {
+
+std::vector<std::string> expand_devices(const std::string& spec) {
+  std::vector<std::string> out;
+  auto colon = spec.find(':');
+  TROUPE_CHECK(colon != std::string::npos, "bad --devices '", spec, "' (cpu:N, cuda:all or cuda:0,1)");
+  std::string kind = spec.substr(0, colon), rest = spec.substr(colon + 1);
+  TROUPE_CHECK(kind == "cpu" || kind == "cuda", "bad device kind '", kind, "' in --devices (cpu or cuda)");
+  auto is_number = [](const std::string& s) {
+    return !s.empty() && s.size() < 6 && s.find_first_not_of("0123456789") == std::string::npos;
+  };
+  if (kind == "cuda" && rest == "all") {
+    // The driver lists one folder per GPU; no CUDA runtime is needed to count them.
+    int n = 0;
+    std::error_code ec;
+    for (auto it = std::filesystem::directory_iterator("/proc/driver/nvidia/gpus", ec);
+         !ec && it != std::filesystem::directory_iterator(); ++it)
+      ++n;
+    TROUPE_CHECK(n > 0,
+                 "--devices cuda:all: no NVIDIA GPU found (/proc/driver/nvidia/gpus is empty or missing)");
+    for (int i = 0; i < n; ++i) out.push_back("cuda:" + std::to_string(i));
+    return out;
+  }
+  if (kind == "cpu" && rest.find(',') == std::string::npos) {
+    TROUPE_CHECK(is_number(rest) && std::stoi(rest) > 0, "bad --devices '", spec, "': cpu:N needs N >= 1");
+    for (int i = 0; i < std::stoi(rest); ++i) out.push_back("cpu:" + std::to_string(i));
+    return out;
+  }
+  // A list of indices: "cuda:0,2" or "cpu:0,1".
+  size_t pos = 0;
+  while (pos <= rest.size()) {
+    auto comma = rest.find(',', pos);
+    std::string item = rest.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    TROUPE_CHECK(is_number(item), "bad device index '", item, "' in --devices '", spec, "'");
+    out.push_back(kind + ":" + std::to_string(std::stoi(item)));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+int run_agent(const AgentOptions& o) {
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  std::vector<std::string> devices;
+  std::pair<std::string, uint16_t> addr;
+  try {
+    devices = expand_devices(o.devices);
+    addr = actors::parse_host_port(o.coordinator);
+  } catch (const Error& e) {
+    std::cerr << "troupe agent: " << e.what() << "\n";
+    return 2;
+  }
+  actors::NodeConfig cfg;
+  caf::actor_system sys{cfg};
+  auto coord = sys.middleman().remote_actor<actors::coordinator_actor>(addr.first, addr.second);
+  if (!coord) {
+    std::cerr << "troupe agent: cannot reach the coordinator at " << o.coordinator << ": "
+              << sys.render(coord.error()) << "\n";
+    return 1;
+  }
+  std::mutex mu;
+  std::atomic<bool> stopped{false};
+  int code = 0;
+  std::string why;
+  AgentActorOptions aopt;
+  aopt.coordinator_address = o.coordinator;
+  aopt.devices = devices;
+  aopt.worker_binary = o.worker_binary;
+  if (o.protocol_override) aopt.protocol = o.protocol_override;
+  aopt.worker_protocol_override = o.worker_protocol_override;
+  aopt.on_stop = [&](int c, const std::string& w) {
+    std::lock_guard<std::mutex> lock(mu);
+    code = c;
+    why = w;
+    stopped.store(true);
+  };
+  auto agent = spawn_agent(sys, *coord, aopt);
+  std::cout << "troupe agent: offering";
+  for (const auto& d : devices) std::cout << " " << d;
+  std::cout << " to " << o.coordinator << std::endl;
+
+  int sig = 0;
+  timespec poll{0, 50 * 1000 * 1000};
+  while (!stopped.load()) {
+    int s = sigtimedwait(&sigs, nullptr, &poll);
+    if (s > 0) {
+      sig = s;
+      caf::anon_send(agent, actors::shutdown_atom::value);
+      while (!stopped.load()) sigtimedwait(&sigs, nullptr, &poll);
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  if (code != 0) std::cerr << "troupe agent: " << why << "\n";
+  if (sig) return sig == SIGINT ? 130 : 0;
+  return code;
+}
+
+}  // namespace troupe::worker

@@ -1,0 +1,39 @@
+// The `troupe agent` and `troupe worker` processes. No CAF here: the CLI includes it.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace troupe::worker {
+
+struct AgentOptions {
+  std::string coordinator;        // "host:port"
+  std::string devices = "cpu:1";  // "cpu:N", "cuda:all", "cuda:0,1" or a list "cpu:0,cpu:1"
+  std::string worker_binary = "/proc/self/exe";
+  int protocol_override = 0;         // hidden: test a refused registration
+  int worker_protocol_override = 0;  // hidden: start workers that claim another version
+};
+
+// "cpu:4" -> cpu:0..cpu:3; "cuda:all" -> every GPU the driver lists; "cuda:0,2" -> cuda:0, cuda:2.
+// Throws troupe::Error on a malformed list.
+std::vector<std::string> expand_devices(const std::string& spec);
+
+// Registers, serves launch requests until SIGINT/SIGTERM (130 / 0) or until the
+// coordinator goes away or refuses it (1). Every worker is killed and reaped first.
+int run_agent(const AgentOptions& options);
+
+struct WorkerOptions {
+  std::string coordinator;  // "host:port"
+  std::string job_id;
+  int generation = 0;
+  int rank = 0;
+  std::string device;
+  int protocol_override = 0;
+};
+
+// Connects, asks for its assignment, trains on an engine thread while the
+// worker actor answers abort and where. 0 when the rank finished, 1 when it
+// failed (reported to the coordinator with a name first), 3 when refused.
+int run_worker(const WorkerOptions& options);
+
+}  // namespace troupe::worker

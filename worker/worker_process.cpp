@@ -1,0 +1,199 @@
+// The worker process: one worker actor (control) + one engine thread (compute).
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <future>
+#include <iostream>
+#include <mutex>
+#include <thread>
+
+#include "actors/protocol.hpp"
+#include "actors/system.hpp"
+#include "core/error.hpp"
+#include "core/spec.hpp"
+#include "worker/engine.hpp"
+#include "worker/node.hpp"
+
+namespace troupe::worker {
+
+namespace {
+
+using namespace troupe::actors;
+
+// Shared by the worker actor (abort, where) and the engine thread.
+struct Control {
+  std::mutex mu;
+  Engine* engine = nullptr;
+  bool aborted = false;
+  std::string abort_reason;
+  std::string phase = "registering";
+  std::promise<Assignment> assignment;
+  std::atomic<bool> assigned{false};
+  void assign(Assignment a) {
+    if (!assigned.exchange(true)) assignment.set_value(std::move(a));
+  }
+  void abort(const std::string& why) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!aborted) abort_reason = why;
+    aborted = true;
+    if (engine) engine->request_abort();
+  }
+};
+
+struct WorkerState {
+  std::shared_ptr<Control> control;
+  static inline const char* name = "troupe.worker";
+};
+
+worker_actor::behavior_type worker_fn(worker_actor::stateful_pointer<WorkerState> self,
+                                      coordinator_actor coord, WorkerHello hello,
+                                      std::shared_ptr<Control> control) {
+  self->state.control = control;
+  self->monitor(coord);
+  self->set_down_handler([=](caf::down_msg& dm) {
+    Assignment none;
+    none.refused = "lost the coordinator: " + self->system().render(dm.reason);
+    control->assign(none);
+    control->abort("lost the coordinator");
+  });
+  self->request(coord, std::chrono::seconds(30), reg_worker_atom::value, hello)
+      .then([=](const Assignment& a) { control->assign(a); },
+            [=](caf::error& e) {
+              Assignment none;
+              none.refused = "registration failed: " + self->system().render(e);
+              control->assign(none);
+            });
+  return {
+      [=](abort_atom, const std::string& reason) { control->abort(reason); },
+      [=](where_atom) -> std::string {
+        std::lock_guard<std::mutex> lock(control->mu);
+        return control->engine ? control->engine->where() : control->phase;
+      },
+  };
+}
+
+WorkerResult train(const Assignment& a, const coordinator_actor& coord, Control& control) {
+  WorkerResult res{a.job_id, a.generation, a.rank, false, "", ""};
+  try {
+    JobSpec spec = parse_spec(a.spec_yaml, a.run_dir + "/spec.yaml");
+    EngineAssignment ea;
+    ea.rank = a.rank;
+    ea.world = a.world;
+    ea.dp = a.dp;
+    ea.pp = a.pp;
+    ea.tp = a.tp;
+    ea.generation = a.generation;
+    ea.resume_from = a.resume_from;
+    {
+      std::lock_guard<std::mutex> lock(control.mu);
+      control.phase = "building the engine";
+      if (control.aborted) throw EngineAborted();
+    }
+    Engine engine(spec, ea);
+    {
+      std::lock_guard<std::mutex> lock(control.mu);
+      control.engine = &engine;
+      if (control.aborted) engine.request_abort();
+    }
+    std::string ckpt_dir = spec.checkpoint.dir.empty() ? a.run_dir + "/ckpt" : spec.checkpoint.dir;
+    try {
+      while (!engine.done()) {
+        StepReport r = engine.step();
+        StepMetrics m{a.job_id,
+                      a.generation,
+                      a.rank,
+                      r.step,
+                      r.loss,
+                      r.lr,
+                      r.tokens,
+                      r.step_ms,
+                      r.grad_norm,
+                      r.val_loss.has_value(),
+                      r.val_loss.value_or(0.0)};
+        caf::anon_send(coord, step_atom::value, m);
+        std::cout << "step " << r.step << " loss " << r.loss << " step_ms " << r.step_ms << std::endl;
+        if (spec.checkpoint.every > 0 && (r.step + 1) % spec.checkpoint.every == 0)
+          std::cout << "checkpoint " << engine.save_checkpoint(ckpt_dir) << std::endl;
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(control.mu);
+      control.engine = nullptr;
+      throw;
+    }
+    std::lock_guard<std::mutex> lock(control.mu);
+    control.engine = nullptr;
+    control.phase = "finished";
+    res.ok = true;
+  } catch (const EngineAborted&) {
+    std::lock_guard<std::mutex> lock(control.mu);
+    res.error_name = "aborted";
+    res.message = control.abort_reason.empty() ? "aborted" : control.abort_reason;
+  } catch (const SpecError& e) {
+    res.error_name = "invalid_spec";
+    res.message = e.what();
+  } catch (const std::exception& e) {
+    res.error_name = "engine_error";
+    res.message = e.what();
+  }
+  return res;
+}
+
+}  // namespace
+
+int run_worker(const WorkerOptions& o) {
+  std::cout << "troupe worker: job " << o.job_id << " generation " << o.generation << " rank " << o.rank
+            << " on " << o.device << " (pid " << getpid() << ")" << std::endl;
+  std::pair<std::string, uint16_t> addr;
+  try {
+    addr = parse_host_port(o.coordinator);
+  } catch (const Error& e) {
+    std::cerr << "troupe worker: " << e.what() << "\n";
+    return 2;
+  }
+  NodeConfig cfg;
+  caf::actor_system sys{cfg};
+  auto coord = sys.middleman().remote_actor<coordinator_actor>(addr.first, addr.second);
+  if (!coord) {
+    std::cerr << "troupe worker: cannot reach the coordinator at " << o.coordinator << ": "
+              << sys.render(coord.error()) << "\n";
+    return 1;
+  }
+  auto control = std::make_shared<Control>();
+  WorkerHello hello{o.protocol_override ? o.protocol_override : kProtocolVersion,
+                    o.job_id,
+                    o.generation,
+                    o.rank,
+                    static_cast<int32_t>(getpid()),
+                    host_name()};
+  auto self_actor = sys.spawn(worker_fn, *coord, hello, control);
+  Assignment a = control->assignment.get_future().get();
+  if (!a.refused.empty()) {
+    std::cerr << "troupe worker: refused: " << a.refused << "\n";
+    caf::anon_send_exit(self_actor, caf::exit_reason::user_shutdown);
+    return 3;
+  }
+  std::cout << "assignment: rank " << a.rank << "/" << a.world << " layout " << a.dp << "x" << a.pp << "x"
+            << a.tp << " grid (dp " << a.dp_index << ", pp " << a.pp_index << ", tp " << a.tp_index
+            << ") layers [" << a.first_layer << ", " << a.last_layer << ")" << std::endl;
+
+  WorkerResult result;
+  std::thread engine_thread([&] { result = train(a, *coord, *control); });
+  engine_thread.join();
+  if (!result.ok) std::cerr << "troupe worker: " << result.error_name << ": " << result.message << std::endl;
+
+  // The coordinator acknowledges the result before this process exits, so it
+  // learns why a rank ended before its agent reports the exit.
+  caf::scoped_actor self{sys};
+  self->request(*coord, std::chrono::seconds(10), worker_done_atom::value, result)
+      .receive([](bool) {},
+               [&](caf::error& e) {
+                 std::cerr << "troupe worker: the coordinator did not take the result: " << sys.render(e)
+                           << "\n";
+               });
+  caf::anon_send_exit(self_actor, caf::exit_reason::user_shutdown);
+  return result.ok ? 0 : 1;
+}
+
+}  // namespace troupe::worker
