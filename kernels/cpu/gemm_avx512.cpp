@@ -1,14 +1,14 @@
 // Single-thread fp32 GEMM on AVX-512F, row-major, in the layered scheme of
 // Goto / BLIS:
 //
-//   for jc in N step NC              B block (KC,NC) packed once, kept in L2
+//   for jc in N step NC              B block (KC,NC) = (384,512): 768 KiB, stays in L2
 //     for pc in K step KC
 //       pack B -> Bp: NR-wide panels, (KC,NR) each, k-major
-//       for ic in M step MC          A block (MC,KC) packed once per B block
+//       for ic in M step MC
 //         pack A -> Ap: MR-tall panels, (KC,MR) each, k-major
-//         for jr in NC step NR       one B panel (KC*NR*4 = 32 KiB) stays in L1
-//           for ir in MC step MR     A panels stream from L2
-//             micro-kernel: C(MR,NR) += Ap(MR,KC) Bp(KC,NR) in 28 zmm accumulators
+//         for ir in MC step MR       one A panel (KC*MR*4 = 21 KiB) stays in L1
+//           for jr in NC step NR     B panels stream from L2, prefetched ahead
+//             micro-kernel: C(MR,NR) (+)= Ap(MR,KC) Bp(KC,NR) in 28 zmm accumulators
 //
 // The micro-kernel is 14 rows x 32 columns: 28 accumulators, 2 zmm for the B row,
 // A values come as embedded broadcasts, so each k step is 2 loads + 28 FMAs and
@@ -23,12 +23,15 @@
 // the same order whatever the pointers, strides or thread.
 //
 // Everything in this file is compiled for AVX-512 through the pragma below and is
-// only reached after a runtime CPU check (gemm.cpp). It uses no std:: templates so
-// that no AVX-512 instantiation of a shared inline function can leak to callers.
+// only reached after a runtime CPU check (gemm.cpp). It calls no std:: functions
+// (only compile-time std::array/integer_sequence), so that no AVX-512
+// instantiation of a shared inline function can leak to callers.
 #include <immintrin.h>
 
+#include <array>
 #include <cstdlib>
 #include <new>
+#include <utility>
 
 #include "kernels/cpu/gemm_backends.hpp"
 
@@ -46,9 +49,10 @@ namespace {
 constexpr int kMR = 14;        // rows of the micro-tile
 constexpr int kNV = 2;         // zmm vectors across the micro-tile
 constexpr int kNR = 16 * kNV;  // columns of the micro-tile
-constexpr int kKC = 256;       // depth of one packed block
-constexpr int kMC = kMR * 24;  // (336,256) A block = 336 KiB, L2
-constexpr int kNC = kNR * 32;  // (256,1024) B block = 1 MiB, L2
+constexpr int kKC = 384;       // depth of a packed block
+constexpr int kMC = kMR * 24;  // rows of a packed A block (only sizes the buffer)
+constexpr int kNC = kNR * 16;  // columns of a packed B block
+constexpr int kPrefetchB = 8;  // k steps ahead that the B panel is prefetched into L1
 
 inline int min_int(int a, int b) { return a < b ? a : b; }
 
@@ -128,23 +132,29 @@ template <int R>
 void micro_kernel(int kc, const float* __restrict a, const float* __restrict b, float* c, long ldc,
                   float alpha, float beta, int n) {
   __m512 acc[R][kNV];
-#pragma GCC unroll 14
+#pragma GCC unroll 16
   for (int i = 0; i < R; ++i)
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int v = 0; v < kNV; ++v) acc[i][v] = _mm512_setzero_ps();
 
-#pragma GCC unroll 14
-  for (int i = 0; i < R; ++i) _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
+#pragma GCC unroll 16
+  for (int i = 0; i < R; ++i) {
+    _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + 16), _MM_HINT_T0);
+  }
 
 #pragma GCC unroll 4
   for (int k = 0; k < kc; ++k) {
     __m512 bv[kNV];
-#pragma GCC unroll 2
-    for (int v = 0; v < kNV; ++v) bv[v] = _mm512_load_ps(b + 16 * v);
-#pragma GCC unroll 14
+#pragma GCC unroll 4
+    for (int v = 0; v < kNV; ++v) {
+      bv[v] = _mm512_load_ps(b + 16 * v);
+      _mm_prefetch(reinterpret_cast<const char*>(b + kPrefetchB * kNR + 16 * v), _MM_HINT_T0);
+    }
+#pragma GCC unroll 16
     for (int i = 0; i < R; ++i) {
       const __m512 ai = _mm512_set1_ps(a[i]);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
       for (int v = 0; v < kNV; ++v) acc[i][v] = _mm512_fmadd_ps(ai, bv[v], acc[i][v]);
     }
     a += kMR;
@@ -155,16 +165,16 @@ void micro_kernel(int kc, const float* __restrict a, const float* __restrict b, 
   for (int v = 0; v < kNV; ++v) mask[v] = tail_mask(n - 16 * v);
   const __m512 va = _mm512_set1_ps(alpha);
   if (beta == 0.0f) {
-#pragma GCC unroll 14
+#pragma GCC unroll 16
     for (int i = 0; i < R; ++i)
-#pragma GCC unroll 2
+#pragma GCC unroll 4
       for (int v = 0; v < kNV; ++v)
         _mm512_mask_storeu_ps(c + i * ldc + 16 * v, mask[v], _mm512_mul_ps(acc[i][v], va));
   } else {
     const __m512 vb = _mm512_set1_ps(beta);
-#pragma GCC unroll 14
+#pragma GCC unroll 16
     for (int i = 0; i < R; ++i)
-#pragma GCC unroll 2
+#pragma GCC unroll 4
       for (int v = 0; v < kNV; ++v) {
         float* p = c + i * ldc + 16 * v;
         const __m512 old = _mm512_maskz_loadu_ps(mask[v], p);
@@ -174,10 +184,13 @@ void micro_kernel(int kc, const float* __restrict a, const float* __restrict b, 
 }
 
 using MicroKernel = void (*)(int, const float*, const float*, float*, long, float, float, int);
-constexpr MicroKernel kKernels[kMR + 1] = {
-    nullptr,          micro_kernel<1>,  micro_kernel<2>,  micro_kernel<3>,  micro_kernel<4>,
-    micro_kernel<5>,  micro_kernel<6>,  micro_kernel<7>,  micro_kernel<8>,  micro_kernel<9>,
-    micro_kernel<10>, micro_kernel<11>, micro_kernel<12>, micro_kernel<13>, micro_kernel<14>};
+
+// kKernels[h] handles a tile of h rows, 1 <= h <= MR.
+template <int... I>
+constexpr auto make_kernel_table(std::integer_sequence<int, I...>) {
+  return std::array<MicroKernel, kMR + 1>{nullptr, micro_kernel<I + 1>...};
+}
+constexpr auto kKernels = make_kernel_table(std::make_integer_sequence<int, kMR>{});
 
 // Per-thread packing buffers, allocated on first use and kept: a training step
 // calls GEMM hundreds of times with the same block sizes.
@@ -225,10 +238,10 @@ void gemm_avx512(bool trans_a, bool trans_b, int M, int N, int K, float alpha, c
           else  // A (K,M): element (m,k) at A[k*lda + m]
             pack_copy(A + static_cast<long>(pc) * lda + ic + ir, lda, kc, h, kMR, Ap + ir * kc);
         }
-        for (int jr = 0; jr < nc; jr += kNR) {
-          const int n = min_int(kNR, nc - jr);
-          for (int ir = 0; ir < mc; ir += kMR) {
-            const int h = min_int(kMR, mc - ir);
+        for (int ir = 0; ir < mc; ir += kMR) {
+          const int h = min_int(kMR, mc - ir);
+          for (int jr = 0; jr < nc; jr += kNR) {
+            const int n = min_int(kNR, nc - jr);
             kKernels[h](kc, Ap + ir * kc, Bp + jr * kc, C + static_cast<long>(ic + ir) * ldc + jc + jr, ldc,
                         alpha, beta_k, n);
           }

@@ -134,10 +134,11 @@ TEST_CASE("gemm backends match a double reference on odd sizes and transposes", 
 }
 
 TEST_CASE("gemm backends handle K blocks, row/column blocks and padded strides", "[kernels][gemm]") {
-  // 257 and 600 cross the 256-deep K block; 350 crosses the 336-row A block;
-  // 1030 crosses the 1024-column B block.
+  // K = 777, 600, 517 cross the 384-deep K block (the first block applies beta,
+  // later ones accumulate); M = 350 crosses the 336-row A block; N = 1030 crosses
+  // the 512-column B block twice.
   const Case cases[] = {
-      {false, false, 257, 33, 257, 3, 5, 7, 1.0f, 0.0f},   {false, true, 31, 257, 600, 1, 2, 3, 0.5f, 1.0f},
+      {false, false, 257, 33, 777, 3, 5, 7, 1.0f, 0.0f},   {false, true, 31, 257, 600, 1, 2, 3, 0.5f, 1.0f},
       {true, false, 350, 65, 129, 17, 0, 1, -1.5f, 0.25f}, {true, true, 65, 129, 257, 0, 9, 0, 2.0f, -1.0f},
       {false, true, 17, 1030, 31, 4, 4, 4, 1.0f, 1.0f},    {false, false, 1, 1, 1, 0, 0, 0, 3.0f, 0.0f},
       {true, true, 3, 1, 517, 2, 0, 0, 1.0f, 0.5f},        {false, false, 129, 96, 64, 0, 0, 32, 1.0f, 0.0f},

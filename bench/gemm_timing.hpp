@@ -1,0 +1,98 @@
+// GFLOP/s of one GEMM shape through one backend: warm-up, then the median of
+// timed repeats, each long enough to dwarf timer resolution. Shared by
+// gemm_peak (the table) and train_throughput (the MFU denominator).
+//
+// Time is the calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID): on a machine
+// shared with other work it leaves out the slices the thread spent descheduled,
+// so the figure is what one uncontended core delivers; on an idle machine it
+// equals wall-clock time.
+#pragma once
+
+#include <algorithm>
+#include <time.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/gemm_backends.hpp"
+
+namespace troupe::bench {
+
+struct GemmShape {
+  std::string name;
+  bool ta, tb;
+  int M, N, K;
+};
+
+// The shapes a GPT step spends its time in (B*T = 2048 rows, d_model 256,
+// 4x MLP, 4 heads of 64, T = 128/256), plus square references.
+inline std::vector<GemmShape> gemm_shapes() {
+  return {
+      {"square 1024", false, false, 1024, 1024, 1024},    {"square 2048", false, false, 2048, 2048, 2048},
+      {"fwd qkv   x·W^T", false, true, 2048, 768, 256},   {"fwd fc    x·W^T", false, true, 2048, 1024, 256},
+      {"fwd proj  x·W^T", false, true, 2048, 256, 256},   {"fwd fc2   x·W^T", false, true, 2048, 256, 1024},
+      {"bwd dX    dy·W", false, false, 2048, 256, 768},   {"bwd dX    dy·W", false, false, 2048, 1024, 256},
+      {"bwd dX    dy·W", false, false, 2048, 256, 1024},  {"bwd dW    dy^T·x", true, false, 768, 256, 2048},
+      {"bwd dW    dy^T·x", true, false, 256, 1024, 2048}, {"bwd dW    dy^T·x", true, false, 1024, 256, 2048},
+      {"attn T128 q·k^T", false, true, 128, 128, 64},     {"attn T128 p·v", false, false, 128, 64, 128},
+      {"attn T256 q·k^T", false, true, 256, 256, 64},     {"attn T256 p·v", false, false, 256, 64, 256},
+      {"attn T256 dP^T·q", true, false, 256, 64, 256},
+  };
+}
+
+inline double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+// Median GFLOP/s over `repeats` timed runs of about `min_seconds` each.
+inline double gemm_gflops(kernels::cpu::GemmBackend backend, const GemmShape& s, int repeats = 5,
+                          double min_seconds = 0.05) {
+  const int a_rows = s.ta ? s.K : s.M, a_cols = s.ta ? s.M : s.K;
+  const int b_rows = s.tb ? s.N : s.K, b_cols = s.tb ? s.K : s.N;
+  std::vector<float> A(size_t(a_rows) * a_cols), B(size_t(b_rows) * b_cols), C(size_t(s.M) * s.N);
+  std::mt19937 gen(1);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  for (auto& x : A) x = d(gen);
+  for (auto& x : B) x = d(gen);
+  auto run = [&] {
+    kernels::cpu::gemm_with(backend, s.ta, s.tb, s.M, s.N, s.K, 1.0f, A.data(), a_cols, B.data(), b_cols,
+                            0.0f, C.data(), s.N);
+  };
+  // Warm-up (packing buffers, page faults, lazy library init), and an iteration
+  // count per repeat calibrated from it.
+  run();
+  double t0 = thread_cpu_seconds();
+  int iters = 0;
+  do {
+    run();
+    ++iters;
+  } while (thread_cpu_seconds() - t0 < min_seconds / 2);
+  const double per_call = (thread_cpu_seconds() - t0) / iters;
+  iters = std::max(1, int(min_seconds / per_call));
+  std::vector<double> rates;
+  for (int r = 0; r < repeats; ++r) {
+    t0 = thread_cpu_seconds();
+    for (int i = 0; i < iters; ++i) run();
+    const double dt = thread_cpu_seconds() - t0;
+    rates.push_back(2.0 * s.M * s.N * double(s.K) * iters / dt * 1e-9);
+  }
+  std::sort(rates.begin(), rates.end());
+  return rates[rates.size() / 2];
+}
+
+// The single-core fp32 GEMM ceiling: the best median over every available
+// backend on the square shapes and the training shapes.
+inline double measure_peak_gflops(int repeats = 5) {
+  double best = 0.0;
+  for (auto b : {kernels::cpu::GemmBackend::avx512, kernels::cpu::GemmBackend::openblas,
+                 kernels::cpu::GemmBackend::dnnl}) {
+    if (!kernels::cpu::gemm_backend_available(b)) continue;
+    for (const auto& s : gemm_shapes()) best = std::max(best, gemm_gflops(b, s, repeats));
+  }
+  return best;
+}
+
+}  // namespace troupe::bench
