@@ -187,8 +187,12 @@ struct CommConfig {
   std::string group = "world";
   // Deadline for building the communicator (rendezvous + connections).
   std::chrono::milliseconds timeout{30000};
-  std::shared_ptr<Store> store;             // gloo, nccl: the unprefixed job store
-  std::string hostname = "127.0.0.1";       // gloo: the interface this rank listens on
+  std::shared_ptr<Store> store;        // gloo, nccl: the unprefixed job store
+  std::string hostname = "127.0.0.1";  // gloo: the interface this rank listens on
+  // gloo: collectives of a group whose ranks share this host go through shared
+  // memory (comm/gloo/shm_group.hpp); TROUPE_COMM_SHM=0 in the environment
+  // turns it off too. Point-to-point always uses TCP.
+  bool shm = true;
   int device = 0;                           // nccl: CUDA device ordinal
   std::shared_ptr<LocalWorld> local_world;  // local
 };

@@ -14,12 +14,14 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <mutex>
 #include <thread>
 
 #include "comm/gloo/gloo_store.hpp"
+#include "comm/gloo/shm_group.hpp"
 #include "comm/reduce.hpp"
 
 namespace troupe::comm {
@@ -105,6 +107,7 @@ struct GlooState {
 struct GlooShared {
   std::shared_ptr<Store> store;  // unprefixed job store
   std::shared_ptr<gloo::transport::Device> device;
+  bool shm = true;
 };
 
 template <class F>
@@ -129,9 +132,11 @@ class GlooCommunicator : public Communicator {
     auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
     // Before connectFullMesh: it is also the connect deadline.
     ctx->setTimeout(timeout);
-    GlooStore store(std::make_shared<PrefixStore>(prefix, shared_->store), timeout);
+    auto prefixed = std::make_shared<PrefixStore>(prefix, shared_->store);
+    GlooStore store(prefixed, timeout);
     try {
       ctx->connectFullMesh(store, shared_->device);
+      if (shared_->shm) shm_ = ShmGroup::create(*prefixed, rank, size, timeout);
     } catch (const CommError& e) {
       throw CommError(e.code(), describe("connect", -1, e.what()));
     } catch (const gloo::IoException& e) {
@@ -146,6 +151,9 @@ class GlooCommunicator : public Communicator {
 
  protected:
   void do_allreduce(void* data, size_t count, DType dtype, ReduceOp op, const Options& opt) override {
+    if (shm_)
+      return run("allreduce", opt,
+                 [&] { shm_->allreduce(data, count, dtype, op, Clock::now() + opt.timeout); });
     const int n = size();
     run("allreduce", opt, [st = st_, data, count, dtype, op, n, timeout = opt.timeout] {
       with_type(dtype, [&](auto zero) {
@@ -169,6 +177,9 @@ class GlooCommunicator : public Communicator {
   // ring allreduce.
   void do_reduce_scatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op,
                          const Options& opt) override {
+    if (shm_)
+      return run("reduce_scatter", opt,
+                 [&] { shm_->reduce_scatter(in, out, count, dtype, op, Clock::now() + opt.timeout); });
     const int n = size(), r = rank();
     run("reduce_scatter", opt, [st = st_, in, out, count, dtype, op, n, r, timeout = opt.timeout] {
       const size_t bytes = count * dtype_size(dtype);
@@ -197,6 +208,9 @@ class GlooCommunicator : public Communicator {
   }
 
   void do_allgather(const void* in, void* out, size_t count, DType dtype, const Options& opt) override {
+    if (shm_)
+      return run("allgather", opt,
+                 [&] { shm_->allgather(in, out, count, dtype, Clock::now() + opt.timeout); });
     const int n = size(), r = rank();
     run("allgather", opt, [st = st_, in, out, count, dtype, n, r, timeout = opt.timeout] {
       const size_t bytes = count * dtype_size(dtype);
@@ -211,6 +225,9 @@ class GlooCommunicator : public Communicator {
   }
 
   void do_broadcast(void* data, size_t count, DType dtype, int root, const Options& opt) override {
+    if (shm_)
+      return run("broadcast", opt,
+                 [&] { shm_->broadcast(data, count, dtype, root, Clock::now() + opt.timeout); });
     run("broadcast", opt, [st = st_, data, count, dtype, root, timeout = opt.timeout] {
       gloo::BroadcastOptions o(st->ctx);
       o.setOutput(static_cast<char*>(data), count * dtype_size(dtype));
@@ -221,6 +238,7 @@ class GlooCommunicator : public Communicator {
   }
 
   void do_barrier(const Options& opt) override {
+    if (shm_) return run("barrier", opt, [&] { shm_->barrier(Clock::now() + opt.timeout); });
     run("barrier", opt, [st = st_, timeout = opt.timeout] {
       gloo::BarrierOptions o(st->ctx);
       o.setTimeout(timeout);
@@ -246,6 +264,7 @@ class GlooCommunicator : public Communicator {
   }
 
   void do_abort() override {
+    if (shm_) shm_->abort();
     if (st_->ctx) st_->abort(size() > 1 ? (rank() + 1) % size() : -1);
   }
 
@@ -278,12 +297,14 @@ class GlooCommunicator : public Communicator {
     }
     if (abort_requested()) code = CommErrc::aborted;
     // Peers blocked on us learn at once instead of at their own timeout.
+    if (shm_) shm_->break_group(code);
     st_->ctx->closeConnections();
     fail(code, op, -1, what);
   }
 
   std::shared_ptr<GlooShared> shared_;
   std::shared_ptr<GlooState> st_;
+  std::unique_ptr<ShmGroup> shm_;  // same-host collectives, when every rank is here
 };
 
 }  // namespace
@@ -297,6 +318,8 @@ std::unique_ptr<Communicator> make_gloo_communicator(const CommConfig& cfg) {
   if (!cfg.store) throw CommError(CommErrc::invalid_argument, "make_communicator(gloo): config has no store");
   auto shared = std::make_shared<GlooShared>();
   shared->store = cfg.store;
+  const char* env = std::getenv("TROUPE_COMM_SHM");
+  shared->shm = cfg.shm && !(env && std::string(env) == "0");
   gloo::transport::tcp::attr attr;
   attr.hostname = cfg.hostname;
   try {

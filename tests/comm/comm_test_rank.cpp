@@ -13,13 +13,19 @@ using namespace troupe::comm;
 
 namespace {
 
-int run(const std::string& scenario, const std::string& dir, int rank, int size,
-        std::chrono::milliseconds timeout) {
+// "<scenario>-tcp" runs <scenario> with the same-host shared-memory path off.
+int run(std::string scenario, const std::string& dir, int rank, int size, std::chrono::milliseconds timeout) {
   CommConfig cfg;
+  const std::string tcp_suffix = "-tcp";
+  if (scenario.size() > tcp_suffix.size() &&
+      scenario.compare(scenario.size() - tcp_suffix.size(), tcp_suffix.size(), tcp_suffix) == 0) {
+    cfg.shm = false;
+    scenario.resize(scenario.size() - tcp_suffix.size());
+  }
   cfg.backend = "gloo";
   cfg.rank = rank;
   cfg.size = size;
-  cfg.job = scenario;
+  cfg.job = scenario + (cfg.shm ? "" : "-tcp");
   cfg.timeout = std::chrono::milliseconds(30000);
   cfg.store = std::make_shared<FileStore>(dir);
   auto c = make_communicator(cfg);

@@ -137,7 +137,7 @@ constexpr int exit_code(CommErrc c) { return 10 + static_cast<int>(c); }
 std::shared_ptr<LocalWorld> g_unused;
 
 std::vector<std::unique_ptr<Communicator>> make_group(const std::string& backend, int n,
-                                                      const std::string& job,
+                                                      const std::string& job, bool shm = true,
                                                       std::chrono::milliseconds timeout = 10s) {
   auto store = std::make_shared<MemoryStore>();
   auto world = backend == "local" ? make_local_world(n) : nullptr;
@@ -151,6 +151,7 @@ std::vector<std::unique_ptr<Communicator>> make_group(const std::string& backend
     cfg.timeout = timeout;
     cfg.store = store;
     cfg.local_world = world;
+    cfg.shm = shm;
     comms[r] = make_communicator(cfg);
   });
   require_no_errors(errors);
@@ -326,55 +327,79 @@ TEST_CASE("local and gloo: invalid arguments are named errors", "[local][gloo]")
 
 TEST_CASE("gloo: abort from another thread unblocks recv and allreduce, the peer gets a named error",
           "[gloo][abort]") {
-  auto comms = make_group("gloo", 2, "abort-recv");
-  std::vector<float> buf(1 << 20);
-  std::atomic<int> peer_code{-1};
-  std::thread peer([&] {
-    std::vector<float> b(16);
-    try {
-      comms[1]->recv(b.data(), 64, 0, 4, Options{10s});
-    } catch (const CommError& e) {
-      peer_code = static_cast<int>(e.code());
-    }
-  });
-  CHECK(abort_while_blocked(*comms[0], [&] { comms[0]->recv(buf.data(), 64, 1, 3, Options{20s}); }) ==
-        CommErrc::aborted);
-  peer.join();
-  CHECK((peer_code == static_cast<int>(CommErrc::peer_lost) ||
-         peer_code == static_cast<int>(CommErrc::timed_out)));
+  for (bool shm : {true, false}) {
+    INFO((shm ? "same-host shared-memory collectives" : "TCP collectives"));
+    const std::string job = shm ? "abort-shm" : "abort-tcp";
+    auto comms = make_group("gloo", 2, job + "-recv", shm);
+    std::vector<float> buf(1 << 20);
+    std::atomic<int> peer_code{-1};
+    std::thread peer([&] {
+      std::vector<float> b(16);
+      try {
+        comms[1]->recv(b.data(), 64, 0, 4, Options{10s});
+      } catch (const CommError& e) {
+        peer_code = static_cast<int>(e.code());
+      }
+    });
+    CHECK(abort_while_blocked(*comms[0], [&] { comms[0]->recv(buf.data(), 64, 1, 3, Options{20s}); }) ==
+          CommErrc::aborted);
+    peer.join();
+    CHECK((peer_code == static_cast<int>(CommErrc::peer_lost) ||
+           peer_code == static_cast<int>(CommErrc::timed_out)));
 
-  auto again = make_group("gloo", 2, "abort-allreduce");
-  CHECK(abort_while_blocked(*again[0], [&] {
-          again[0]->allreduce(buf.data(), buf.size(), ReduceOp::sum, Options{20s});
-        }) == CommErrc::aborted);
-  CHECK(again[0]->poisoned());
+    auto again = make_group("gloo", 2, job + "-allreduce", shm);
+    std::atomic<int> peer2{-1};
+    std::thread peer_barrier([&] {
+      try {
+        // Joins a different collective: never matches rank 0's allreduce.
+        std::this_thread::sleep_for(50ms);
+        again[1]->barrier(Options{10s});
+      } catch (const CommError& e) {
+        peer2 = static_cast<int>(e.code());
+      }
+    });
+    CHECK(abort_while_blocked(*again[0], [&] {
+            again[0]->allreduce(buf.data(), buf.size(), ReduceOp::sum, Options{20s});
+          }) == CommErrc::aborted);
+    peer_barrier.join();
+    CHECK(again[0]->poisoned());
+    if (peer2 != -1)
+      CHECK(
+          (peer2 == static_cast<int>(CommErrc::peer_lost) || peer2 == static_cast<int>(CommErrc::timed_out)));
+  }
 }
 
 TEST_CASE("gloo: a rank that never joins makes the others time out, poisoned afterwards", "[gloo]") {
-  auto comms = make_group("gloo", 2, "timeout");
-  std::vector<float> x(7, 1.f);
-  try {
-    comms[0]->allreduce(x.data(), x.size(), ReduceOp::sum, Options{200ms});
-    FAIL("allreduce completed without its peer");
-  } catch (const CommError& e) {
-    CHECK(e.code() == CommErrc::timed_out);
-    CHECK(std::string(e.what()).find("allreduce") != std::string::npos);
+  for (bool shm : {true, false}) {
+    INFO((shm ? "same-host shared-memory collectives" : "TCP collectives"));
+    auto comms = make_group("gloo", 2, shm ? "timeout-shm" : "timeout-tcp", shm);
+    std::vector<float> x(7, 1.f);
+    try {
+      comms[0]->allreduce(x.data(), x.size(), ReduceOp::sum, Options{200ms});
+      FAIL("allreduce completed without its peer");
+    } catch (const CommError& e) {
+      CHECK(e.code() == CommErrc::timed_out);
+      CHECK(std::string(e.what()).find("allreduce") != std::string::npos);
+    }
+    CHECK(comms[0]->poisoned());
+    CHECK_THROWS_AS(comms[0]->barrier(), CommError);
   }
-  CHECK(comms[0]->poisoned());
-  CHECK_THROWS_AS(comms[0]->barrier(), CommError);
 }
 
 // ---------------------------------------------------------------- gloo, ranks as processes
 
 TEST_CASE("gloo processes: every op for world sizes 1-4, counts 0/1/7/1Mi, sum and average", "[gloo][proc]") {
-  for (int n = 1; n <= 4; ++n) {
-    INFO("world size " << n);
-    TempDir dir;
-    Ranks ranks("ops", n, dir.path);
-    const auto st = ranks.wait_all(100s);
-    for (int r = 0; r < n; ++r) {
-      INFO("rank " << r);
-      CHECK(st[r] == 0);
+  // "ops": same-host collectives through shared memory; "ops-tcp": through gloo's TCP.
+  for (const char* scenario : {"ops", "ops-tcp"}) {
+    for (int n = 1; n <= 4; ++n) {
+      INFO(scenario << ", world size " << n);
+      TempDir dir;
+      Ranks ranks(scenario, n, dir.path);
+      const auto st = ranks.wait_all(100s);
+      for (int r = 0; r < n; ++r) {
+        INFO("rank " << r);
+        CHECK(st[r] == 0);
+      }
     }
   }
 }
@@ -391,22 +416,25 @@ TEST_CASE("gloo processes: the groups of a 2x2x2 grid", "[gloo][proc]") {
 
 TEST_CASE("gloo processes: SIGKILL of one rank mid-allreduce fails every survivor with a named error",
           "[gloo][proc][kill]") {
-  const int n = 4, victim = 2;
-  TempDir dir;
-  Ranks ranks("kill", n, dir.path, 3000);
-  const auto deadline = std::chrono::steady_clock::now() + 60s;
-  for (int r = 0; r < n; ++r)
-    while (!fs::exists(dir.path + "/ready." + std::to_string(r))) {
-      REQUIRE(std::chrono::steady_clock::now() < deadline);
-      std::this_thread::sleep_for(5ms);
+  for (const char* scenario : {"kill", "kill-tcp"}) {
+    INFO(scenario);
+    const int n = 4, victim = 2;
+    TempDir dir;
+    Ranks ranks(scenario, n, dir.path, 3000);
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    for (int r = 0; r < n; ++r)
+      while (!fs::exists(dir.path + "/ready." + std::to_string(r))) {
+        REQUIRE(std::chrono::steady_clock::now() < deadline);
+        std::this_thread::sleep_for(5ms);
+      }
+    ranks.kill_rank(victim);
+    const auto st = ranks.wait_all(100s);
+    CHECK(st[victim] == 128 + SIGKILL);
+    for (int r = 0; r < n; ++r) {
+      if (r == victim) continue;
+      INFO("survivor " << r << " exit " << st[r]);
+      CHECK((st[r] == exit_code(CommErrc::peer_lost) || st[r] == exit_code(CommErrc::timed_out)));
     }
-  ranks.kill_rank(victim);
-  const auto st = ranks.wait_all(100s);
-  CHECK(st[victim] == 128 + SIGKILL);
-  for (int r = 0; r < n; ++r) {
-    if (r == victim) continue;
-    INFO("survivor " << r << " exit " << st[r]);
-    CHECK((st[r] == exit_code(CommErrc::peer_lost) || st[r] == exit_code(CommErrc::timed_out)));
   }
 }
 
