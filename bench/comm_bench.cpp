@@ -4,7 +4,10 @@
 // busbw and a correctness check; then the same allreduce through gloo's
 // options API directly, and the latency of abort().
 //
-//   comm_bench [--ranks 2,4] [--min-bytes 4096] [--max-bytes 67108864] [--warmup 2]
+//   comm_bench [--ranks 2,4] [--min-bytes 4096] [--max-bytes 67108864] [--warmup 2] [--shm 1]
+//
+// --shm 0 runs the per-operation tables over TCP instead of the same-host
+// shared-memory collectives; the allreduce comparison always shows both.
 //
 // size is nccl-tests' size: the buffer for allreduce/broadcast/sendrecv, the
 // gathered (allgather) or scattered (reduce_scatter) whole for the others.
@@ -44,6 +47,7 @@ struct Args {
   size_t min_bytes = 4096;
   size_t max_bytes = size_t{64} << 20;
   int warmup = 2;
+  bool shm = true;
 };
 
 int iterations(size_t bytes) {
@@ -88,8 +92,9 @@ struct Row {
   bool ok;
 };
 
-void print_table(const char* name, int n, const std::vector<Row>& rows) {
-  std::printf("\n# %s, gloo backend, %d ranks (processes)\n", name, n);
+void print_table(const char* name, int n, bool shm, const std::vector<Row>& rows) {
+  std::printf("\n# %s, gloo backend (%s), %d ranks (processes)\n", name,
+              shm ? "same-host shared-memory collectives, TCP point-to-point" : "TCP", n);
   std::printf("%12s %12s %10s %10s %6s\n", "size(B)", "time(us)", "algbw", "busbw", "check");
   for (const auto& r : rows)
     std::printf("%12zu %12.1f %10.3f %10.3f %6s\n", r.bytes, r.time_s * 1e6, r.algbw, r.busbw,
@@ -105,7 +110,12 @@ int child(const Args& a, int rank, int n, const std::string& dir) {
   cfg.size = n;
   cfg.job = "bench";
   cfg.store = store;
+  cfg.shm = a.shm;
   auto c = make_communicator(cfg);
+  CommConfig tcp_cfg = cfg;
+  tcp_cfg.group = "tcp";
+  tcp_cfg.shm = false;
+  auto c_tcp = make_communicator(tcp_cfg);
   const size_t max_elems = a.max_bytes / 4;
   std::vector<float> x(max_elems), y(max_elems);
   const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
@@ -165,7 +175,6 @@ int child(const Args& a, int rank, int n, const std::string& dir) {
        }},
   };
 
-  std::map<size_t, double> troupe_allreduce_busbw;
   for (const auto& op : ops) {
     std::vector<Row> rows;
     for (size_t b = a.min_bytes; b <= a.max_bytes; b *= 4) {
@@ -174,9 +183,8 @@ int child(const Args& a, int rank, int n, const std::string& dir) {
       c->allreduce(&ok, 1, ReduceOp::min);
       const double algbw = b / t / 1e9;
       rows.push_back({b, t, algbw, algbw * op.bus_factor, ok == 1});
-      if (std::string(op.name) == "allreduce") troupe_allreduce_busbw[b] = algbw * op.bus_factor;
     }
-    if (rank == 0) print_table(op.name, n, rows);
+    if (rank == 0) print_table(op.name, n, a.shm, rows);
   }
 
   // The same allreduce straight through gloo's options API, on a context of
@@ -193,20 +201,47 @@ int child(const Args& a, int rank, int n, const std::string& dir) {
     gloo::barrier(o);
   };
   if (rank == 0) {
-    std::printf("\n# allreduce: troupe gloo backend vs raw gloo::allreduce (options API), %d ranks\n", n);
-    std::printf("%12s %14s %14s %8s\n", "size(B)", "troupe busbw", "raw busbw", "ratio");
+    std::printf(
+        "\n# allreduce busbw (GB/s), %d ranks: troupe gloo backend with shared memory, troupe over TCP,\n",
+        n);
+    std::printf(
+        "# raw gloo::allreduce (options API); iterations interleaved so all three see the same load\n");
+    std::printf("%12s %10s %10s %10s %10s %10s\n", "size(B)", "shm", "tcp", "raw gloo", "shm/raw", "tcp/raw");
   }
+  auto raw_allreduce = [&](size_t b) {
+    gloo::AllreduceOptions o(raw);
+    o.setOutput(x.data(), b / 4);
+    o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+    gloo::allreduce(o);
+  };
+  CommConfig shm_cfg = cfg;
+  shm_cfg.group = "shm";
+  shm_cfg.shm = true;
+  auto c_shm = make_communicator(shm_cfg);
   for (size_t b = a.min_bytes; b <= a.max_bytes; b *= 4) {
-    const double t = time_op(*c, a.warmup, iterations(b), raw_barrier, [&] {
-      gloo::AllreduceOptions o(raw);
-      o.setOutput(x.data(), b / 4);
-      o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
-      gloo::allreduce(o);
-    });
-    const double busbw = b / t / 1e9 * 2.0 * (n - 1) / n;
+    const int iters = iterations(b);
+    std::vector<std::function<void()>> variants{[&] { c_shm->allreduce(x.data(), b / 4, ReduceOp::sum); },
+                                                [&] { c_tcp->allreduce(x.data(), b / 4, ReduceOp::sum); },
+                                                [&] { raw_allreduce(b); }};
+    std::vector<std::vector<double>> t(variants.size(), std::vector<double>(iters));
+    for (int i = 0; i < a.warmup; ++i)
+      for (auto& v : variants) v();
+    for (int i = 0; i < iters; ++i)
+      for (size_t k = 0; k < variants.size(); ++k) {
+        raw_barrier();
+        const auto t0 = Clock::now();
+        variants[k]();
+        t[k][i] = seconds_since(t0);
+      }
+    std::vector<double> bus;
+    for (auto& tk : t) {
+      c->allreduce(tk.data(), iters, ReduceOp::max);
+      std::sort(tk.begin(), tk.end());
+      bus.push_back(b / tk[iters / 2] / 1e9 * 2.0 * (n - 1) / n);
+    }
     if (rank == 0)
-      std::printf("%12zu %14.3f %14.3f %8.2f\n", b, troupe_allreduce_busbw[b], busbw,
-                  troupe_allreduce_busbw[b] / busbw);
+      std::printf("%12zu %10.3f %10.3f %10.3f %10.2f %10.2f\n", b, bus[0], bus[1], bus[2], bus[0] / bus[2],
+                  bus[1] / bus[2]);
   }
   std::fflush(stdout);
 
@@ -276,6 +311,8 @@ int main(int argc, char** argv) {
       a.max_bytes = std::stoull(v);
     else if (k == "--warmup")
       a.warmup = std::stoi(v);
+    else if (k == "--shm")
+      a.shm = v != "0";
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
