@@ -7,7 +7,8 @@
 namespace troupe::cli {
 
 void add_validate_command(CLI::App& app, int* exit_code) {
-  auto* cmd = app.add_subcommand("validate", "Check job specs and print each one resolved, with every default");
+  auto* cmd =
+      app.add_subcommand("validate", "Check job specs and print each one resolved, with every default");
   static std::vector<std::string> files;
   static bool quiet = false;
   cmd->add_option("specs", files, "YAML job spec files")->required()->check(CLI::ExistingPath);

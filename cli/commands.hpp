@@ -17,5 +17,9 @@ void add_version_command(CLI::App& app, int* exit_code);
 void add_validate_command(CLI::App& app, int* exit_code);
 void add_run_command(CLI::App& app, int* exit_code);
 void add_sample_command(CLI::App& app, int* exit_code);
+void add_coordinator_command(CLI::App& app, int* exit_code);
+void add_agent_command(CLI::App& app, int* exit_code);
+void add_worker_command(CLI::App& app, int* exit_code);
+void add_client_commands(CLI::App& app, int* exit_code);  // submit, status, list, watch, cancel
 
 }  // namespace troupe::cli

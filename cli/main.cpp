@@ -19,6 +19,10 @@ int main(int argc, char** argv) {
   troupe::cli::add_validate_command(app, &exit_code);
   troupe::cli::add_run_command(app, &exit_code);
   troupe::cli::add_sample_command(app, &exit_code);
+  troupe::cli::add_coordinator_command(app, &exit_code);
+  troupe::cli::add_agent_command(app, &exit_code);
+  troupe::cli::add_worker_command(app, &exit_code);
+  troupe::cli::add_client_commands(app, &exit_code);
   app.parse_complete_callback([&] { spdlog::set_level(spdlog::level::from_str(log_level)); });
 
   try {

@@ -20,7 +20,8 @@ double lr_at(const TrainSpec& train, int64_t step) {
   return min_lr + 0.5 * (max_lr - min_lr) * (1.0 + std::cos(M_PI * progress));
 }
 
-AdamW::AdamW(const OptimizerSpec& spec, std::vector<ParamRef> params) : spec_(spec), params_(std::move(params)) {
+AdamW::AdamW(const OptimizerSpec& spec, std::vector<ParamRef> params)
+    : spec_(spec), params_(std::move(params)) {
   m_.reserve(params_.size());
   v_.reserve(params_.size());
   for (const auto& p : params_) {

@@ -37,7 +37,7 @@ void linear_backward(float* dinp, float* dweight, float* dbias, const float* dou
                      const float* weight, int N, int IC, int OC);
 
 // ---------------------------------------------------------------- embedding
-// out(B,T,C) = wte[tokens[b,t]] + wpe[t0 + t]. tokens in [0,V). wpe may be null (MLP model).
+// out(B,T,C) = wte[tokens[b,t]] + wpe[t]. tokens in [0,V). wpe may be null (MLP model).
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
                        int C, int V);
 // dwte(V,C) += scatter of dout by token; dwpe(T,C) += sum over b. dwpe may be null.

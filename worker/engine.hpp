@@ -1,5 +1,5 @@
-// The training engine of one rank: runs optimizer steps of a job on its slice of
-// the model (its pipeline stage and tensor shard) and reports what happened.
+// The training engine of one rank (the worker's engine thread runs it): runs optimizer steps of a job on its
+// slice of the model (its pipeline stage and tensor shard) and reports what happened.
 //
 // It is plain C++ with no actors: `troupe run` may drive it in-process (1x1x1),
 // and the worker process drives it on its engine thread. The control thread
@@ -28,12 +28,12 @@ struct EngineAssignment {
 };
 
 struct StepReport {
-  int64_t step = 0;       // 0-based optimizer step just completed
-  double loss = 0.0;      // mean training loss over the global batch
-  double lr = 0.0;        // learning rate used by this step
-  int64_t tokens = 0;     // tokens in the global batch
-  double step_ms = 0.0;   // wall time of the step on this rank
-  double grad_norm = 0.0; // global gradient norm before clipping
+  int64_t step = 0;                // 0-based optimizer step just completed
+  double loss = 0.0;               // mean training loss over the global batch
+  double lr = 0.0;                 // learning rate used by this step
+  int64_t tokens = 0;              // tokens in the global batch
+  double step_ms = 0.0;            // wall time of the step on this rank
+  double grad_norm = 0.0;          // global gradient norm before clipping
   std::optional<double> val_loss;  // set on eval steps (train.eval_every)
 };
 

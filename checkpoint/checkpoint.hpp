@@ -1,0 +1,97 @@
+// Checkpoint directories (DESIGN.md, "Model, names and checkpoints"):
+//
+//   <root>/step_000500/   shard files (safetensors) + manifest.json, written last
+//   <root>/latest  ->  step_000500
+//
+// Writers fill <root>/step_N.tmp/ with shard files (each fsynced, with its size and
+// xxh64 recorded); commit() then writes manifest.json, fsyncs it, renames the
+// directory to step_N and swings `latest` with an atomic symlink rename. A crash at
+// any instant leaves the previous checkpoint intact: a .tmp directory is never read.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/safetensors.hpp"
+
+namespace troupe::checkpoint {
+
+inline constexpr int kFormatVersion = 1;
+
+// A checkpoint that fails verification (missing, truncated or corrupt file, bad manifest).
+class CheckpointError : public Error {
+ public:
+  using Error::Error;
+};
+
+struct FileRecord {
+  std::string name;  // relative to the checkpoint directory
+  uint64_t size = 0;
+  std::string xxh64;  // 16 lowercase hex digits
+};
+
+struct Manifest {
+  int format_version = kFormatVersion;
+  int64_t step = 0;         // optimizer steps completed; training resumes at this step
+  int64_t data_cursor = 0;  // global batches consumed (equals step: batches are a function of the step)
+  int dp = 1, pp = 1, tp = 1;
+  uint64_t seed = 0;
+  std::string spec_hash;
+  nlohmann::json optimizer;  // the optimizer config the moments belong to
+  std::string spec_yaml;     // the resolved job spec (model config for tools like `troupe sample`)
+  std::vector<FileRecord> files;
+};
+
+nlohmann::json to_json(const Manifest& m);
+Manifest manifest_from_json(const nlohmann::json& j);  // throws CheckpointError
+
+std::string step_dir_name(int64_t step);  // "step_000500"
+
+// Creates (emptying any leftover) <root>/step_N.tmp/ and returns its path.
+std::string begin(const std::string& root, int64_t step);
+// Writes one shard file into the .tmp directory, fsynced, and returns its record.
+FileRecord write_shard(const std::string& tmp_dir, const std::string& file_name,
+                       const std::vector<safetensors::WriteEntry>& entries,
+                       const safetensors::Metadata& metadata = {});
+// Writes manifest.json (fsynced), renames tmp to step_N, fsyncs root, points `latest` at it,
+// and removes the oldest committed checkpoints beyond `keep` (keep <= 0: keep all) and stale .tmp dirs.
+std::string commit(const std::string& root, const Manifest& manifest, int keep);
+
+// Reads and checks a committed checkpoint directory: manifest present and parseable,
+// every file present with its size and checksum. Throws CheckpointError naming the problem.
+Manifest verify(const std::string& dir);
+// Checksum of a file as 16 hex digits (xxh64, seed 0).
+std::string file_xxh64(const std::string& path);
+
+// Committed checkpoints under root, newest first (by step; .tmp directories excluded).
+std::vector<std::string> list(const std::string& root);
+// The newest checkpoint under root that verifies; each one skipped is reported through
+// `skipped` ("<dir>: <reason>"). nullopt when none verifies.
+std::optional<std::string> latest_valid(const std::string& root, std::vector<std::string>* skipped = nullptr);
+
+// Named tensors from a safetensors file or a (verified) checkpoint directory, whichever
+// `path` is. Readers open each shard once; reads go straight into the caller's buffer.
+class TensorSource {
+ public:
+  explicit TensorSource(const std::string& path);  // throws CheckpointError / safetensors::FormatError
+  // The manifest when path is a checkpoint directory.
+  const std::optional<Manifest>& manifest() const { return manifest_; }
+  bool contains(const std::string& name) const;
+  // Copies the whole f32 tensor `name` of exactly `shape` into dst; throws CheckpointError
+  // when it is missing or has another dtype or shape.
+  void read(const std::string& name, const Shape& shape, float* dst) const;
+
+ private:
+  std::string path_;
+  std::optional<Manifest> manifest_;
+  std::vector<safetensors::Reader> readers_;
+};
+
+// `dir` itself when it holds a manifest, else the newest valid checkpoint under it.
+// Throws CheckpointError when there is none.
+std::string resolve(const std::string& dir);
+
+}  // namespace troupe::checkpoint

@@ -1,0 +1,163 @@
+// `troupe run job.yaml`: runs a job to completion on this machine.
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpoint.hpp"
+#include "cli/commands.hpp"
+#include "cli/progress.hpp"
+#include "core/run_dir.hpp"
+#include "core/spec.hpp"
+#include "worker/engine.hpp"
+
+namespace troupe::cli {
+
+namespace {
+
+std::atomic<Engine*> g_engine{nullptr};
+std::atomic<bool> g_interrupted{false};
+
+extern "C" void on_sigint(int) {
+  g_interrupted.store(true);
+  if (Engine* e = g_engine.load()) e->request_abort();
+}
+
+struct RunOptions {
+  std::string spec_path;
+  std::string runs_dir = "runs";
+  std::string resume;
+  bool quiet = false;
+};
+
+std::string layout_string(const JobSpec& s) {
+  return std::to_string(s.parallel.data) + "x" + std::to_string(s.parallel.pipeline) + "x" +
+         std::to_string(s.parallel.tensor);
+}
+
+int run_job(const RunOptions& opt) {
+  JobSpec spec;
+  try {
+    spec = load_spec(opt.spec_path);
+  } catch (const SpecError& e) {
+    std::cerr << e.what();
+    return kUsage;
+  }
+  if (!layout_devices(spec.parallel) || *layout_devices(spec.parallel) != 1) {
+    std::cerr << "troupe run: layout " << layout_string(spec)
+              << " needs several workers; this build runs jobs "
+              << "with data = pipeline = tensor = 1 in-process\n";
+    return kUsage;
+  }
+
+  RunDir run(opt.runs_dir, spec.name, make_job_id());
+  run.write_spec(to_yaml(spec));
+  const std::string ckpt_dir = spec.checkpoint.dir.empty() ? run.default_ckpt_dir() : spec.checkpoint.dir;
+  auto log = spdlog::basic_logger_mt("worker0", run.worker_log(0), /*truncate=*/true);
+  log->set_level(spdlog::get_level());
+  log->flush_on(spdlog::level::info);
+
+  EngineAssignment asg;
+  if (!opt.resume.empty()) {
+    try {
+      asg.resume_from = checkpoint::resolve(opt.resume);
+    } catch (const std::exception& e) {
+      std::cerr << "troupe run: --resume " << opt.resume << ": " << e.what() << "\n";
+      return kUsage;
+    }
+  }
+  Progress progress(spec.train.steps, spec.train.log_every, !opt.quiet);
+  std::printf("troupe: job %s, run directory %s\n", spec.name.c_str(), run.path().c_str());
+
+  std::unique_ptr<Engine> engine;
+  try {
+    engine = std::make_unique<Engine>(spec, asg);
+  } catch (const std::exception& e) {
+    run.event(std::string("job failed at start: ") + e.what());
+    std::cerr << "troupe: job " << spec.name << " failed to start: " << e.what() << "\n";
+    return kJobFailed;
+  }
+  std::printf("troupe: %s model, %lld parameters, layout %s, %lld steps from step %lld\n",
+              to_string(spec.model.type), static_cast<long long>(engine->num_params()),
+              layout_string(spec).c_str(), static_cast<long long>(spec.train.steps),
+              static_cast<long long>(engine->next_step()));
+  run.event("job started: layout " + layout_string(spec) + ", first step " +
+            std::to_string(engine->next_step()) +
+            (asg.resume_from.empty() ? "" : ", resumed from " + asg.resume_from));
+  log->info("engine started: {} parameters, first step {}", engine->num_params(), engine->next_step());
+
+  g_engine.store(engine.get());
+  std::signal(SIGINT, on_sigint);
+  std::signal(SIGTERM, on_sigint);
+  int rc = kOk;
+  int64_t last_saved = -1;
+  try {
+    while (!engine->done()) {
+      StepReport r = engine->step();
+      const double tps = double(r.tokens) / (r.step_ms / 1000.0);
+      nlohmann::json line = {{"step", r.step},
+                             {"loss", r.loss},
+                             {"lr", r.lr},
+                             {"tokens", r.tokens},
+                             {"tokens_per_s", tps},
+                             {"step_ms", r.step_ms},
+                             {"grad_norm", r.grad_norm},
+                             {"generation", asg.generation},
+                             {"layout", layout_string(spec)}};
+      if (r.val_loss) line["val_loss"] = *r.val_loss;
+      run.metrics(line);
+      log->info("step {} loss {:.6f} lr {:.3e} grad_norm {:.4f} {:.1f} ms", r.step, r.loss, r.lr, r.grad_norm,
+                r.step_ms);
+      if (r.val_loss)
+        run.event("eval at step " + std::to_string(r.step) + ": val_loss " + std::to_string(*r.val_loss));
+      progress.step(r.step, r.loss, r.lr, tps, r.step_ms, r.val_loss.value_or(-1.0));
+      if (spec.checkpoint.every > 0 && engine->next_step() % spec.checkpoint.every == 0) {
+        std::string dir = engine->save_checkpoint(ckpt_dir);
+        last_saved = engine->next_step();
+        run.event("checkpoint committed: " + dir);
+      }
+    }
+    if (last_saved != engine->next_step()) {
+      std::string dir = engine->save_checkpoint(ckpt_dir);
+      run.event("checkpoint committed: " + dir);
+    }
+    progress.finish();
+    run.event("job succeeded");
+    std::printf("troupe: job %s succeeded; checkpoint in %s\n", spec.name.c_str(), ckpt_dir.c_str());
+  } catch (const EngineAborted&) {
+    progress.finish();
+    run.event("job interrupted at step " + std::to_string(engine->next_step()));
+    std::fprintf(stderr, "troupe: interrupted at step %lld\n", static_cast<long long>(engine->next_step()));
+    rc = kInterrupted;
+  } catch (const std::exception& e) {
+    progress.finish();
+    run.event(std::string("job failed: ") + e.what());
+    std::fprintf(stderr, "troupe: job %s failed: %s\n", spec.name.c_str(), e.what());
+    rc = kJobFailed;
+  }
+  g_engine.store(nullptr);
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+  if (rc == kOk && g_interrupted.load()) rc = kInterrupted;
+  return rc;
+}
+
+}  // namespace
+
+void add_run_command(CLI::App& app, int* exit_code) {
+  auto* cmd = app.add_subcommand("run", "Run a job to completion on this machine");
+  static RunOptions opt;
+  cmd->add_option("spec", opt.spec_path, "YAML job spec")->required();
+  cmd->add_option("--runs-dir", opt.runs_dir, "Root of the run directories")->capture_default_str();
+  cmd->add_option("--resume", opt.resume,
+                  "Resume from a checkpoint directory (a step_N directory or a root with latest)");
+  cmd->add_flag("-q,--quiet", opt.quiet, "No progress output");
+  cmd->callback([exit_code] { *exit_code = run_job(opt); });
+}
+
+}  // namespace troupe::cli
