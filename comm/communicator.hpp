@@ -5,6 +5,8 @@
 //   local    threads           shared memory         make_local_world + make_communicator
 //   gloo     processes (CPU)   TCP (gloo options API) make_communicator + a Store
 //   nccl     processes (GPU)   NVLink / IB / PCIe     make_communicator + a Store (CUDA builds)
+// The gloo backend runs the collectives of a group whose ranks share one host
+// through shared memory (CommConfig::shm); point-to-point stays on TCP.
 //
 // Contract, the same for every backend:
 // * Every operation is collective over the group in the same order on every
@@ -18,8 +20,7 @@
 //   later call throws the first error again. Build a new one (new generation).
 // * abort() may be called from any thread; it makes the operation in flight on
 //   this rank fail with CommError{aborted} promptly, and tells the peers (they
-//   fail with peer_lost). An aborted operation may still touch its buffers
-//   until the communicator is destroyed.
+//   fail with peer_lost).
 // * One thread uses a communicator at a time (abort() excepted).
 #pragma once
 
