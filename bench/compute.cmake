@@ -1,3 +1,11 @@
 # Compute benchmarks: GEMM backends and the single-core ceiling (gemm_peak).
 add_executable(gemm_peak ${CMAKE_CURRENT_SOURCE_DIR}/gemm_peak.cpp)
 target_link_libraries(gemm_peak PRIVATE troupe_kernels BLAS::BLAS)
+
+# Training throughput and MFU of the engine (and the PyTorch ratio), once the
+# engine library exists in this tree.
+if(TARGET troupe_engine)
+  add_executable(train_throughput ${CMAKE_CURRENT_SOURCE_DIR}/train_throughput.cpp)
+  target_link_libraries(train_throughput PRIVATE troupe_engine troupe_kernels troupe_core)
+  target_compile_definitions(train_throughput PRIVATE TROUPE_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+endif()

@@ -5,7 +5,8 @@
 //     for pc in K step KC
 //       pack B -> Bp: NR-wide panels, (KC,NR) each, k-major
 //       for ic in M step MC
-//         pack A -> Ap: MR-tall panels, (KC,MR) each, k-major
+//         A transposed: pack A -> Ap, MR-tall panels, (KC,MR) each, k-major
+//         (A not transposed is read in place, 14 rows with stride lda)
 //         for ir in MC step MR       one A panel (KC*MR*4 = 21 KiB) stays in L1
 //           for jr in NC step NR     B panels stream from L2, prefetched ahead
 //             micro-kernel: C(MR,NR) (+)= Ap(MR,KC) Bp(KC,NR) in 28 zmm accumulators
@@ -16,8 +17,9 @@
 // always runs full-width FMAs; only the C update is masked (columns) and
 // shortened (rows, through a template on the row count).
 //
-// Transposes only change the packing: a contiguous operand is copied with masked
-// vector loads, a strided one is transposed in 16x16 register tiles.
+// Transposes only change the packing: B is copied with masked vector loads, or,
+// transposed, transposed back in 16x16 register tiles; A is copied when
+// transposed and not packed otherwise.
 //
 // Determinism: the blocking is fixed, so every C element sums its K products in
 // the same order whatever the pointers, strides or thread.
@@ -126,10 +128,13 @@ void pack_transpose(const float* src, int ld, int valid, int kc, int W, float* d
   }
 }
 
-// C(R, n) = alpha * Ap(R, kc) Bp(kc, NR) + beta * C, n <= NR columns valid.
-// a: packed (kc, MR); b: packed (kc, NR), 64-byte aligned. beta == 0 never reads C.
-template <int R>
-void micro_kernel(int kc, const float* __restrict a, const float* __restrict b, float* c, long ldc,
+// C(R, n) = alpha * A(R, kc) Bp(kc, NR) + beta * C, n <= NR columns valid.
+// a: packed (kc, MR), or with kDirectA the operand itself, (R, kc) with row
+// stride lda (see direct_a in gemm_avx512). b: packed (kc, NR), 64-byte aligned.
+// Both forms sum the same products in the same order, so they give the same bits.
+// beta == 0 never reads C.
+template <int R, bool kDirectA>
+void micro_kernel(int kc, const float* __restrict a, long lda, const float* __restrict b, float* c, long ldc,
                   float alpha, float beta, int n) {
   __m512 acc[R][kNV];
 #pragma GCC unroll 16
@@ -143,6 +148,12 @@ void micro_kernel(int kc, const float* __restrict a, const float* __restrict b, 
     _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + 16), _MM_HINT_T0);
   }
 
+  // Direct A: rows are reached as base + {0,1,2} * lda from one base per three
+  // rows, which x86 addressing does for free (base + index * 4 or 8); one
+  // pointer per row would not fit the general-purpose registers.
+  const float* base[(R + 2) / 3];
+  for (int j = 0; j < (R + 2) / 3; ++j) base[j] = a + (kDirectA ? 3 * j * lda : 0);
+
 #pragma GCC unroll 4
   for (int k = 0; k < kc; ++k) {
     __m512 bv[kNV];
@@ -153,11 +164,11 @@ void micro_kernel(int kc, const float* __restrict a, const float* __restrict b, 
     }
 #pragma GCC unroll 16
     for (int i = 0; i < R; ++i) {
-      const __m512 ai = _mm512_set1_ps(a[i]);
+      const __m512 ai = _mm512_set1_ps(kDirectA ? base[i / 3][(i % 3) * lda + k] : a[i]);
 #pragma GCC unroll 4
       for (int v = 0; v < kNV; ++v) acc[i][v] = _mm512_fmadd_ps(ai, bv[v], acc[i][v]);
     }
-    a += kMR;
+    a += kDirectA ? 1 : kMR;
     b += kNR;
   }
 
@@ -183,14 +194,15 @@ void micro_kernel(int kc, const float* __restrict a, const float* __restrict b, 
   }
 }
 
-using MicroKernel = void (*)(int, const float*, const float*, float*, long, float, float, int);
+using MicroKernel = void (*)(int, const float*, long, const float*, float*, long, float, float, int);
 
-// kKernels[h] handles a tile of h rows, 1 <= h <= MR.
-template <int... I>
+// kernels[h] handles a tile of h rows, 1 <= h <= MR.
+template <bool kDirectA, int... I>
 constexpr auto make_kernel_table(std::integer_sequence<int, I...>) {
-  return std::array<MicroKernel, kMR + 1>{nullptr, micro_kernel<I + 1>...};
+  return std::array<MicroKernel, kMR + 1>{nullptr, micro_kernel<I + 1, kDirectA>...};
 }
-constexpr auto kKernels = make_kernel_table(std::make_integer_sequence<int, kMR>{});
+constexpr auto kPackedKernels = make_kernel_table<false>(std::make_integer_sequence<int, kMR>{});
+constexpr auto kDirectKernels = make_kernel_table<true>(std::make_integer_sequence<int, kMR>{});
 
 // Per-thread packing buffers, allocated on first use and kept: a training step
 // calls GEMM hundreds of times with the same block sizes.
@@ -216,6 +228,12 @@ void gemm_avx512(bool trans_a, bool trans_b, int M, int N, int K, float alpha, c
   float* const Ap = buf.a;
   float* const Bp = buf.b;
   if (Ap == nullptr || Bp == nullptr) throw std::bad_alloc();
+  // A not transposed is read in place: its rows are what the micro-kernel
+  // broadcasts from, and packing would cost a 16x16 transpose per 256 elements
+  // (measured: 10-15 % on products with N <= 128, a few % on wide ones). A
+  // transposed would put each k step on a new cache line, so it is packed (a
+  // plain copy).
+  const bool direct_a = !trans_a;
   for (int jc = 0; jc < N; jc += kNC) {
     const int nc = min_int(kNC, N - jc);
     for (int pc = 0; pc < K; pc += kKC) {
@@ -231,19 +249,27 @@ void gemm_avx512(bool trans_a, bool trans_b, int M, int N, int K, float alpha, c
       }
       for (int ic = 0; ic < M; ic += kMC) {
         const int mc = min_int(kMC, M - ic);
+        if (direct_a) {  // A (M,K): element (m,k) at A[m*lda + k]
+          for (int ir = 0; ir < mc; ir += kMR) {
+            const int h = min_int(kMR, mc - ir);
+            const float* a = A + static_cast<long>(ic + ir) * lda + pc;
+            for (int jr = 0; jr < nc; jr += kNR)
+              kDirectKernels[h](kc, a, lda, Bp + jr * kc, C + static_cast<long>(ic + ir) * ldc + jc + jr, ldc,
+                                alpha, beta_k, min_int(kNR, nc - jr));
+          }
+          continue;
+        }
         for (int ir = 0; ir < mc; ir += kMR) {
           const int h = min_int(kMR, mc - ir);
-          if (!trans_a)  // A (M,K): element (m,k) at A[m*lda + k]
-            pack_transpose(A + static_cast<long>(ic + ir) * lda + pc, lda, h, kc, kMR, Ap + ir * kc);
-          else  // A (K,M): element (m,k) at A[k*lda + m]
-            pack_copy(A + static_cast<long>(pc) * lda + ic + ir, lda, kc, h, kMR, Ap + ir * kc);
+          // A (K,M): element (m,k) at A[k*lda + m]
+          pack_copy(A + static_cast<long>(pc) * lda + ic + ir, lda, kc, h, kMR, Ap + ir * kc);
         }
         for (int ir = 0; ir < mc; ir += kMR) {
           const int h = min_int(kMR, mc - ir);
           for (int jr = 0; jr < nc; jr += kNR) {
             const int n = min_int(kNR, nc - jr);
-            kKernels[h](kc, Ap + ir * kc, Bp + jr * kc, C + static_cast<long>(ic + ir) * ldc + jc + jr, ldc,
-                        alpha, beta_k, n);
+            kPackedKernels[h](kc, Ap + ir * kc, 0, Bp + jr * kc,
+                              C + static_cast<long>(ic + ir) * ldc + jc + jr, ldc, alpha, beta_k, n);
           }
         }
       }
