@@ -11,7 +11,7 @@ void add_validate_command(CLI::App& app, int* exit_code) {
       app.add_subcommand("validate", "Check job specs and print each one resolved, with every default");
   static std::vector<std::string> files;
   static bool quiet = false;
-  cmd->add_option("specs", files, "YAML job spec files")->required()->check(CLI::ExistingPath);
+  cmd->add_option("specs", files, "YAML job spec files")->required();
   cmd->add_flag("-q,--quiet", quiet, "Only report errors");
   cmd->callback([exit_code] {
     int bad = 0;
