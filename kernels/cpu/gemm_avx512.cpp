@@ -5,8 +5,9 @@
 //     for pc in K step KC
 //       pack B -> Bp: NR-wide panels, (KC,NR) each, k-major
 //       for ic in M step MC
-//         A transposed: pack A -> Ap, MR-tall panels, (KC,MR) each, k-major
-//         (A not transposed is read in place, 14 rows with stride lda)
+//         pack A -> Ap, MR-tall panels, (KC,MR) each, k-major, except that A
+//         not transposed is read in place (14 rows with stride lda) when its
+//         stride does not crowd L1 sets
 //         for ir in MC step MR       one A panel (KC*MR*4 = 21 KiB) stays in L1
 //           for jr in NC step NR     B panels stream from L2, prefetched ahead
 //             micro-kernel: C(MR,NR) (+)= Ap(MR,KC) Bp(KC,NR) in 28 zmm accumulators
@@ -19,7 +20,7 @@
 //
 // Transposes only change the packing: B is copied with masked vector loads, or,
 // transposed, transposed back in 16x16 register tiles; A is copied when
-// transposed and not packed otherwise.
+// transposed, else read in place or (bad strides) transposed like B.
 //
 // Determinism: the blocking is fixed, so every C element sums its K products in
 // the same order whatever the pointers, strides or thread.
@@ -204,6 +205,20 @@ constexpr auto make_kernel_table(std::integer_sequence<int, I...>) {
 constexpr auto kPackedKernels = make_kernel_table<false>(std::make_integer_sequence<int, kMR>{});
 constexpr auto kDirectKernels = make_kernel_table<true>(std::make_integer_sequence<int, kMR>{});
 
+// Whether the MR rows of an operand with row stride ld floats would crowd one
+// set of the L1 data cache (64 sets of 64-byte lines, 12 ways on the cores this
+// targets; a stride of 1024 floats puts all 14 rows in the same set). Reading
+// such rows in place evicts them between k steps; packing avoids it.
+bool l1_set_conflict(long ld) {
+  int rows_in_set[64] = {};
+  int worst = 0;
+  for (int i = 0; i < kMR; ++i) {
+    const int set = static_cast<int>(((i * ld * 4) / 64) % 64);
+    worst = ++rows_in_set[set] > worst ? rows_in_set[set] : worst;
+  }
+  return worst > 4;
+}
+
 // Per-thread packing buffers, allocated on first use and kept: a training step
 // calls GEMM hundreds of times with the same block sizes.
 struct PackBuffers {
@@ -230,10 +245,10 @@ void gemm_avx512(bool trans_a, bool trans_b, int M, int N, int K, float alpha, c
   if (Ap == nullptr || Bp == nullptr) throw std::bad_alloc();
   // A not transposed is read in place: its rows are what the micro-kernel
   // broadcasts from, and packing would cost a 16x16 transpose per 256 elements
-  // (measured: 10-15 % on products with N <= 128, a few % on wide ones). A
-  // transposed would put each k step on a new cache line, so it is packed (a
-  // plain copy).
-  const bool direct_a = !trans_a;
+  // (measured: 10-15 % on products with N <= 128, a few % on wide ones), unless
+  // its row stride makes the 14 rows fight over a few L1 sets. A transposed
+  // would put each k step on a new cache line, so it is packed (a plain copy).
+  const bool direct_a = !trans_a && !l1_set_conflict(lda);
   for (int jc = 0; jc < N; jc += kNC) {
     const int nc = min_int(kNC, N - jc);
     for (int pc = 0; pc < K; pc += kKC) {
@@ -261,8 +276,10 @@ void gemm_avx512(bool trans_a, bool trans_b, int M, int N, int K, float alpha, c
         }
         for (int ir = 0; ir < mc; ir += kMR) {
           const int h = min_int(kMR, mc - ir);
-          // A (K,M): element (m,k) at A[k*lda + m]
-          pack_copy(A + static_cast<long>(pc) * lda + ic + ir, lda, kc, h, kMR, Ap + ir * kc);
+          if (!trans_a)  // A (M,K): element (m,k) at A[m*lda + k]
+            pack_transpose(A + static_cast<long>(ic + ir) * lda + pc, lda, h, kc, kMR, Ap + ir * kc);
+          else  // A (K,M): element (m,k) at A[k*lda + m]
+            pack_copy(A + static_cast<long>(pc) * lda + ic + ir, lda, kc, h, kMR, Ap + ir * kc);
         }
         for (int ir = 0; ir < mc; ir += kMR) {
           const int h = min_int(kMR, mc - ir);
