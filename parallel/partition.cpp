@@ -1,0 +1,90 @@
+#include "parallel/partition.hpp"
+
+#include <algorithm>
+#include <limits>
+
+#include "core/error.hpp"
+
+namespace troupe::parallel {
+
+StageCosts stage_costs(const model::ModelConfig& cfg) {
+  const double D = cfg.d_model, V = cfg.vocab_size, T = cfg.seq_len;
+  // Multiply-adds per token. GPT block: q|k|v 3D^2, attention projection D^2, MLP
+  // 8D^2, and causal attention scores + weighted sum averaging T/2 keys: T*D.
+  // The MLP model's block is the MLP alone.
+  const double block = cfg.kind == model::ModelKind::gpt ? 12 * D * D + T * D : 8 * D * D;
+  StageCosts c;
+  // Embedding: gather + position add forward, scatter-add backward, ~4D per token.
+  c.embedding = 4 * D / block;
+  // Head: the V x D logits GEMM, softmax + cross-entropy and their gradient (~4V
+  // element-wise), ln_f (~8D).
+  c.head = (V * D + 4 * V + 8 * D) / block;
+  return c;
+}
+
+double Partition::max_cost() const {
+  return cost.empty() ? 0.0 : *std::max_element(cost.begin(), cost.end());
+}
+
+Partition partition_layers(int n_layers, int pp, int virtual_stages, const model::ModelConfig& cfg) {
+  return partition_layers(n_layers, pp, virtual_stages, stage_costs(cfg));
+}
+
+Partition partition_layers(int n_layers, int pp, int virtual_stages, const StageCosts& costs) {
+  TROUPE_CHECK(pp >= 1 && virtual_stages >= 1, "pipeline ", pp, " and virtual stages ", virtual_stages,
+               " must be >= 1");
+  const int S = pp * virtual_stages;
+  TROUPE_CHECK(n_layers >= S, "a model of ", n_layers, " layers cannot give each of ", S,
+               " pipeline stages (pipeline ", pp, " x virtual ", virtual_stages,
+               ") a block: use fewer stages or more layers");
+  auto chunk_cost = [&](int k, int n) {
+    double c = n * costs.block;
+    if (k == 0) c += costs.embedding;
+    if (k == S - 1) c += costs.head;
+    return c;
+  };
+  // Pass 1, best[k][j]: the least bottleneck for chunks k..S-1 over blocks j..L-1.
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(S + 1, std::vector<double>(n_layers + 1, inf));
+  best[S][n_layers] = 0.0;
+  for (int k = S - 1; k >= 0; --k)
+    for (int j = 0; j <= n_layers; ++j)
+      for (int n = 1; j + n <= n_layers; ++n)
+        best[k][j] = std::min(best[k][j], std::max(chunk_cost(k, n), best[k + 1][j + n]));
+  const double bottleneck = best[0][0];
+  TROUPE_CHECK(bottleneck < inf, "partition: no split of ", n_layers, " layers into ", S, " chunks");
+  // Pass 2, sq[k][j]: the least sum of squared chunk costs under that bottleneck,
+  // so the chunks that are not the bottleneck are as even as they can be.
+  const double cap = bottleneck * (1 + 1e-12);
+  std::vector<std::vector<double>> sq(S + 1, std::vector<double>(n_layers + 1, inf));
+  sq[S][n_layers] = 0.0;
+  for (int k = S - 1; k >= 0; --k)
+    for (int j = 0; j <= n_layers; ++j)
+      for (int n = 1; j + n <= n_layers; ++n) {
+        const double c = chunk_cost(k, n);
+        if (c <= cap) sq[k][j] = std::min(sq[k][j], c * c + sq[k + 1][j + n]);
+      }
+  Partition p;
+  p.pp = pp;
+  p.virtual_stages = virtual_stages;
+  int j = 0;
+  for (int k = 0; k < S; ++k) {
+    // The largest block count that reaches the optimum.
+    int take = 0;
+    for (int n = n_layers - j; n >= 1; --n) {
+      const double c = chunk_cost(k, n);
+      if (c <= cap && c * c + sq[k + 1][j + n] <= sq[k][j] * (1 + 1e-12)) {
+        take = n;
+        break;
+      }
+    }
+    TROUPE_CHECK(take >= 1, "partition: no split of chunk ", k);
+    p.chunks.push_back({j, j + take, k == 0, k == S - 1});
+    p.cost.push_back(chunk_cost(k, take));
+    j += take;
+  }
+  TROUPE_CHECK(j == n_layers, "partition covers ", j, " of ", n_layers, " layers");
+  return p;
+}
+
+}  // namespace troupe::parallel

@@ -1,0 +1,505 @@
+#include "parallel/schedule.hpp"
+
+#include <algorithm>
+#include <map>
+#include <sstream>
+
+namespace troupe::parallel {
+
+namespace {
+
+std::string describe_rank_op(int rank, size_t index, const Op& op) {
+  return "rank " + std::to_string(rank) + " op #" + std::to_string(index) + " (" + to_string(op) + ")";
+}
+
+const char* carry_name(Carry c) { return c == Carry::activation ? "activations" : "gradient"; }
+
+}  // namespace
+
+std::string to_string(const Op& op) {
+  std::string s = (op.pass == Pass::F ? "F" : "B") + std::to_string(op.mb);
+  if (op.chunk != 0) s += "." + std::to_string(op.chunk);
+  if (op.fused) s += "+";
+  return s;
+}
+
+const char* schedule_name(ScheduleKind k) {
+  switch (k) {
+    case ScheduleKind::gpipe:
+      return "gpipe";
+    case ScheduleKind::one_f_one_b:
+      return "1f1b";
+    case ScheduleKind::interleaved:
+      return "interleaved";
+  }
+  return "?";
+}
+
+ScheduleKind schedule_from_name(const std::string& s) {
+  for (ScheduleKind k : {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved})
+    if (s == schedule_name(k)) return k;
+  TROUPE_CHECK(false, "unknown pipeline schedule '", s, "' (gpipe, 1f1b, interleaved)");
+  return ScheduleKind::gpipe;
+}
+
+int micro_batches(int64_t global_batch, int data, int micro_batch) {
+  TROUPE_CHECK(data >= 1 && micro_batch >= 1 && global_batch >= 1, "global batch ", global_batch, ", data ",
+               data, ", micro-batch ", micro_batch, " must all be >= 1");
+  const int64_t per_step = static_cast<int64_t>(data) * micro_batch;
+  TROUPE_CHECK(global_batch % per_step == 0, "global batch ", global_batch, " is not a multiple of data (",
+               data, ") x micro-batch (", micro_batch, ") = ", per_step);
+  return static_cast<int>(global_batch / per_step);
+}
+
+static void check_sizes(int pp, int v, int m) {
+  TROUPE_CHECK(pp >= 1 && v >= 1 && m >= 1, "pipeline ", pp, ", virtual stages ", v, ", micro-batches ", m,
+               " must all be >= 1");
+}
+
+Schedule gpipe(int pp, int m) {
+  check_sizes(pp, 1, m);
+  Schedule s{ScheduleKind::gpipe, pp, 1, m, std::vector<std::vector<Op>>(pp)};
+  for (int p = 0; p < pp; ++p) {
+    for (int i = 0; i < m; ++i) s.ranks[p].push_back({Pass::F, i, 0});
+    for (int i = 0; i < m; ++i) s.ranks[p].push_back({Pass::B, i, 0});
+  }
+  return s;
+}
+
+Schedule one_f_one_b(int pp, int m) {
+  check_sizes(pp, 1, m);
+  Schedule s{ScheduleKind::one_f_one_b, pp, 1, m, std::vector<std::vector<Op>>(pp)};
+  for (int p = 0; p < pp; ++p) {
+    auto& ops = s.ranks[p];
+    // Enough forwards in flight that the last stage's first backward reaches us
+    // exactly when we need it.
+    const int warmup = std::min(pp - p - 1, m);
+    const int steady = m - warmup;
+    // warm-up forwards
+    for (int i = 0; i < warmup; ++i) ops.push_back({Pass::F, i, 0});
+    // steady 1F1B: each forward frees an older micro-batch with its backward
+    for (int i = 0; i < steady; ++i) {
+      ops.push_back({Pass::F, warmup + i, 0});
+      ops.push_back({Pass::B, i, 0});
+    }
+    // cool-down backwards
+    for (int i = steady; i < m; ++i) ops.push_back({Pass::B, i, 0});
+  }
+  return s;
+}
+
+Schedule interleaved_1f1b(int pp, int v, int m) {
+  check_sizes(pp, v, m);
+  TROUPE_CHECK(pp >= 2, "the interleaved schedule needs pipeline >= 2 (got ", pp,
+               "): with one rank use 1f1b on the whole model");
+  TROUPE_CHECK(v >= 2, "the interleaved schedule needs virtual stages >= 2 (got ", v, "): use 1f1b");
+  TROUPE_CHECK(m % pp == 0, "the interleaved schedule runs micro-batches in groups of pipeline (", pp,
+               ") per chunk: micro-batches ", m, " must be a multiple of ", pp);
+  Schedule s{ScheduleKind::interleaved, pp, v, m, std::vector<std::vector<Op>>(pp)};
+  const int total = m * v;  // ops of each pass on every rank
+  const int group = pp * v;
+  // The k-th forward (backward) of a rank: micro-batches go through chunk 0 in
+  // groups of pp, then the same group through chunk 1, ...; backwards walk the
+  // chunks in reverse.
+  auto op_at = [&](Pass pass, int k) {
+    const int in_group = k % group;
+    int chunk = in_group / pp;
+    if (pass == Pass::B) chunk = v - 1 - chunk;
+    return Op{pass, (k / group) * pp + k % pp, chunk};
+  };
+  for (int p = 0; p < pp; ++p) {
+    auto& ops = s.ranks[p];
+    // Megatron: with m == pp every forward comes first; otherwise enough
+    // forwards for the first backward of the last chunk to come back.
+    const int warmup = m == pp ? total : std::min(total, (pp - p - 1) * 2 + (v - 1) * pp);
+    const int steady = total - warmup;
+    // warm-up forwards
+    for (int k = 0; k < warmup; ++k) ops.push_back(op_at(Pass::F, k));
+    // steady 1F1B
+    // steady 1F1B: F and B between the same two batches (Megatron's
+    // send_forward_backward_recv_forward_backward); per-op batches would let two
+    // neighbours each wait on the other's send.
+    for (int k = 0; k < steady; ++k) {
+      Op f = op_at(Pass::F, warmup + k);
+      f.fused = true;
+      ops.push_back(f);
+      ops.push_back(op_at(Pass::B, k));
+    }
+    // cool-down backwards
+    for (int k = steady; k < total; ++k) ops.push_back(op_at(Pass::B, k));
+  }
+  return s;
+}
+
+Schedule make_schedule(ScheduleKind kind, int pp, int v, int m) {
+  switch (kind) {
+    case ScheduleKind::gpipe:
+      return gpipe(pp, m);
+    case ScheduleKind::one_f_one_b:
+      return one_f_one_b(pp, m);
+    case ScheduleKind::interleaved:
+      return interleaved_1f1b(pp, v, m);
+  }
+  TROUPE_CHECK(false, "unknown schedule kind");
+  return {};
+}
+
+uint32_t transfer_tag(Carry carry, int mb, int dest_chunk, int n_chunks) {
+  return static_cast<uint32_t>((static_cast<int64_t>(mb) * n_chunks + dest_chunk) * 2 +
+                               (carry == Carry::gradient ? 1 : 0));
+}
+
+namespace {
+
+// What op needs before it runs (at most one receive) and what it produces
+// (at most one send), from the rank's point of view.
+struct OpComm {
+  bool has_in = false, has_out = false;
+  Transfer in, out;
+};
+
+OpComm op_comm(const Schedule& s, int rank, const Op& op) {
+  const int S = s.n_chunks();
+  const int k = op.chunk * s.pp + rank;
+  OpComm c;
+  auto make = [&](bool send, Carry carry, int other_chunk, int dest) {
+    Transfer t;
+    t.send = send;
+    t.carry = carry;
+    t.peer = other_chunk % s.pp;
+    t.mb = op.mb;
+    t.dest = dest;
+    t.tag = transfer_tag(carry, op.mb, dest, S);
+    return t;
+  };
+  if (op.pass == Pass::F) {
+    if (k > 0) c.has_in = true, c.in = make(false, Carry::activation, k - 1, k);
+    if (k < S - 1) c.has_out = true, c.out = make(true, Carry::activation, k + 1, k + 1);
+  } else {
+    if (k < S - 1) c.has_in = true, c.in = make(false, Carry::gradient, k + 1, k);
+    if (k > 0) c.has_out = true, c.out = make(true, Carry::gradient, k - 1, k - 1);
+  }
+  return c;
+}
+
+}  // namespace
+
+std::vector<ProgramStep> rank_program(const Schedule& s, int rank, Pairing pairing) {
+  TROUPE_CHECK(rank >= 0 && rank < s.pp && static_cast<int>(s.ranks.size()) == s.pp, "rank ", rank,
+               " of a schedule with ", s.ranks.size(), " rank tables for pipeline ", s.pp);
+  const auto& ops = s.ranks[rank];
+  std::vector<ProgramStep> prog;
+  auto post = [&](std::vector<Transfer> b) {
+    if (!b.empty()) prog.push_back({false, {}, std::move(b)});
+  };
+  auto compute = [&](const Op& op) { prog.push_back({true, op, {}}); };
+  if (pairing == Pairing::unpaired) {
+    for (const Op& op : ops) {
+      OpComm c = op_comm(s, rank, op);
+      if (c.has_in) post({c.in});
+      compute(op);
+      if (c.has_out) post({c.out});
+    }
+    return prog;
+  }
+  // Communication groups: runs of ops joined by `fused`. Before a group its
+  // inputs arrive; after it its outputs leave, in one batch with the next
+  // group's inputs.
+  std::vector<std::pair<size_t, size_t>> groups;  // [begin, end)
+  for (size_t i = 0; i < ops.size();) {
+    size_t j = i + 1;
+    while (j < ops.size() && ops[j - 1].fused) ++j;
+    groups.push_back({i, j});
+    i = j;
+  }
+  auto inputs = [&](size_t g, std::vector<Transfer>& b) {
+    for (size_t i = groups[g].first; i < groups[g].second; ++i) {
+      OpComm c = op_comm(s, rank, ops[i]);
+      if (c.has_in) b.push_back(c.in);
+    }
+  };
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (g == 0) {
+      std::vector<Transfer> b;
+      inputs(0, b);
+      post(std::move(b));
+    }
+    for (size_t i = groups[g].first; i < groups[g].second; ++i) compute(ops[i]);
+    std::vector<Transfer> b;
+    for (size_t i = groups[g].first; i < groups[g].second; ++i) {
+      OpComm c = op_comm(s, rank, ops[i]);
+      if (c.has_out) b.push_back(c.out);
+    }
+    if (g + 1 < groups.size()) inputs(g + 1, b);
+    post(std::move(b));
+  }
+  return prog;
+}
+
+// ---- checker ----------------------------------------------------------------
+
+namespace {
+
+struct SimRank {
+  std::vector<ProgramStep> prog;
+  size_t at = 0;
+  double clock = 0.0;
+  bool arrived = false;  // at prog[at], a batch, posted
+  double post_time = 0.0;
+  std::vector<char> matched;  // per transfer of the current batch
+  std::vector<double> match_time;
+  size_t last_compute = SIZE_MAX;  // index into prog of the last compute step done
+  bool done() const { return at >= prog.size(); }
+};
+
+std::string transfer_text(int rank, const Transfer& t) {
+  std::ostringstream os;
+  os << "rank " << rank << (t.send ? " sends " : " receives ") << carry_name(t.carry) << " of micro-batch "
+     << t.mb << (t.send ? " to" : " from") << " rank " << t.peer << " (for model chunk " << t.dest << ")";
+  return os.str();
+}
+
+std::string position_text(const SimRank& r) {
+  std::ostringstream os;
+  bool seen = false;
+  for (size_t i = r.at + 1; i < r.prog.size(); ++i)
+    if (r.prog[i].compute) {
+      os << "before " << to_string(r.prog[i].op);
+      seen = true;
+      break;
+    }
+  if (r.last_compute != SIZE_MAX)
+    os << (seen ? ", " : "") << "after " << to_string(r.prog[r.last_compute].op);
+  return os.str();
+}
+
+// Static consistency: ranges, each (chunk, mb) F and B exactly once, F first.
+void check_table(const Schedule& s) {
+  if (s.pp < 1 || s.v < 1 || s.m < 1)
+    throw ScheduleError("schedule sizes pipeline " + std::to_string(s.pp) + ", virtual " +
+                        std::to_string(s.v) + ", micro-batches " + std::to_string(s.m) + " must be >= 1");
+  if (static_cast<int>(s.ranks.size()) != s.pp)
+    throw ScheduleError("schedule has " + std::to_string(s.ranks.size()) + " rank tables for pipeline " +
+                        std::to_string(s.pp));
+  for (int p = 0; p < s.pp; ++p) {
+    // state[chunk][mb]: 0 nothing, 1 forwarded, 2 backwarded
+    std::vector<std::vector<int>> state(s.v, std::vector<int>(s.m, 0));
+    for (size_t i = 0; i < s.ranks[p].size(); ++i) {
+      const Op& op = s.ranks[p][i];
+      if (op.mb < 0 || op.mb >= s.m || op.chunk < 0 || op.chunk >= s.v)
+        throw ScheduleError(describe_rank_op(p, i, op) + ": micro-batch must be in [0, " +
+                            std::to_string(s.m) + ") and chunk in [0, " + std::to_string(s.v) + ")");
+      int& st = state[op.chunk][op.mb];
+      if (op.pass == Pass::F) {
+        if (st != 0) throw ScheduleError(describe_rank_op(p, i, op) + ": duplicate F of this micro-batch");
+        st = 1;
+      } else {
+        if (st == 0) throw ScheduleError(describe_rank_op(p, i, op) + ": B before its F");
+        if (st == 2) throw ScheduleError(describe_rank_op(p, i, op) + ": duplicate B of this micro-batch");
+        st = 2;
+      }
+    }
+  }
+}
+
+// Every send has its receive and vice versa (before any ordering question).
+void check_matching(const Schedule& s, const std::vector<SimRank>& ranks) {
+  // (src, dst, tag) -> count, +1 per send, -1 per receive
+  std::map<std::tuple<int, int, uint32_t>, std::pair<int, Transfer>> sends, recvs;
+  for (int p = 0; p < s.pp; ++p)
+    for (const auto& st : ranks[p].prog)
+      for (const auto& t : st.batch) {
+        auto key = t.send ? std::make_tuple(p, t.peer, t.tag) : std::make_tuple(t.peer, p, t.tag);
+        auto& slot = (t.send ? sends : recvs)[key];
+        slot.first++;
+        slot.second = t;
+      }
+  std::vector<std::string> problems;
+  for (const auto& [key, v] : sends)
+    if (!recvs.count(key))
+      problems.push_back("missing receive: " + transfer_text(std::get<0>(key), v.second) + ", but rank " +
+                         std::to_string(std::get<1>(key)) + " never receives them (its table has no " +
+                         (v.second.carry == Carry::activation ? "F" : "B") + " of micro-batch " +
+                         std::to_string(v.second.mb) + " on that chunk)");
+  for (const auto& [key, v] : recvs)
+    if (!sends.count(key))
+      problems.push_back("missing send: " + transfer_text(std::get<1>(key), v.second) + ", but rank " +
+                         std::to_string(std::get<0>(key)) + " never sends them (its table has no " +
+                         (v.second.carry == Carry::activation ? "F" : "B") + " of micro-batch " +
+                         std::to_string(v.second.mb) + " on that chunk)");
+  if (!problems.empty()) {
+    std::string msg = problems[0];
+    for (size_t i = 1; i < problems.size() && i < 4; ++i) msg += "\n  " + problems[i];
+    if (problems.size() > 4) msg += "\n  (" + std::to_string(problems.size() - 4) + " more)";
+    throw ScheduleError(msg);
+  }
+  // Completeness (a single stage has no transfers to reveal a missing op).
+  for (int p = 0; p < s.pp; ++p) {
+    std::vector<int> f(static_cast<size_t>(s.v) * s.m, 0), b(f.size(), 0);
+    for (const Op& op : s.ranks[p])
+      (op.pass == Pass::F ? f : b)[static_cast<size_t>(op.chunk) * s.m + op.mb]++;
+    for (int c = 0; c < s.v; ++c)
+      for (int mb = 0; mb < s.m; ++mb) {
+        const size_t i = static_cast<size_t>(c) * s.m + mb;
+        if (!f[i] || !b[i])
+          throw ScheduleError("rank " + std::to_string(p) + " chunk " + std::to_string(c) + ": micro-batch " +
+                              std::to_string(mb) + " has no " +
+                              (f[i]   ? "B"
+                               : b[i] ? "F"
+                                      : "F and no B"));
+      }
+  }
+}
+
+}  // namespace
+
+CheckResult check_schedule(const Schedule& s, const CheckOptions& opt) {
+  check_table(s);
+  std::vector<SimRank> ranks(s.pp);
+  for (int p = 0; p < s.pp; ++p) ranks[p].prog = rank_program(s, p, opt.pairing);
+  check_matching(s, ranks);
+
+  CheckResult res;
+  res.peak_in_flight.assign(s.pp, std::vector<int>(s.v, 0));
+  res.peak_per_rank.assign(s.pp, 0);
+  res.busy.assign(s.pp, 0.0);
+  std::vector<std::vector<int>> live(s.pp, std::vector<int>(s.v, 0));
+  std::vector<int> live_rank(s.pp, 0);
+  // Eager sends land in a mailbox: (src, dst, tag) -> time sent.
+  std::map<std::tuple<int, int, uint32_t>, double> mailbox;
+
+  auto arrive = [&](SimRank& r) {
+    if (r.done() || r.arrived || r.prog[r.at].compute) return;
+    r.arrived = true;
+    r.post_time = r.clock;
+    r.matched.assign(r.prog[r.at].batch.size(), 0);
+    r.match_time.assign(r.prog[r.at].batch.size(), r.clock);
+  };
+
+  for (;;) {
+    bool progress = false, all_done = true;
+    for (int p = 0; p < s.pp; ++p) {
+      SimRank& r = ranks[p];
+      if (r.done()) continue;
+      all_done = false;
+      const ProgramStep& st = r.prog[r.at];
+      if (st.compute) {
+        const Op& op = st.op;
+        const double t = (op.pass == Pass::F ? opt.t_forward : opt.t_backward) / s.v;
+        r.clock += t;
+        res.busy[p] += t;
+        int& l = live[p][op.chunk];
+        if (op.pass == Pass::F) {
+          ++l;
+          ++live_rank[p];
+          res.peak_in_flight[p][op.chunk] = std::max(res.peak_in_flight[p][op.chunk], l);
+          res.peak_per_rank[p] = std::max(res.peak_per_rank[p], live_rank[p]);
+          if (opt.max_slots > 0 && l > opt.max_slots)
+            throw ScheduleError("rank " + std::to_string(p) + " chunk " + std::to_string(op.chunk) +
+                                " holds " + std::to_string(l) + " live micro-batches at " + to_string(op) +
+                                ", more than its " + std::to_string(opt.max_slots) + " activation slots");
+        } else {
+          --l;
+          --live_rank[p];
+        }
+        r.last_compute = r.at;
+        ++r.at;
+        progress = true;
+        arrive(r);
+        continue;
+      }
+      arrive(r);
+      const auto& batch = st.batch;
+      for (size_t i = 0; i < batch.size(); ++i) {
+        if (r.matched[i]) continue;
+        const Transfer& t = batch[i];
+        if (!opt.rendezvous) {
+          if (t.send) {
+            mailbox[{p, t.peer, t.tag}] = r.post_time;
+            r.matched[i] = 1;
+            progress = true;
+          } else {
+            auto it = mailbox.find({t.peer, p, t.tag});
+            if (it != mailbox.end()) {
+              r.matched[i] = 1;
+              r.match_time[i] = std::max(r.post_time, it->second);
+              mailbox.erase(it);
+              progress = true;
+            }
+          }
+          continue;
+        }
+        SimRank& q = ranks[t.peer];
+        arrive(q);
+        if (q.done() || !q.arrived) continue;
+        auto& qb = q.prog[q.at].batch;
+        for (size_t j = 0; j < qb.size(); ++j)
+          if (!q.matched[j] && qb[j].send != t.send && qb[j].peer == p && qb[j].tag == t.tag) {
+            const double when = std::max(r.post_time, q.post_time);
+            r.matched[i] = q.matched[j] = 1;
+            r.match_time[i] = q.match_time[j] = when;
+            progress = true;
+            break;
+          }
+      }
+      if (std::all_of(r.matched.begin(), r.matched.end(), [](char c) { return c != 0; })) {
+        r.clock = std::max(r.post_time, *std::max_element(r.match_time.begin(), r.match_time.end()));
+        r.arrived = false;
+        ++r.at;
+        ++res.comm_batches;
+        progress = true;
+        arrive(r);
+      }
+    }
+    if (all_done) break;
+    if (progress) continue;
+
+    // Stuck: describe who waits for whom, and name a wait cycle when there is one.
+    std::vector<int> waits_on(s.pp, -1);
+    std::ostringstream os;
+    for (int p = 0; p < s.pp; ++p) {
+      const SimRank& r = ranks[p];
+      if (r.done()) continue;
+      const auto& batch = r.prog[r.at].batch;
+      for (size_t i = 0; i < batch.size(); ++i)
+        if (!r.matched[i]) {
+          if (waits_on[p] < 0) waits_on[p] = batch[i].peer;
+          os << "\n  " << transfer_text(p, batch[i]) << ", blocked " << position_text(r);
+        }
+    }
+    std::string cycle;
+    for (int start = 0; start < s.pp && cycle.empty(); ++start) {
+      std::vector<int> seen(s.pp, -1);
+      int p = start;
+      for (int n = 0; p >= 0 && seen[p] < 0; ++n) {
+        seen[p] = n;
+        p = waits_on[p];
+      }
+      if (p >= 0) {
+        int q = p;
+        do {
+          cycle += (cycle.empty() ? "" : " -> ") + std::string("rank ") + std::to_string(q);
+          q = waits_on[q];
+        } while (q != p);
+        cycle += " -> rank " + std::to_string(p);
+      }
+    }
+    throw ScheduleError("deadlock" +
+                        (cycle.empty() ? std::string() : ": crossed order, wait cycle " + cycle) + " (" +
+                        (opt.rendezvous ? "rendezvous" : "eager") + " sends, " +
+                        (opt.pairing == Pairing::paired ? "paired" : "unpaired") + " batches):" + os.str());
+  }
+
+  for (const auto& r : ranks) res.makespan = std::max(res.makespan, r.clock);
+  double idle = 0.0;
+  for (int p = 0; p < s.pp; ++p) idle += res.makespan > 0 ? (res.makespan - res.busy[p]) / res.makespan : 0.0;
+  res.bubble = idle / s.pp;
+  return res;
+}
+
+double theoretical_bubble(ScheduleKind kind, int pp, int v, int m) {
+  const double p = pp, mm = m, vv = kind == ScheduleKind::interleaved ? v : 1;
+  return (p - 1) / (vv * mm + p - 1);
+}
+
+}  // namespace troupe::parallel
