@@ -24,4 +24,13 @@ void ModelConfig::validate() const {
   }
 }
 
+void TensorShard::validate(const ModelConfig& cfg) const {
+  TROUPE_CHECK(size >= 1 && rank >= 0 && rank < size, "tensor shard ", rank, " outside a group of ", size);
+  if (cfg.kind == ModelKind::gpt)
+    TROUPE_CHECK(cfg.n_head % size == 0, "tensor parallelism ", size, " must divide n_head (", cfg.n_head,
+                 "): shards split attention by heads");
+  TROUPE_CHECK(4 * int64_t{cfg.d_model} % size == 0, "tensor parallelism ", size,
+               " must divide the MLP hidden width 4*d_model (", 4 * int64_t{cfg.d_model}, ")");
+}
+
 }  // namespace troupe::model

@@ -39,4 +39,17 @@ struct StageRange {
   int n_blocks() const { return last - first; }
 };
 
+// Tensor shard `rank` of a tensor-parallel group of `size` ranks (Megatron): shard t
+// holds heads [t*NH/size, (t+1)*NH/size) and MLP hidden units [t*4D/size, (t+1)*4D/size).
+// size = 1: the whole model, no communication.
+struct TensorShard {
+  int rank = 0;
+  int size = 1;
+
+  // Throws troupe::Error unless 0 <= rank < size, NH % size == 0 (gpt) and 4D % size == 0.
+  void validate(const ModelConfig& cfg) const;
+  int n_head(const ModelConfig& cfg) const { return cfg.n_head / size; }                    // local heads
+  int64_t hidden(const ModelConfig& cfg) const { return 4 * int64_t{cfg.d_model} / size; }  // local 4D
+};
+
 }  // namespace troupe::model

@@ -54,33 +54,55 @@ void LayerNorm::backward(float* dx, const float* dy, const float* x, const float
   k::layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, N, C);
 }
 
-Workspace::Workspace(const ModelConfig& cfg, int max_B) {
-  const int64_t N = int64_t{max_B} * cfg.seq_len, D = cfg.d_model;
+Workspace::Workspace(const ModelConfig& cfg, int max_B, const TensorShard& shard) {
+  const int64_t N = int64_t{max_B} * cfg.seq_len, D = cfg.d_model, H = shard.hidden(cfg);
   dres = Tensor::zeros({N, D});
   tmp_d = Tensor::zeros({N, D});
-  dh = Tensor::zeros({N, 4 * D});
-  dh_pre = Tensor::zeros({N, 4 * D});
+  dh = Tensor::zeros({N, H});
+  dh_pre = Tensor::zeros({N, H});
   if (cfg.kind == ModelKind::gpt) {
-    dqkv = Tensor::zeros({N, 3 * D});
-    datt = Tensor::zeros({int64_t{max_B}, cfg.n_head, cfg.seq_len, cfg.seq_len});
+    dqkv = Tensor::zeros({N, 3 * D / shard.size});
+    datt = Tensor::zeros({int64_t{max_B}, shard.n_head(cfg), cfg.seq_len, cfg.seq_len});
   }
 }
+
+namespace {
+
+// y(N,out) = x(N,in) @ W^T + b for a row-parallel linear: each shard multiplies its
+// columns of W by its part of x, the partial products are summed across shards, and
+// the (replicated) bias is added once to the sum. tp = 1 is the plain Linear.
+void row_parallel_forward(const Linear& l, const TensorGroup& tp, float* y, const float* x, int N) {
+  if (tp.size() == 1) {
+    l.forward(y, x, N);
+    return;
+  }
+  k::linear_forward(y, x, l.w, nullptr, N, l.in, l.out);
+  reduce_from_tensor_region_forward(tp, y, sz(int64_t{N} * l.out));
+  for (int n = 0; n < N; ++n) k::add_inplace(y + sz(int64_t{n} * l.out), l.b, sz(l.out));
+}
+
+}  // namespace
 
 // ---------------------------------------------------------------- MLP sublayer
 
 MlpSublayer::MlpSublayer(ParamStore& ps, const std::string& prefix, const ModelConfig& cfg, int n_slots,
-                         int max_B)
-    : ln_2_(LayerNorm::bind(ps, prefix + ".ln_2")),
+                         int max_B, const TensorGroup& tp)
+    : tp_(tp),
+      H_(static_cast<int>(tp.shard.hidden(cfg))),
+      ln_2_(LayerNorm::bind(ps, prefix + ".ln_2")),
       c_fc_(Linear::bind(ps, prefix + ".mlp.c_fc")),
       c_proj_(Linear::bind(ps, prefix + ".mlp.c_proj")) {
   const int64_t N = int64_t{max_B} * cfg.seq_len, D = cfg.d_model;
+  TROUPE_CHECK(c_fc_.in == D && c_fc_.out == H_ && c_proj_.in == H_ && c_proj_.out == D, prefix,
+               ": MLP shard shapes do not match hidden ", H_, " of tensor shard ", tp.shard.rank, "/",
+               tp.size());
   for (int s = 0; s < n_slots; ++s) {
     Acts a;
     a.ln = Tensor::zeros({N, D});
     a.mean = Tensor::zeros({N});
     a.rstd = Tensor::zeros({N});
-    a.h_pre = Tensor::zeros({N, 4 * D});
-    a.h = Tensor::zeros({N, 4 * D});
+    a.h_pre = Tensor::zeros({N, H_});
+    a.h = Tensor::zeros({N, H_});
     acts_.push_back(std::move(a));
   }
 }
@@ -89,47 +111,57 @@ void MlpSublayer::forward(int slot, float* y, const float* x, int N, Workspace& 
   Acts& a = acts_.at(static_cast<size_t>(slot));
   const int D = ln_2_.C;
   ln_2_.forward(a.ln.f32(), a.mean.f32(), a.rstd.f32(), x, N);
+  copy_to_tensor_region_forward(tp_, a.ln.f32(), sz(int64_t{N} * D));
   c_fc_.forward(a.h_pre.f32(), a.ln.f32(), N);
-  k::gelu_forward(a.h.f32(), a.h_pre.f32(), sz(int64_t{N} * 4 * D));
-  c_proj_.forward(ws.tmp_d.f32(), a.h.f32(), N);
+  k::gelu_forward(a.h.f32(), a.h_pre.f32(), sz(int64_t{N} * H_));
+  row_parallel_forward(c_proj_, tp_, ws.tmp_d.f32(), a.h.f32(), N);
   k::residual_forward(y, x, ws.tmp_d.f32(), sz(int64_t{N} * D));
 }
 
 void MlpSublayer::backward(int slot, float* dres, const float* x, int N, Workspace& ws) {
   Acts& a = acts_.at(static_cast<size_t>(slot));
   const int D = ln_2_.C;
-  const int64_t nh = int64_t{N} * 4 * D, nd = int64_t{N} * D;
+  const int64_t nh = int64_t{N} * H_, nd = int64_t{N} * D;
   float* dh = ws.dh.f32();
   float* dh_pre = ws.dh_pre.f32();
   float* dln = ws.tmp_d.f32();
   // The residual path passes dres through unchanged; the branch adds into it via ln_2.
+  reduce_from_tensor_region_backward(tp_, dres, sz(nd));
   std::fill(dh, dh + nh, 0.0f);
   c_proj_.backward(dh, dres, a.h.f32(), N);
   std::fill(dh_pre, dh_pre + nh, 0.0f);
   k::gelu_backward(dh_pre, a.h_pre.f32(), dh, sz(nh));
   std::fill(dln, dln + nd, 0.0f);
   c_fc_.backward(dln, dh_pre, a.ln.f32(), N);
+  copy_to_tensor_region_backward(tp_, dln, sz(nd));
   ln_2_.backward(dres, dln, x, a.mean.f32(), a.rstd.f32(), N);
 }
 
 // ---------------------------------------------------------------- GPT block
 
-GptBlock::GptBlock(ParamStore& ps, int layer, const ModelConfig& cfg, int n_slots, int max_B)
-    : D_(cfg.d_model),
-      NH_(cfg.n_head),
+GptBlock::GptBlock(ParamStore& ps, int layer, const ModelConfig& cfg, int n_slots, int max_B,
+                   const TensorGroup& tp)
+    : tp_(tp),
+      D_(cfg.d_model),
+      NH_(tp.shard.n_head(cfg)),
+      HS_(cfg.head_dim()),
       ln_1_(LayerNorm::bind(ps, "h." + std::to_string(layer) + ".ln_1")),
       c_attn_(Linear::bind(ps, "h." + std::to_string(layer) + ".attn.c_attn")),
       c_proj_(Linear::bind(ps, "h." + std::to_string(layer) + ".attn.c_proj")),
-      mlp_(ps, "h." + std::to_string(layer), cfg, n_slots, max_B) {
-  const int64_t T = cfg.seq_len, N = int64_t{max_B} * T, D = D_;
+      mlp_(ps, "h." + std::to_string(layer), cfg, n_slots, max_B, tp) {
+  const int64_t T = cfg.seq_len, N = int64_t{max_B} * T, D = D_, A = int64_t{NH_} * HS_;
+  // The attention kernel takes the local head count; the head size stays D/NH.
+  TROUPE_CHECK(c_attn_.in == D && c_attn_.out == 3 * A && c_proj_.in == A && c_proj_.out == D, "h.", layer,
+               ": attention shard shapes do not match ", NH_, " heads of ", HS_, " on tensor shard ",
+               tp.shard.rank, "/", tp.size());
   for (int s = 0; s < n_slots; ++s) {
     Acts a;
     a.ln = Tensor::zeros({N, D});
     a.mean = Tensor::zeros({N});
     a.rstd = Tensor::zeros({N});
-    a.qkv = Tensor::zeros({N, 3 * D});
+    a.qkv = Tensor::zeros({N, 3 * A});
     a.att = Tensor::zeros({int64_t{max_B}, NH_, T, T});
-    a.atty = Tensor::zeros({N, D});
+    a.atty = Tensor::zeros({N, A});
     a.mid = Tensor::zeros({N, D});
     acts_.push_back(std::move(a));
   }
@@ -139,9 +171,10 @@ void GptBlock::forward(int slot, float* y, const float* x, int B, int T, Workspa
   Acts& a = acts_.at(static_cast<size_t>(slot));
   const int N = B * T;
   ln_1_.forward(a.ln.f32(), a.mean.f32(), a.rstd.f32(), x, N);
+  copy_to_tensor_region_forward(tp_, a.ln.f32(), sz(int64_t{N} * D_));
   c_attn_.forward(a.qkv.f32(), a.ln.f32(), N);
-  k::attention_forward(a.atty.f32(), a.att.f32(), a.qkv.f32(), B, T, NH_, D_ / NH_);
-  c_proj_.forward(ws.tmp_d.f32(), a.atty.f32(), N);
+  k::attention_forward(a.atty.f32(), a.att.f32(), a.qkv.f32(), B, T, NH_, HS_);
+  row_parallel_forward(c_proj_, tp_, ws.tmp_d.f32(), a.atty.f32(), N);
   k::residual_forward(a.mid.f32(), x, ws.tmp_d.f32(), sz(int64_t{N} * D_));
   mlp_.forward(slot, y, a.mid.f32(), N, ws);
 }
@@ -149,23 +182,26 @@ void GptBlock::forward(int slot, float* y, const float* x, int B, int T, Workspa
 void GptBlock::backward(int slot, float* dres, const float* x, int B, int T, Workspace& ws) {
   Acts& a = acts_.at(static_cast<size_t>(slot));
   const int N = B * T;
-  const int64_t nd = int64_t{N} * D_;
+  const int64_t nd = int64_t{N} * D_, na = int64_t{N} * NH_ * HS_;
   mlp_.backward(slot, dres, a.mid.f32(), N, ws);
+  reduce_from_tensor_region_backward(tp_, dres, sz(nd));
   float* dtmp = ws.tmp_d.f32();
-  std::fill(dtmp, dtmp + nd, 0.0f);  // datty
+  std::fill(dtmp, dtmp + na, 0.0f);  // datty (N, NH_*HS_)
   c_proj_.backward(dtmp, dres, a.atty.f32(), N);
   float* dqkv = ws.dqkv.f32();
-  std::fill(dqkv, dqkv + 3 * nd, 0.0f);
-  k::attention_backward(dqkv, ws.datt.f32(), dtmp, a.qkv.f32(), a.att.f32(), B, T, NH_, D_ / NH_);
+  std::fill(dqkv, dqkv + 3 * na, 0.0f);
+  k::attention_backward(dqkv, ws.datt.f32(), dtmp, a.qkv.f32(), a.att.f32(), B, T, NH_, HS_);
   std::fill(dtmp, dtmp + nd, 0.0f);  // dln_1
   c_attn_.backward(dtmp, dqkv, a.ln.f32(), N);
+  copy_to_tensor_region_backward(tp_, dtmp, sz(nd));
   ln_1_.backward(dres, dtmp, x, a.mean.f32(), a.rstd.f32(), N);
 }
 
 // ---------------------------------------------------------------- MLP block
 
-MlpBlock::MlpBlock(ParamStore& ps, int layer, const ModelConfig& cfg, int n_slots, int max_B)
-    : mlp_(ps, "h." + std::to_string(layer), cfg, n_slots, max_B) {}
+MlpBlock::MlpBlock(ParamStore& ps, int layer, const ModelConfig& cfg, int n_slots, int max_B,
+                   const TensorGroup& tp)
+    : mlp_(ps, "h." + std::to_string(layer), cfg, n_slots, max_B, tp) {}
 
 void MlpBlock::forward(int slot, float* y, const float* x, int B, int T, Workspace& ws) {
   mlp_.forward(slot, y, x, B * T, ws);

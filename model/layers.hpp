@@ -5,6 +5,11 @@
 // largest (B, T) so a pipeline schedule can keep several micro-batches in flight.
 // Backward scratch is shared (one backward runs at a time) in a Workspace.
 // All backward passes ACCUMULATE parameter gradients (kernel convention).
+//
+// With tensor parallelism (TensorGroup of size tp > 1) a block holds its shard's
+// parameters (model/params.hpp): attention over NH/tp heads and an MLP hidden of 4D/tp,
+// with the communication pairs of model/tensor_parallel.hpp around them. Activations
+// entering and leaving a block are whole (N,D) on every shard.
 #pragma once
 
 #include <string>
@@ -13,6 +18,7 @@
 #include "core/tensor.hpp"
 #include "model/config.hpp"
 #include "model/params.hpp"
+#include "model/tensor_parallel.hpp"
 
 namespace troupe::model {
 
@@ -47,13 +53,14 @@ struct LayerNorm {
 // Backward scratch shared by the blocks of one stage, sized for the largest micro-batch.
 struct Workspace {
   Workspace() = default;
-  Workspace(const ModelConfig& cfg, int max_B);
+  // Sized for tensor shard `shard`: H = 4D/tp hidden units, NH/tp heads.
+  Workspace(const ModelConfig& cfg, int max_B, const TensorShard& shard = {});
   Tensor dres;    // (B,T,D)  gradient flowing down the residual stream
   Tensor tmp_d;   // (B,T,D)  forward projection outputs; backward dln / datty
-  Tensor dqkv;    // (B,T,3D)
-  Tensor dh;      // (B,T,4D) gradient wrt the MLP hidden, after GELU
-  Tensor dh_pre;  // (B,T,4D) gradient wrt the MLP hidden, before GELU
-  Tensor datt;    // (B,NH,T,T) attention backward scratch (gpt)
+  Tensor dqkv;    // (B,T,3D/tp)
+  Tensor dh;      // (B,T,H) gradient wrt the MLP hidden, after GELU
+  Tensor dh_pre;  // (B,T,H) gradient wrt the MLP hidden, before GELU
+  Tensor datt;    // (B,NH/tp,T,T) attention backward scratch (gpt)
 };
 
 class Block {
@@ -67,38 +74,47 @@ class Block {
 };
 
 // x + MLP(ln_2(x)), MLP = c_proj(gelu(c_fc(.))), hidden 4D. Used by both models.
+// Tensor-parallel: c_fc column-parallel (H = 4D/tp hidden units per shard), c_proj
+// row-parallel with its bias added once after the reduction.
 class MlpSublayer {
  public:
-  MlpSublayer(ParamStore& ps, const std::string& prefix, const ModelConfig& cfg, int n_slots, int max_B);
+  MlpSublayer(ParamStore& ps, const std::string& prefix, const ModelConfig& cfg, int n_slots, int max_B,
+              const TensorGroup& tp = {});
   void forward(int slot, float* y, const float* x, int N, Workspace& ws);
   void backward(int slot, float* dres, const float* x, int N, Workspace& ws);
 
  private:
+  TensorGroup tp_;
+  int H_;  // local hidden units
   LayerNorm ln_2_;
   Linear c_fc_, c_proj_;
   struct Acts {
     Tensor ln, mean, rstd;  // (N,D), (N), (N)
-    Tensor h_pre, h;        // (N,4D) before and after GELU
+    Tensor h_pre, h;        // (N,H) before and after GELU
   };
   std::vector<Acts> acts_;
 };
 
 // Pre-LN transformer block: x + attn(ln_1(x)), then + MLP(ln_2(.)).
+// Tensor-parallel: c_attn column-parallel (this shard's heads' q|k|v), attention over
+// NH/tp heads of head_dim D/NH, c_proj row-parallel.
 class GptBlock : public Block {
  public:
-  GptBlock(ParamStore& ps, int layer, const ModelConfig& cfg, int n_slots, int max_B);
+  GptBlock(ParamStore& ps, int layer, const ModelConfig& cfg, int n_slots, int max_B,
+           const TensorGroup& tp = {});
   void forward(int slot, float* y, const float* x, int B, int T, Workspace& ws) override;
   void backward(int slot, float* dres, const float* x, int B, int T, Workspace& ws) override;
 
  private:
-  int D_, NH_;
+  TensorGroup tp_;
+  int D_, NH_, HS_;  // NH_: local heads (NH/tp); HS_ = D/NH
   LayerNorm ln_1_;
   Linear c_attn_, c_proj_;
   struct Acts {
     Tensor ln, mean, rstd;  // (N,D), (N), (N)
-    Tensor qkv;             // (N,3D) rows q|k|v, heads contiguous inside each
-    Tensor att;             // (B,NH,T,T) softmax probabilities
-    Tensor atty;            // (N,D) attention output before c_proj
+    Tensor qkv;             // (N,3*NH_*HS_) q|k|v of the local heads, heads contiguous inside each
+    Tensor att;             // (B,NH_,T,T) softmax probabilities
+    Tensor atty;            // (N,NH_*HS_) attention output before c_proj
     Tensor mid;             // (N,D) x + attention branch = input of the MLP sublayer
   };
   std::vector<Acts> acts_;
@@ -108,7 +124,8 @@ class GptBlock : public Block {
 // Residual MLP block of the MLP model: x + MLP(ln_2(x)).
 class MlpBlock : public Block {
  public:
-  MlpBlock(ParamStore& ps, int layer, const ModelConfig& cfg, int n_slots, int max_B);
+  MlpBlock(ParamStore& ps, int layer, const ModelConfig& cfg, int n_slots, int max_B,
+           const TensorGroup& tp = {});
   void forward(int slot, float* y, const float* x, int B, int T, Workspace& ws) override;
   void backward(int slot, float* dres, const float* x, int B, int T, Workspace& ws) override;
 

@@ -15,18 +15,26 @@ void load_param(const safetensors::Reader& file, Param& p) {
     file.read_bytes(p.name, 0, info.nbytes(), dst);
     return;
   }
-  // Slice [offset, offset + local) of dim d: `outer` runs of `local*inner` contiguous floats.
+  // Each piece [offset, offset + length) of dim d: `outer` runs of `length*inner`
+  // contiguous floats, landing at local index piece.local_offset of the same dim.
   const size_t d = static_cast<size_t>(p.split_dim);
-  TROUPE_CHECK(d < p.global_shape.size(), p.name, ": split_dim out of range");
+  TROUPE_CHECK(d < p.global_shape.size() && p.data.ndim() == static_cast<int>(p.global_shape.size()), p.name,
+               ": split_dim out of range");
   uint64_t outer = 1, inner = 1;
   for (size_t i = 0; i < d; ++i) outer *= static_cast<uint64_t>(p.global_shape[i]);
   for (size_t i = d + 1; i < p.global_shape.size(); ++i) inner *= static_cast<uint64_t>(p.global_shape[i]);
   const uint64_t G = static_cast<uint64_t>(p.global_shape[d]);
   const uint64_t local = static_cast<uint64_t>(p.data.shape()[d]);
-  const uint64_t run = local * inner * sizeof(float);
-  for (uint64_t o = 0; o < outer; ++o)
-    file.read_bytes(p.name, (o * G + static_cast<uint64_t>(p.offset)) * inner * sizeof(float), run,
-                    dst + o * run);
+  for (const SlicePiece& q : p.slice_pieces()) {
+    TROUPE_CHECK(q.offset >= 0 && q.length >= 0 && static_cast<uint64_t>(q.offset + q.length) <= G &&
+                     static_cast<uint64_t>(q.local_offset + q.length) <= local,
+                 p.name, ": piece [", q.offset, ", ", q.offset + q.length, ") at local ", q.local_offset,
+                 " outside ", shape_str(p.global_shape), " / local ", shape_str(p.data.shape()));
+    const uint64_t run = static_cast<uint64_t>(q.length) * inner * sizeof(float);
+    for (uint64_t o = 0; o < outer; ++o)
+      file.read_bytes(p.name, (o * G + static_cast<uint64_t>(q.offset)) * inner * sizeof(float), run,
+                      dst + ((o * local + static_cast<uint64_t>(q.local_offset)) * inner) * sizeof(float));
+  }
 }
 
 void load_params(const safetensors::Reader& file, std::vector<Param>& params) {

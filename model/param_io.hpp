@@ -11,8 +11,9 @@
 
 namespace troupe::model {
 
-// Fills p.data with its slice (split_dim/offset, local shape) of the file's tensor `p.name`,
-// which must be F32 of shape p.global_shape. Reads only the bytes of the slice.
+// Fills p.data with its slice (split_dim and p.slice_pieces(), local shape) of the file's
+// tensor `p.name`, which must be F32 of shape p.global_shape. Reads only the bytes of the
+// slice.
 void load_param(const safetensors::Reader& file, Param& p);
 void load_params(const safetensors::Reader& file, std::vector<Param>& params);
 

@@ -39,21 +39,80 @@ void add_linear(std::vector<ParamSpec>& out, const std::string& prefix, int64_t 
   out.push_back(constant(prefix + ".bias", n_out, 0.0f));
 }
 
+// The pieces must lie inside [0, G) and fill the local indices [0, local) end to end.
+void check_pieces(const std::string& name, const std::vector<SlicePiece>& pieces, int64_t G, int64_t local) {
+  int64_t at = 0;
+  for (const SlicePiece& q : pieces) {
+    TROUPE_CHECK(q.length > 0 && q.offset >= 0 && q.offset + q.length <= G, name, ": piece [", q.offset, ", ",
+                 q.offset + q.length, ") outside [0, ", G, ")");
+    TROUPE_CHECK(q.local_offset == at, name, ": piece at local ", q.local_offset, ", expected ", at,
+                 " (pieces are laid end to end)");
+    at += q.length;
+  }
+  TROUPE_CHECK(at == local, name, ": pieces hold ", at, " indices, the slice has ", local);
+}
+
 }  // namespace
 
 Shape ParamSpec::local_shape() const {
   Shape s = global_shape;
   if (split_dim >= 0) {
     TROUPE_CHECK(split_dim < static_cast<int>(s.size()), name, ": split_dim ", split_dim, " out of range");
-    TROUPE_CHECK(offset >= 0 && local >= 0 && offset + local <= s[static_cast<size_t>(split_dim)], name,
-                 ": slice [", offset, ", ", offset + local, ") outside ", shape_str(global_shape));
+    const int64_t G = s[static_cast<size_t>(split_dim)];
+    if (pieces.empty()) {
+      TROUPE_CHECK(offset >= 0 && local >= 0 && offset + local <= G, name, ": slice [", offset, ", ",
+                   offset + local, ") outside ", shape_str(global_shape));
+    } else {
+      check_pieces(name, pieces, G, local);
+      TROUPE_CHECK(offset == pieces.front().offset, name, ": offset ", offset, " is not the first piece's ",
+                   pieces.front().offset);
+    }
     s[static_cast<size_t>(split_dim)] = local;
   }
   return s;
 }
 
-std::vector<ParamSpec> param_specs(const ModelConfig& cfg, const StageRange& range) {
+std::vector<SlicePiece> ParamSpec::slice_pieces() const {
+  if (split_dim < 0) return {};
+  if (!pieces.empty()) return pieces;
+  if (local == 0) return {};
+  return {SlicePiece{offset, local, 0}};
+}
+
+std::vector<SlicePiece> Param::slice_pieces() const {
+  if (split_dim < 0) return {};
+  if (!pieces.empty()) return pieces;
+  const int64_t local = data.shape().at(static_cast<size_t>(split_dim));
+  if (local == 0) return {};
+  return {SlicePiece{offset, local, 0}};
+}
+
+namespace {
+
+// Rows [t*n/tp, (t+1)*n/tp) of each of `parts` consecutive blocks of n rows (n = rows of
+// one block): one piece per block, laid end to end.
+void shard_rows(ParamSpec& p, int64_t n, int parts, const TensorShard& shard) {
+  const int64_t len = n / shard.size;
+  p.split_dim = 0;
+  p.local = len * parts;
+  for (int i = 0; i < parts; ++i) p.pieces.push_back({i * n + shard.rank * len, len, i * len});
+  p.offset = p.pieces.front().offset;
+  if (parts == 1) p.pieces.clear();  // one run: the plain (offset, local) form
+}
+
+void shard_cols(ParamSpec& p, int64_t n, const TensorShard& shard) {
+  const int64_t len = n / shard.size;
+  p.split_dim = 1;
+  p.local = len;
+  p.offset = shard.rank * len;
+}
+
+}  // namespace
+
+std::vector<ParamSpec> param_specs(const ModelConfig& cfg, const StageRange& range,
+                                   const TensorShard& shard) {
   cfg.validate();
+  shard.validate(cfg);
   TROUPE_CHECK(0 <= range.first && range.first <= range.last && range.last <= cfg.n_layer, "stage layers [",
                range.first, ", ", range.last, ") outside a model of ", cfg.n_layer, " layers");
   const int64_t V = cfg.vocab_size, D = cfg.d_model, T = cfg.seq_len;
@@ -71,10 +130,22 @@ std::vector<ParamSpec> param_specs(const ModelConfig& cfg, const StageRange& ran
       add_layernorm(out, h + ".ln_1", D);
       add_linear(out, h + ".attn.c_attn", 3 * D, D, kInitStd);
       add_linear(out, h + ".attn.c_proj", D, D, proj_std);
+      if (shard.size > 1) {
+        const size_t n = out.size();
+        shard_rows(out[n - 4], D, 3, shard);  // c_attn.weight: q|k|v rows of this shard's heads
+        shard_rows(out[n - 3], D, 3, shard);  // c_attn.bias
+        shard_cols(out[n - 2], D, shard);     // c_proj.weight: the columns that read those heads
+      }
     }
     add_layernorm(out, h + ".ln_2", D);
     add_linear(out, h + ".mlp.c_fc", 4 * D, D, kInitStd);
     add_linear(out, h + ".mlp.c_proj", D, 4 * D, proj_std);
+    if (shard.size > 1) {
+      const size_t n = out.size();
+      shard_rows(out[n - 4], 4 * D, 1, shard);  // c_fc.weight
+      shard_rows(out[n - 3], 4 * D, 1, shard);  // c_fc.bias
+      shard_cols(out[n - 2], 4 * D, shard);     // c_proj.weight
+    }
   }
   if (range.has_head) {
     add_layernorm(out, "ln_f", D);
@@ -95,18 +166,20 @@ void init_param(float* out, const ParamSpec& spec, uint64_t seed) {
     rng::fill_normal(out, static_cast<size_t>(n), seed, key, 0, 0.0, spec.init_std);
     return;
   }
-  // local index (o, j, k) -> global index (o, offset + j, k) around the split dim.
+  // local index (o, piece.local_offset + j, k) -> global index (o, piece.offset + j, k)
+  // around the split dim.
   const size_t d = static_cast<size_t>(spec.split_dim);
   int64_t outer = 1, inner = 1;
   for (size_t i = 0; i < d; ++i) outer *= spec.global_shape[i];
   for (size_t i = d + 1; i < spec.global_shape.size(); ++i) inner *= spec.global_shape[i];
   const int64_t G = spec.global_shape[d];
   for (int64_t o = 0; o < outer; ++o)
-    for (int64_t j = 0; j < spec.local; ++j) {
-      uint64_t g = static_cast<uint64_t>((o * G + spec.offset + j) * inner);
-      rng::fill_normal(out + (o * spec.local + j) * inner, static_cast<size_t>(inner), seed, key, g, 0.0,
-                       spec.init_std);
-    }
+    for (const SlicePiece& q : spec.slice_pieces())
+      for (int64_t j = 0; j < q.length; ++j) {
+        uint64_t g = static_cast<uint64_t>((o * G + q.offset + j) * inner);
+        rng::fill_normal(out + (o * spec.local + q.local_offset + j) * inner, static_cast<size_t>(inner),
+                         seed, key, g, 0.0, spec.init_std);
+      }
 }
 
 ParamStore::ParamStore(const std::vector<ParamSpec>& specs, uint64_t seed) {
@@ -130,6 +203,7 @@ ParamStore::ParamStore(const std::vector<ParamSpec>& specs, uint64_t seed) {
     p.global_shape = s.global_shape;
     p.split_dim = s.split_dim;
     p.offset = s.offset;
+    p.pieces = s.pieces;
     p.decay = s.decay;
     p.data = flat_data_.slice(offsets[i], offsets[i] + n).reshape(local);
     p.grad = flat_grad_.slice(offsets[i], offsets[i] + n).reshape(local);

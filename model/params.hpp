@@ -1,10 +1,14 @@
 // Parameters: names, global shapes, the slice a stage holds, and deterministic init.
 //
 // Every parameter is defined by (seed, name) as a full tensor of its GLOBAL shape;
-// a stage holds a slice of it: rows/columns [offset, offset + local) along split_dim
-// (split_dim = -1: the whole tensor). Tensor-parallel shards are such slices; today
-// every slice is full. init_param fills any slice with exactly the values the same
-// elements have in the full tensor.
+// a stage holds a slice of it along split_dim (split_dim = -1: the whole tensor): one
+// run of rows/columns [offset, offset + local), or several runs (SlicePiece) laid end
+// to end in the local tensor. Tensor-parallel shards are such slices; a shard of
+// attn.c_attn is three runs, the q, k and v rows of its heads:
+//   D = 16, NH = 4, tp = 2, shard 1 (heads 2, 3) of c_attn.weight (48, 16):
+//   global rows [8,16) -> local [0,8) (q), [24,32) -> [8,16) (k), [40,48) -> [16,24) (v).
+// init_param fills any slice with exactly the values the same elements have in the
+// full tensor, so every layout holds slices of the same model.
 #pragma once
 
 #include <cstdint>
@@ -16,18 +20,34 @@
 
 namespace troupe::model {
 
+// Global indices [offset, offset + length) along split_dim, held at local indices
+// [local_offset, local_offset + length).
+struct SlicePiece {
+  int64_t offset = 0;
+  int64_t length = 0;
+  int64_t local_offset = 0;
+  bool operator==(const SlicePiece& o) const {
+    return offset == o.offset && length == o.length && local_offset == o.local_offset;
+  }
+};
+
 struct ParamSpec {
   std::string name;
   Shape global_shape;
   int split_dim = -1;  // -1: not split
   int64_t offset = 0;  // first index along split_dim held here
   int64_t local = 0;   // extent along split_dim held here (ignored when split_dim == -1)
+  // Several runs: their lengths sum to local, local offsets follow each other from 0,
+  // offset == pieces[0].offset. Empty: the single run [offset, offset + local).
+  std::vector<SlicePiece> pieces;
   bool decay = false;  // weight decay applies (all 2-D parameters, embeddings included)
   // Init: N(0, init_std) when init_std > 0, else the constant init_const.
   double init_std = 0.0;
   float init_const = 0.0f;
 
-  Shape local_shape() const;
+  Shape local_shape() const;  // checks the slice lies inside the global shape
+  // The runs along split_dim, in local order ({} when not split).
+  std::vector<SlicePiece> slice_pieces() const;
 };
 
 // What a parameter of a stage is, plus its storage (views into the stage's flat buffers).
@@ -35,16 +55,28 @@ struct Param {
   std::string name;
   Shape global_shape;
   int split_dim = -1;
-  int64_t offset = 0;
+  int64_t offset = 0;              // first global index along split_dim (pieces[0].offset)
+  std::vector<SlicePiece> pieces;  // as ParamSpec::pieces; empty: one run from offset
   bool decay = false;
   Tensor data;  // local shape, f32
   Tensor grad;  // same shape as data
+
+  // The runs along split_dim, in local order ({} when not split): what a checkpoint
+  // writes with global offsets, and what load_param reads.
+  std::vector<SlicePiece> slice_pieces() const;
 };
 
 // The parameters of a stage, in a fixed order: wte.weight, wpe.weight (gpt) when the stage
 // has the embedding; blocks in layer order; ln_f.{weight,bias} and, when the stage has the
 // head but not the embedding, wte.weight (tied LM head) last.
-std::vector<ParamSpec> param_specs(const ModelConfig& cfg, const StageRange& range);
+//
+// Tensor shard t of tp (Megatron): attn.c_attn weight and bias hold the q, k and v rows
+// of heads [t*NH/tp, (t+1)*NH/tp) (three pieces, local rows q|k|v); mlp.c_fc weight and
+// bias hold rows [t*4D/tp, (t+1)*4D/tp); attn.c_proj.weight holds columns
+// [t*D/tp, (t+1)*D/tp) and mlp.c_proj.weight columns [t*4D/tp, (t+1)*4D/tp), their biases
+// whole. Everything else is whole on every shard. tp = 1: nothing is split.
+std::vector<ParamSpec> param_specs(const ModelConfig& cfg, const StageRange& range,
+                                   const TensorShard& shard = {});
 
 // Fills out (local_shape numel floats) with the spec's slice of the full initial tensor.
 void init_param(float* out, const ParamSpec& spec, uint64_t seed);

@@ -10,15 +10,23 @@ namespace troupe::model {
 namespace k = troupe::kernels::cpu;
 
 Stage::Stage(const ModelConfig& cfg, const StageRange& range, int n_slots, int max_micro_batch)
-    : cfg_(cfg), range_(range), max_B_(max_micro_batch), store_(param_specs(cfg, range), cfg.seed) {
+    : Stage(cfg, range, n_slots, max_micro_batch, TensorShard{}, nullptr) {}
+
+Stage::Stage(const ModelConfig& cfg, const StageRange& range, int n_slots, int max_micro_batch,
+             const TensorShard& shard, comm::Communicator* tp_group)
+    : cfg_(cfg),
+      range_(range),
+      tp_(shard, tp_group),
+      max_B_(max_micro_batch),
+      store_(param_specs(cfg, range, shard), cfg.seed) {
   TROUPE_CHECK(n_slots > 0 && max_micro_batch > 0, "need n_slots > 0 and max_micro_batch > 0, got ", n_slots,
                ", ", max_micro_batch);
   const int64_t T = cfg.seq_len, N = int64_t{max_B_} * T, D = cfg.d_model, V = cfg.vocab_size;
   for (int l = range.first; l < range.last; ++l) {
     if (cfg.kind == ModelKind::gpt)
-      blocks_.push_back(std::make_unique<GptBlock>(store_, l, cfg, n_slots, max_B_));
+      blocks_.push_back(std::make_unique<GptBlock>(store_, l, cfg, n_slots, max_B_, tp_));
     else
-      blocks_.push_back(std::make_unique<MlpBlock>(store_, l, cfg, n_slots, max_B_));
+      blocks_.push_back(std::make_unique<MlpBlock>(store_, l, cfg, n_slots, max_B_, tp_));
   }
   if (range.has_embedding || range.has_head) {
     Param& wte = store_.get("wte.weight");
@@ -38,7 +46,7 @@ Stage::Stage(const ModelConfig& cfg, const StageRange& range, int n_slots, int m
     head_.out = static_cast<int>(V);
     dlogits_ = Tensor::zeros({N, V});
   }
-  ws_ = Workspace(cfg, max_B_);
+  ws_ = Workspace(cfg, max_B_, shard);
   slots_.resize(static_cast<size_t>(n_slots));
   for (Slot& s : slots_) {
     s.tokens = Tensor::zeros({N}, DType::i32);

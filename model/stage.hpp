@@ -14,6 +14,13 @@
 //   s0.backward(m, s1.input_grad(m).f32(), 0.0f);
 // With a split of the tied embedding, both the first and the last stage hold
 // wte.weight; their grads must be summed (and values kept equal) between them.
+//
+// Tensor parallelism: Stage(cfg, range, n_slots, max_B, TensorShard{t, tp}, group) holds
+// shard t's parameters (model/params.hpp) and runs the blocks' allreduces over `group`
+// (rank t of tp ranks, used by this stage's thread only, kept alive by the caller).
+// Every shard of a stage is called with the same inputs, in the same order (forward and
+// backward are collective over the group), and returns the same loss, output and
+// input_grad; the replicated parameters' grads are the same on every shard.
 #pragma once
 
 #include <memory>
@@ -29,6 +36,9 @@ namespace troupe::model {
 class Stage {
  public:
   Stage(const ModelConfig& cfg, const StageRange& range, int n_slots = 1, int max_micro_batch = 1);
+  // Tensor shard `shard` over `tp_group` (null, or unused, when shard.size == 1).
+  Stage(const ModelConfig& cfg, const StageRange& range, int n_slots, int max_micro_batch,
+        const TensorShard& shard, comm::Communicator* tp_group);
   ~Stage();
   Stage(const Stage&) = delete;
   Stage& operator=(const Stage&) = delete;
@@ -62,6 +72,7 @@ class Stage {
 
   const ModelConfig& config() const { return cfg_; }
   const StageRange& range() const { return range_; }
+  const TensorShard& tensor_shard() const { return tp_.shard; }
   int n_slots() const { return static_cast<int>(slots_.size()); }
   int max_micro_batch() const { return max_B_; }
 
@@ -78,6 +89,7 @@ class Stage {
 
   ModelConfig cfg_;
   StageRange range_;
+  TensorGroup tp_;
   int max_B_;
   ParamStore store_;
   std::vector<std::unique_ptr<Block>> blocks_;
