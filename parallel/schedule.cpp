@@ -368,8 +368,15 @@ CheckResult check_schedule(const Schedule& s, const CheckOptions& opt) {
   // Eager sends land in a mailbox: (src, dst, tag) -> time sent.
   std::map<std::tuple<int, int, uint32_t>, double> mailbox;
 
+  std::vector<std::vector<int>> pending_free(s.pp, std::vector<int>(s.v, 0));
   auto arrive = [&](SimRank& r) {
     if (r.done() || r.arrived || r.prog[r.at].compute) return;
+    const int p = static_cast<int>(&r - ranks.data());
+    for (int c = 0; c < s.v; ++c) {
+      live[p][c] -= pending_free[p][c];
+      live_rank[p] -= pending_free[p][c];
+      pending_free[p][c] = 0;
+    }
     r.arrived = true;
     r.post_time = r.clock;
     r.matched.assign(r.prog[r.at].batch.size(), 0);
@@ -399,8 +406,14 @@ CheckResult check_schedule(const Schedule& s, const CheckOptions& opt) {
                                 " holds " + std::to_string(l) + " live micro-batches at " + to_string(op) +
                                 ", more than its " + std::to_string(opt.max_slots) + " activation slots");
         } else {
-          --l;
-          --live_rank[p];
+          // The executor frees a slot once the batch after the op's group has
+          // sent its input gradient (model chunk 0 sends none: freed at once).
+          if (op.chunk * s.pp + p > 0) {
+            ++pending_free[p][op.chunk];
+          } else {
+            --l;
+            --live_rank[p];
+          }
         }
         r.last_compute = r.at;
         ++r.at;

@@ -1,0 +1,215 @@
+#include "parallel/pipeline.hpp"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/error.hpp"
+
+namespace troupe::parallel {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+}  // namespace
+
+std::vector<std::unique_ptr<model::Stage>> make_rank_stages(const model::ModelConfig& cfg,
+                                                            const Partition& part, int rank,
+                                                            const CheckResult& check, int max_micro_batch) {
+  TROUPE_CHECK(rank >= 0 && rank < part.pp, "pipeline rank ", rank, " outside a partition of ", part.pp);
+  TROUPE_CHECK(static_cast<int>(check.peak_in_flight.size()) == part.pp &&
+                   static_cast<int>(check.peak_in_flight[rank].size()) == part.virtual_stages,
+               "the checked schedule is for another pipeline shape than the partition (pipeline ", part.pp,
+               " x virtual ", part.virtual_stages, ")");
+  std::vector<std::unique_ptr<model::Stage>> out;
+  for (int c = 0; c < part.virtual_stages; ++c)
+    out.push_back(std::make_unique<model::Stage>(
+        cfg, part.of(rank, c), std::max(1, check.peak_in_flight[rank][c]), max_micro_batch));
+  return out;
+}
+
+PipelineExecutor::PipelineExecutor(Schedule schedule, int rank, std::vector<model::Stage*> stages,
+                                   comm::Communicator* comm, int micro_batch, int seq_len,
+                                   comm::Options options)
+    : schedule_(std::move(schedule)),
+      rank_(rank),
+      stages_(std::move(stages)),
+      comm_(comm),
+      B_(micro_batch),
+      T_(seq_len),
+      options_(options) {
+  const Schedule& s = schedule_;
+  TROUPE_CHECK(rank >= 0 && rank < s.pp, "pipeline rank ", rank, " outside pipeline ", s.pp);
+  TROUPE_CHECK(static_cast<int>(stages_.size()) == s.v, "pipeline rank ", rank, " has ", stages_.size(),
+               " stages for a schedule of ", s.v, " chunks per rank");
+  TROUPE_CHECK(s.pp == 1 || comm_, "a pipeline of ", s.pp, " ranks needs a communicator");
+  if (comm_)
+    TROUPE_CHECK(comm_->size() == s.pp && comm_->rank() == rank, "the pipeline communicator is rank ",
+                 comm_->rank(), " of ", comm_->size(), ", the executor pipeline rank ", rank, " of ", s.pp);
+  check_ = check_schedule(s);
+  const int S = s.n_chunks();
+  for (int c = 0; c < s.v; ++c) {
+    model::Stage* st = stages_[c];
+    TROUPE_CHECK(st, "stage of chunk ", c, " is null");
+    const int k = c * s.pp + rank;
+    TROUPE_CHECK(st->range().has_embedding == (k == 0) && st->range().has_head == (k == S - 1),
+                 "model chunk ", k, " of ", S,
+                 ": the stage must hold the embedding iff it is the first chunk and "
+                 "the head iff it is the last");
+    TROUPE_CHECK(st->n_slots() >= check_.peak_in_flight[rank][c], "chunk ", c, " of pipeline rank ", rank,
+                 " has ", st->n_slots(), " activation slots; the ", schedule_name(s.kind), " schedule keeps ",
+                 check_.peak_in_flight[rank][c], " micro-batches in flight there");
+    TROUPE_CHECK(B_ >= 1 && B_ <= st->max_micro_batch() && T_ >= 1 && T_ <= st->config().seq_len,
+                 "micro-batch ", B_, " x ", T_, " does not fit the stage's ", st->max_micro_batch(), " x ",
+                 st->config().seq_len);
+  }
+  numel_ = static_cast<size_t>(B_) * T_ * stages_[0]->config().d_model;
+  program_ = rank_program(s, rank);
+  free_slots_.resize(s.v);
+  slot_of_.resize(s.v);
+}
+
+float* PipelineExecutor::inbox(uint32_t tag) {
+  auto& buf = inbox_[tag];
+  if (buf.empty()) {
+    if (!spare_.empty()) {
+      buf = std::move(spare_.back());
+      spare_.pop_back();
+    } else {
+      buf.resize(numel_);
+    }
+  }
+  return buf.data();
+}
+
+const float* PipelineExecutor::send_buffer(const Transfer& t) {
+  // Activations come from F of chunk dest-1, gradients from B of chunk dest+1.
+  const int src = t.carry == Carry::activation ? t.dest - 1 : t.dest + 1;
+  const int c = src / schedule_.pp;
+  const int slot = slot_of_[c].at(t.mb);
+  return t.carry == Carry::activation ? stages_[c]->output(slot).f32() : stages_[c]->input_grad(slot).f32();
+}
+
+void PipelineExecutor::exchange(const std::vector<Transfer>& batch) {
+  std::vector<comm::P2POp> ops;
+  const size_t bytes = numel_ * sizeof(float);
+  for (const Transfer& t : batch)
+    ops.push_back(t.send ? comm::P2POp::send(send_buffer(t), bytes, t.peer, t.tag)
+                         : comm::P2POp::recv(inbox(t.tag), bytes, t.peer, t.tag));
+  comm_->batch(ops, options_);
+  for (auto [c, mb] : to_free_) {
+    free_slots_[c].push_back(slot_of_[c].at(mb));
+    slot_of_[c].erase(mb);
+  }
+  to_free_.clear();
+}
+
+void PipelineExecutor::compute(const Op& op, const MicroBatchSource& data, float dloss,
+                               PipelineStepResult& res) {
+  model::Stage& st = *stages_[op.chunk];
+  const int k = op.chunk * schedule_.pp + rank_;
+  const int S = schedule_.n_chunks();
+  auto take_inbox = [&](Carry carry) {
+    auto it = inbox_.find(transfer_tag(carry, op.mb, k, S));
+    TROUPE_CHECK(it != inbox_.end(), "pipeline rank ", rank_, ": ", to_string(op), " has no received input");
+    return it;
+  };
+  auto release = [&](std::map<uint32_t, std::vector<float>>::iterator it) {
+    spare_.push_back(std::move(it->second));
+    inbox_.erase(it);
+  };
+  if (op.pass == Pass::F) {
+    auto& fs = free_slots_[op.chunk];
+    TROUPE_CHECK(!fs.empty(), "pipeline rank ", rank_, ": no free slot for ", to_string(op));
+    const int slot = fs.back();
+    fs.pop_back();
+    slot_of_[op.chunk][op.mb] = slot;
+    MicroBatch mb;
+    if (st.range().has_embedding || st.range().has_head) mb = data(op.mb);
+    const bool first = st.range().has_embedding, last = st.range().has_head;
+    TROUPE_CHECK(!first || mb.tokens, "micro-batch ", op.mb, " has no tokens for the first stage");
+    TROUPE_CHECK(!last || mb.targets, "micro-batch ", op.mb, " has no targets for the last stage");
+    std::map<uint32_t, std::vector<float>>::iterator in;
+    if (!first) in = take_inbox(Carry::activation);
+    const double loss = st.forward(slot, first ? mb.tokens : nullptr, first ? nullptr : in->second.data(),
+                                   last ? mb.targets : nullptr, B_, T_);
+    if (!first) release(in);
+    if (last) res.loss_sum += loss;
+  } else {
+    const int slot = slot_of_[op.chunk].at(op.mb);
+    if (st.range().has_head) {
+      st.backward(slot, nullptr, dloss);
+    } else {
+      auto it = take_inbox(Carry::gradient);
+      st.backward(slot, it->second.data(), 0.0f);
+      release(it);
+    }
+    if (k == 0) {
+      free_slots_[op.chunk].push_back(slot);
+      slot_of_[op.chunk].erase(op.mb);
+    } else {
+      to_free_.push_back({op.chunk, op.mb});  // input_grad(slot) leaves in the next batch
+    }
+  }
+}
+
+PipelineStepResult PipelineExecutor::run(const MicroBatchSource& data, float dloss) {
+  const auto t_step = Clock::now();
+  PipelineStepResult res;
+  const int S = schedule_.n_chunks();
+  res.has_loss = rank_ == (S - 1) % schedule_.pp;
+  for (int c = 0; c < schedule_.v; ++c) {
+    auto& fs = free_slots_[c];
+    fs.clear();
+    for (int i = stages_[c]->n_slots() - 1; i >= 0; --i) fs.push_back(i);
+    slot_of_[c].clear();
+  }
+  to_free_.clear();
+  for (auto& [tag, buf] : inbox_) spare_.push_back(std::move(buf));
+  inbox_.clear();
+  for (size_t i = 0; i < program_.size(); ++i) {
+    at_.store(static_cast<int>(i));
+    const ProgramStep& st = program_[i];
+    const auto t0 = Clock::now();
+    if (st.compute) {
+      compute(st.op, data, dloss, res);
+      res.timing.compute_ms += ms_since(t0);
+    } else {
+      exchange(st.batch);
+      res.timing.comm_ms += ms_since(t0);
+    }
+  }
+  at_.store(-1);
+  res.timing.step_ms = ms_since(t_step);
+  res.timing.bubble_ms = std::max(0.0, res.timing.step_ms - res.timing.compute_ms);
+  return res;
+}
+
+std::string PipelineExecutor::where() const {
+  const int i = at_.load();
+  std::string s = "pipeline rank " + std::to_string(rank_) + ": ";
+  if (i < 0 || i >= static_cast<int>(program_.size())) return s + "idle";
+  if (program_[i].compute) return s + to_string(program_[i].op);
+  for (size_t j = i + 1; j < program_.size(); ++j)
+    if (program_[j].compute) return s + "batch before " + to_string(program_[j].op);
+  return s + "last batch";
+}
+
+void allreduce_tied_embedding(const std::vector<model::Stage*>& stages, comm::Communicator* embedding_group,
+                              const comm::Options& options) {
+  if (!embedding_group || embedding_group->size() == 1) return;
+  model::Stage* holder = nullptr;
+  for (model::Stage* st : stages)
+    if (st->store().contains("wte.weight") && (st->range().has_embedding || st->range().has_head)) {
+      TROUPE_CHECK(!holder, "two chunks of one rank hold wte.weight: the embedding group is for two ranks");
+      holder = st;
+    }
+  TROUPE_CHECK(holder, "rank ", embedding_group->rank(), " of the embedding group holds no wte.weight");
+  Tensor& g = holder->param("wte.weight").grad;
+  embedding_group->allreduce(g.f32(), static_cast<size_t>(g.numel()), comm::ReduceOp::sum, options);
+}
+
+}  // namespace troupe::parallel
