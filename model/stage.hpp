@@ -73,6 +73,7 @@ class Stage {
   const ModelConfig& config() const { return cfg_; }
   const StageRange& range() const { return range_; }
   const TensorShard& tensor_shard() const { return tp_.shard; }
+  const TensorGroup& tensor_group() const { return tp_; }
   int n_slots() const { return static_cast<int>(slots_.size()); }
   int max_micro_batch() const { return max_B_; }
 

@@ -2,6 +2,7 @@
 
 #include "comm/communicator.hpp"
 #include "core/error.hpp"
+#include "kernels/cpu/kernels.hpp"
 
 namespace troupe::model {
 
@@ -26,5 +27,15 @@ void reduce_from_tensor_region_forward(const TensorGroup& g, float* y, size_t n)
 }
 
 void reduce_from_tensor_region_backward(const TensorGroup&, const float*, size_t) {}
+
+double tensor_parallel_grad_sum_squares(const TensorGroup& g, const std::vector<Param>& params) {
+  double split = 0, replicated = 0;
+  for (const Param& p : params) {
+    const double s = kernels::cpu::sum_squares(p.grad.f32(), static_cast<size_t>(p.grad.numel()));
+    (p.split_dim >= 0 ? split : replicated) += s;
+  }
+  if (g.size() > 1) g.comm->allreduce(&split, 1, comm::ReduceOp::sum);
+  return split + replicated;
+}
 
 }  // namespace troupe::model

@@ -19,8 +19,10 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "model/config.hpp"
+#include "model/params.hpp"
 
 namespace troupe::comm {
 class Communicator;
@@ -50,5 +52,11 @@ void copy_to_tensor_region_backward(const TensorGroup& g, float* dx, size_t n);
 void reduce_from_tensor_region_forward(const TensorGroup& g, float* y, size_t n);
 // dy(n) is already whole on every shard.
 void reduce_from_tensor_region_backward(const TensorGroup& g, const float* dy, size_t n);
+
+// Sum of squares of the gradients of the whole model part these shards hold, for
+// global-norm clipping: split parameters (split_dim >= 0) summed over the shards, plus
+// replicated ones counted once (they are the same on every shard). Accumulated in
+// double in parameter order; collective over the group, same bits on every shard.
+double tensor_parallel_grad_sum_squares(const TensorGroup& g, const std::vector<Param>& params);
 
 }  // namespace troupe::model

@@ -246,7 +246,9 @@ TEST_CASE("tensor parallel: shard specs, init slices and the q|k|v layout of c_a
                 REQUIRE(p.data.f32()[(part * hd + j) * inner + k] ==
                         f.f32()[(part * D + t * hd + j) * inner + k]);
         }
-        REQUIRE(c.head_dim() == D / c.n_head);  // each shard runs NH/tp heads of the same size
+        // Each shard runs NH/tp whole heads of head_dim D/NH.
+        REQUIRE(store.get("h.0.attn.c_attn.weight").data.size(0) == 3 * (c.n_head / tp) * (D / c.n_head));
+        REQUIRE(store.get("h.0.attn.c_proj.weight").data.size(1) == (c.n_head / tp) * (D / c.n_head));
       }
     }
   }
@@ -285,6 +287,9 @@ TEST_CASE("tensor parallel: the region pairs sum exactly where Megatron's do", "
     REQUIRE(fwd_reduce[r] == sum);
     REQUIRE(bwd_reduce[r] == mine);
   }
+  // A communicator of another rank or size than the shard is refused.
+  REQUIRE_THROWS_AS(TensorGroup(TensorShard{1, 2}, w.comms[0].get()), troupe::Error);
+  REQUIRE_THROWS_AS(TensorGroup(TensorShard{0, 4}, w.comms[0].get()), troupe::Error);
   // Without a group, tp = 1 communicates nothing.
   std::vector<float> x{1.0f, 2.0f};
   reduce_from_tensor_region_forward(TensorGroup{}, x.data(), 2);
@@ -326,6 +331,16 @@ TEST_CASE("tensor parallel: loss and gradients of tp = 2 and 4 equal the tp = 1 
                         std::vector<float>(full.logits(0).f32(), full.logits(0).f32() + lg.numel())) <= 1e-5);
       }
       check_against_full(full, w, true);
+      // The squared gradient norm for clipping counts every element of the model once.
+      double want_ss = 0;
+      for (const Param& p : full.params())
+        want_ss += kernels::cpu::sum_squares(p.grad.f32(), static_cast<size_t>(p.grad.numel()));
+      std::vector<double> ss(static_cast<size_t>(tp));
+      w.run([&](int r, Stage& s) { ss[r] = tensor_parallel_grad_sum_squares(s.tensor_group(), s.params()); });
+      for (int r = 0; r < tp; ++r) {
+        CHECK(std::abs(ss[r] - want_ss) <= 1e-5 * want_ss);
+        CHECK(ss[r] == ss[0]);
+      }
       if (kind == ModelKind::gpt) {
         // Why the AdamW test leaves out the k bias: its gradient is rounding noise.
         const Tensor& g = full.param("h.1.attn.c_attn.bias").grad;  // (3D) q|k|v
