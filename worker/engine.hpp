@@ -14,17 +14,23 @@
 #include <stdexcept>
 #include <string>
 
+#include "comm/communicator.hpp"
 #include "core/spec.hpp"
 
 namespace troupe {
 
 // Which part of the job this rank runs (the coordinator's assignment).
+// Ranks are laid out tensor innermost: rank = (d * pp + p) * tp + t (comm/groups.hpp).
 struct EngineAssignment {
   int rank = 0;
   int world = 1;
   int dp = 1, pp = 1, tp = 1;  // the layout
   int generation = 0;
   std::string resume_from;  // checkpoint directory to load ("" = fresh init or model.init_from)
+  // How to build the world communicator when world > 1: backend, store, job and
+  // generation (rank, size and group are filled in from the fields above).
+  comm::CommConfig comm;
+  std::chrono::milliseconds comm_timeout{60000};  // deadline of every collective and transfer
 };
 
 struct StepReport {
@@ -63,8 +69,9 @@ class Engine {
   // dir/step_<N> (atomic: .tmp then rename; updates dir/latest). Returns its path.
   std::string save_checkpoint(const std::string& dir);
 
-  // Thread-safe: makes the running or next step() throw EngineAborted.
-  void request_abort() { abort_.store(true); }
+  // Thread-safe: makes the running or next step() throw EngineAborted; a rank
+  // blocked in a collective is released at once (its communicators are aborted).
+  void request_abort();
   // Thread-safe: the operation in progress, e.g. "step 12: forward micro-batch 3".
   std::string where() const;
 

@@ -167,9 +167,9 @@ TEST_CASE("engine: request_abort from another thread stops a step", "[engine]") 
 
 TEST_CASE("engine: a layout of several ranks is refused with a clear error", "[engine]") {
   EngineAssignment asg;
-  asg.dp = 2;
+  asg.pp = 2;
   asg.world = 2;
-  REQUIRE_THROWS_WITH(Engine(tiny_spec(2, 4), asg), Catch::Contains("layout 2x1x1"));
+  REQUIRE_THROWS_WITH(Engine(tiny_spec(2, 4), asg), Catch::Contains("layout 1x2x1"));
 }
 
 TEST_CASE("engine: config A learns the fortunes text", "[engine][slow]") {
