@@ -13,9 +13,11 @@
 // their use, forward and backward, at full T; the causal mask is not credited).
 //
 // Two figures per run: wall-clock tokens/s and tokens per second of process CPU
-// time (all threads, as the PyTorch script's time.process_time()). On a machine shared with other work the CPU-time figure is
-// what one uncontended core gives; on an idle machine both agree. The PyTorch
-// script reports the same pair, so the ratio compares like with like.
+// time (all threads, as the PyTorch script's time.process_time()). On a machine
+// shared with other work the CPU-time figure is what one uncontended core
+// gives; on an idle machine both agree. The PyTorch script reports the same
+// pair, so the ratio compares like with like. The GEMM ceiling is timed the
+// same way (bench/gemm_timing.hpp).
 #include <time.h>
 
 #include <algorithm>
