@@ -13,6 +13,7 @@
 #include "actors/system.hpp"
 #include "core/error.hpp"
 #include "core/spec.hpp"
+#include "worker/coordinator_store.hpp"
 #include "worker/engine.hpp"
 #include "worker/node.hpp"
 
@@ -74,7 +75,8 @@ worker_actor::behavior_type worker_fn(worker_actor::stateful_pointer<WorkerState
   };
 }
 
-WorkerResult train(const Assignment& a, const coordinator_actor& coord, Control& control) {
+WorkerResult train(const Assignment& a, const coordinator_actor& coord, Control& control,
+                   std::shared_ptr<comm::Store> store, const std::string& comm_host) {
   WorkerResult res{a.job_id, a.generation, a.rank, false, "", ""};
   try {
     JobSpec spec = parse_spec(a.spec_yaml, a.run_dir + "/spec.yaml");
@@ -86,6 +88,13 @@ WorkerResult train(const Assignment& a, const coordinator_actor& coord, Control&
     ea.tp = a.tp;
     ea.generation = a.generation;
     ea.resume_from = a.resume_from;
+    // Ranks find each other through the coordinator's store, under (job, generation).
+    ea.comm.backend = spec.resources.device == DeviceKind::cuda ? "nccl" : "gloo";
+    ea.comm.job = a.job_id;
+    ea.comm.generation = a.generation;
+    ea.comm.store = std::move(store);
+    ea.comm.hostname = comm_host;
+    if (a.device.rfind("cuda:", 0) == 0) ea.comm.device = std::stoi(a.device.substr(5));
     {
       std::lock_guard<std::mutex> lock(control.mu);
       control.phase = "building the engine";
@@ -179,7 +188,11 @@ int run_worker(const WorkerOptions& o) {
             << ") layers [" << a.first_layer << ", " << a.last_layer << ")" << std::endl;
 
   WorkerResult result;
-  std::thread engine_thread([&] { result = train(a, *coord, *control); });
+  // On one host the ranks talk over loopback; across hosts over this host's name.
+  bool loopback = addr.first == "localhost" || addr.first.rfind("127.", 0) == 0;
+  auto store = make_coordinator_store(sys, *coord, a.job_id, a.generation);
+  std::thread engine_thread(
+      [&] { result = train(a, *coord, *control, store, loopback ? "127.0.0.1" : host_name()); });
   engine_thread.join();
   if (!result.ok) std::cerr << "troupe worker: " << result.error_name << ": " << result.message << std::endl;
 
