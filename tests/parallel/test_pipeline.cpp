@@ -213,3 +213,30 @@ TEST_CASE("pipeline: stages without the slots or ends the table needs are refuse
   model::Stage full(cfg, model::StageRange::full(cfg), 4, kB);
   REQUIRE_THROWS_WITH(PipelineExecutor(s, 0, {&full}, nullptr, kB + 1, kT), Catch::Contains("does not fit"));
 }
+
+TEST_CASE("pipeline: a neighbour that never comes is a named timeout, and where() names the op",
+          "[parallel][pipeline]") {
+  const model::ModelConfig cfg = tiny_gpt(4);
+  auto world = comm::make_local_world(2);
+  comm::CommConfig cc;
+  cc.backend = "local";
+  cc.rank = 0;
+  cc.size = 2;
+  cc.local_world = world;
+  auto comm0 = comm::make_communicator(cc);
+  Schedule s = one_f_one_b(2, 2);
+  Partition part = partition_layers(cfg.n_layer, 2, 1, cfg);
+  auto owned = make_rank_stages(cfg, part, 0, check_schedule(s), kB);
+  PipelineExecutor ex(s, 0, {owned[0].get()}, comm0.get(), kB, kT,
+                      comm::Options{std::chrono::milliseconds(200)});
+  Data d(2, 0);
+  // Rank 1 never runs. The local backend's sends are eager, so rank 0 gets through
+  // F0 and F1 and waits for B0's gradient.
+  try {
+    ex.run(d, 1.0f);
+    FAIL("run() returned without its neighbour");
+  } catch (const comm::CommError& e) {
+    REQUIRE(e.code() == comm::CommErrc::timed_out);
+  }
+  REQUIRE(ex.where() == "pipeline rank 0: batch before B0");
+}
