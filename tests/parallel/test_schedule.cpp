@@ -101,6 +101,7 @@ TEST_CASE("schedule: every generated table is proven deadlock-free, pp 1-8, m 1-
         check_schedule(s, CheckOptions{Pairing::paired, false});
         // Interleaving trades memory for a bubble that shrinks with v.
         if (m > pp) REQUIRE(r.bubble < theoretical_bubble(ScheduleKind::one_f_one_b, pp, 1, m));
+        REQUIRE(r.bubble == Approx(theoretical_bubble(ScheduleKind::interleaved, pp, v, m)).margin(1e-9));
         REQUIRE(r.peak_per_rank[0] <= m * v);
         ++checked;
       }
