@@ -248,6 +248,11 @@ void TensorSource::read(const std::string& name, const Shape& shape, float* dst)
   throw CheckpointError(path_ + ": tensor " + name + " is missing");
 }
 
+bool is_checkpoint_dir(const std::string& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec) && fs::exists(path + "/" + kManifest, ec);
+}
+
 std::string resolve(const std::string& dir) {
   if (fs::exists(dir + "/" + kManifest)) return dir;
   if (!fs::is_directory(dir)) throw CheckpointError(dir + ": not a checkpoint directory");

@@ -90,6 +90,9 @@ class TensorSource {
   std::vector<safetensors::Reader> readers_;
 };
 
+// Whether path is a directory holding a manifest.json (committed or not).
+bool is_checkpoint_dir(const std::string& path);
+
 // `dir` itself when it holds a manifest, else the newest valid checkpoint under it.
 // Throws CheckpointError when there is none.
 std::string resolve(const std::string& dir);

@@ -40,6 +40,9 @@ struct StepReport {
   int64_t tokens = 0;              // tokens in the global batch
   double step_ms = 0.0;            // wall time of the step on this rank
   double grad_norm = 0.0;          // global gradient norm before clipping
+  double compute_ms = 0.0;         // pipeline: time inside forward/backward
+  double comm_ms = 0.0;            // pipeline transfers and the gradient/loss reductions
+  double bubble_ms = 0.0;          // pipeline: step time minus compute time
   std::optional<double> val_loss;  // set on eval steps (train.eval_every)
 };
 

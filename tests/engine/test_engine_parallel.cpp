@@ -10,21 +10,22 @@ using namespace troupe;
 
 namespace {
 
-JobSpec spec_for(int micro_batch) {
+JobSpec spec_for(int micro_batch, const std::string& parallel = "") {
   return parse_spec(
       "name: p\nmodel: {type: gpt, seq_len: 16, d_model: 32, n_layers: 4, n_heads: 4}\n"
       "data: {source: synthetic}\n"
       "train: {steps: 6, global_batch: 8, micro_batch: " +
-          std::to_string(micro_batch) + ", seed: 5, optimizer: {lr: 0.003}}\n",
+          std::to_string(micro_batch) + ", seed: 5, optimizer: {lr: 0.003}, eval_every: 3}\n" + parallel,
       "p.yaml");
 }
 
 // Runs `steps` steps of the layout with ranks as threads; returns the loss per step
 // as reported by rank 0 (every rank reports the same global loss).
-std::vector<double> run_layout(const JobSpec& spec, int dp, int pp, int tp) {
+std::vector<double> run_layout(const JobSpec& spec, int dp, int pp, int tp,
+                               std::vector<double>* val = nullptr) {
   const int world = dp * pp * tp;
   auto local_world = comm::make_local_world(world);
-  std::vector<std::vector<double>> losses(static_cast<size_t>(world));
+  std::vector<std::vector<double>> losses(static_cast<size_t>(world)), vals(static_cast<size_t>(world));
   std::vector<std::string> errors(static_cast<size_t>(world));
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r)
@@ -40,7 +41,11 @@ std::vector<double> run_layout(const JobSpec& spec, int dp, int pp, int tp) {
         a.comm.local_world = local_world;
         a.comm_timeout = std::chrono::milliseconds(60000);
         Engine e(spec, a);
-        while (!e.done()) losses[size_t(r)].push_back(e.step().loss);
+        while (!e.done()) {
+          StepReport rep = e.step();
+          losses[size_t(r)].push_back(rep.loss);
+          if (rep.val_loss) vals[size_t(r)].push_back(*rep.val_loss);
+        }
       } catch (const std::exception& ex) {
         errors[size_t(r)] = ex.what();
       }
@@ -50,7 +55,9 @@ std::vector<double> run_layout(const JobSpec& spec, int dp, int pp, int tp) {
     INFO("rank " << r);
     REQUIRE(errors[size_t(r)] == "");
     REQUIRE(losses[size_t(r)] == losses[0]);
+    REQUIRE(vals[size_t(r)] == vals[0]);
   }
+  if (val) *val = vals[0];
   return losses[0];
 }
 
@@ -66,5 +73,37 @@ TEST_CASE("engine: data parallelism gives the 1x1x1 losses", "[engine][parallel]
     std::vector<double> got = run_layout(spec, dp, 1, 1);
     REQUIRE(got.size() == ref.size());
     for (size_t i = 0; i < ref.size(); ++i) CHECK(got[i] == Approx(ref[i]).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("engine: every layout with data, pipeline, tensor in {1,2} gives the 1x1x1 losses",
+          "[engine][parallel]") {
+  const JobSpec base = spec_for(2);
+  Engine single(base, {});
+  std::vector<double> ref, ref_val;
+  while (!single.done()) {
+    StepReport r = single.step();
+    ref.push_back(r.loss);
+    if (r.val_loss) ref_val.push_back(*r.val_loss);
+  }
+  REQUIRE(ref_val.size() == 2);
+  struct Layout {
+    int dp, pp, tp;
+    const char* schedule;
+  };
+  for (Layout l : {Layout{1, 1, 2, "1f1b"}, Layout{1, 2, 1, "gpipe"}, Layout{1, 2, 1, "1f1b"},
+                   Layout{1, 2, 1, "interleaved"}, Layout{2, 2, 1, "1f1b"}, Layout{2, 1, 2, "1f1b"},
+                   Layout{1, 2, 2, "1f1b"}, Layout{2, 2, 2, "1f1b"}}) {
+    INFO("layout " << l.dp << "x" << l.pp << "x" << l.tp << " " << l.schedule);
+    std::string par = "parallel: {data: " + std::to_string(l.dp) + ", pipeline: " + std::to_string(l.pp) +
+                      ", tensor: " + std::to_string(l.tp) + ", schedule: " + l.schedule +
+                      (std::string(l.schedule) == "interleaved" ? ", virtual_stages: 2" : "") + "}\n";
+    const JobSpec spec = spec_for(2, par);
+    std::vector<double> val;
+    std::vector<double> got = run_layout(spec, l.dp, l.pp, l.tp, &val);
+    REQUIRE(got.size() == ref.size());
+    for (size_t i = 0; i < ref.size(); ++i) CHECK(got[i] == Approx(ref[i]).epsilon(1e-4));
+    REQUIRE(val.size() == ref_val.size());
+    for (size_t i = 0; i < val.size(); ++i) CHECK(val[i] == Approx(ref_val[i]).epsilon(1e-4));
   }
 }
