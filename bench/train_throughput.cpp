@@ -2,8 +2,8 @@
 // against the single-core GEMM ceiling measured in the same run, and the ratio
 // to PyTorch (bench/torch_reference.py) on the same model and thread count.
 //
-//   train_throughput [steps=10] [warmup=2] [--no-torch] [--peak=GFLOPS]
-// --peak skips the ceiling measurement and uses the given figure.
+//   train_throughput [steps=10] [warmup=2] [--no-torch] [--peak=GFLOPS] [--config=A|B]
+// --peak skips the ceiling measurement and uses the given figure; --config runs one config.
 //
 // Config A: 4 layers, d_model 256, 4 heads, seq 128, batch 16.
 // Config B: 8 layers, d_model 512, 8 heads, seq 256, batch 8.
@@ -109,12 +109,15 @@ int main(int argc, char** argv) {
   int steps = 10, warmup = 2;
   bool run_torch = true;
   double peak = 0.0;
+  std::string only;
   std::vector<std::string> pos;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--no-torch") == 0)
       run_torch = false;
     else if (std::strncmp(argv[i], "--peak=", 7) == 0)
       peak = std::atof(argv[i] + 7);
+    else if (std::strncmp(argv[i], "--config=", 9) == 0)
+      only = argv[i] + 9;
     else
       pos.push_back(argv[i]);
   }
@@ -133,6 +136,7 @@ int main(int argc, char** argv) {
 
   const GptConfig configs[] = {{"A", 4, 256, 4, 128, 16}, {"B", 8, 512, 8, 256, 8}};
   for (const GptConfig& c : configs) {
+    if (!only.empty() && only != c.name) continue;
     const troupe::JobSpec spec = troupe::parse_spec(spec_yaml(c, steps + warmup), "<train_throughput>");
     troupe::Engine engine(spec, troupe::EngineAssignment{});
     const int64_t n_params = engine.num_params();
