@@ -8,9 +8,9 @@
 // equals wall-clock time.
 #pragma once
 
-#include <algorithm>
 #include <time.h>
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
@@ -47,9 +47,15 @@ inline double thread_cpu_seconds() {
   return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
-// Median GFLOP/s over `repeats` timed runs of about `min_seconds` each.
-inline double gemm_gflops(kernels::cpu::GemmBackend backend, const GemmShape& s, int repeats = 5,
-                          double min_seconds = 0.05) {
+struct GemmRate {
+  double median = 0.0, best = 0.0;  // GFLOP/s over the repeats
+};
+
+// GFLOP/s of shape s through each backend: after a warm-up, `repeats` rounds in
+// which every backend runs once for about `min_seconds`, so that load from
+// other processes that comes and goes falls on all backends alike.
+inline std::vector<GemmRate> gemm_gflops(const std::vector<kernels::cpu::GemmBackend>& backends,
+                                         const GemmShape& s, int repeats = 5, double min_seconds = 0.05) {
   const int a_rows = s.ta ? s.K : s.M, a_cols = s.ta ? s.M : s.K;
   const int b_rows = s.tb ? s.N : s.K, b_cols = s.tb ? s.K : s.N;
   std::vector<float> A(size_t(a_rows) * a_cols), B(size_t(b_rows) * b_cols), C(size_t(s.M) * s.N);
@@ -57,41 +63,56 @@ inline double gemm_gflops(kernels::cpu::GemmBackend backend, const GemmShape& s,
   std::uniform_real_distribution<float> d(-1.0f, 1.0f);
   for (auto& x : A) x = d(gen);
   for (auto& x : B) x = d(gen);
-  auto run = [&] {
-    kernels::cpu::gemm_with(backend, s.ta, s.tb, s.M, s.N, s.K, 1.0f, A.data(), a_cols, B.data(), b_cols,
-                            0.0f, C.data(), s.N);
+  auto run = [&](kernels::cpu::GemmBackend b) {
+    kernels::cpu::gemm_with(b, s.ta, s.tb, s.M, s.N, s.K, 1.0f, A.data(), a_cols, B.data(), b_cols, 0.0f,
+                            C.data(), s.N);
   };
+  const size_t nb = backends.size();
   // Warm-up (packing buffers, page faults, lazy library init), and an iteration
-  // count per repeat calibrated from it.
-  run();
-  double t0 = thread_cpu_seconds();
-  int iters = 0;
-  do {
-    run();
-    ++iters;
-  } while (thread_cpu_seconds() - t0 < min_seconds / 2);
-  const double per_call = (thread_cpu_seconds() - t0) / iters;
-  iters = std::max(1, int(min_seconds / per_call));
-  std::vector<double> rates;
-  for (int r = 0; r < repeats; ++r) {
-    t0 = thread_cpu_seconds();
-    for (int i = 0; i < iters; ++i) run();
-    const double dt = thread_cpu_seconds() - t0;
-    rates.push_back(2.0 * s.M * s.N * double(s.K) * iters / dt * 1e-9);
+  // count per backend calibrated from it.
+  std::vector<int> iters(nb);
+  for (size_t k = 0; k < nb; ++k) {
+    run(backends[k]);
+    const double t0 = thread_cpu_seconds();
+    int n = 0;
+    do {
+      run(backends[k]);
+      ++n;
+    } while (thread_cpu_seconds() - t0 < min_seconds / 2);
+    iters[k] = std::max(1, int(min_seconds / ((thread_cpu_seconds() - t0) / n)));
   }
-  std::sort(rates.begin(), rates.end());
-  return rates[rates.size() / 2];
+  std::vector<std::vector<double>> rates(nb);
+  for (int r = 0; r < repeats; ++r)
+    for (size_t k = 0; k < nb; ++k) {
+      const double t0 = thread_cpu_seconds();
+      for (int i = 0; i < iters[k]; ++i) run(backends[k]);
+      const double dt = thread_cpu_seconds() - t0;
+      rates[k].push_back(2.0 * s.M * s.N * double(s.K) * iters[k] / dt * 1e-9);
+    }
+  std::vector<GemmRate> out(nb);
+  for (size_t k = 0; k < nb; ++k) {
+    std::sort(rates[k].begin(), rates[k].end());
+    out[k] = {rates[k][rates[k].size() / 2], rates[k].back()};
+  }
+  return out;
+}
+
+// Every backend this build and CPU offer, in a fixed order.
+inline std::vector<kernels::cpu::GemmBackend> available_gemm_backends() {
+  std::vector<kernels::cpu::GemmBackend> out;
+  for (auto b : {kernels::cpu::GemmBackend::avx512, kernels::cpu::GemmBackend::openblas,
+                 kernels::cpu::GemmBackend::dnnl})
+    if (kernels::cpu::gemm_backend_available(b)) out.push_back(b);
+  return out;
 }
 
 // The single-core fp32 GEMM ceiling: the best median over every available
 // backend on the square shapes and the training shapes.
 inline double measure_peak_gflops(int repeats = 5) {
   double best = 0.0;
-  for (auto b : {kernels::cpu::GemmBackend::avx512, kernels::cpu::GemmBackend::openblas,
-                 kernels::cpu::GemmBackend::dnnl}) {
-    if (!kernels::cpu::gemm_backend_available(b)) continue;
-    for (const auto& s : gemm_shapes()) best = std::max(best, gemm_gflops(b, s, repeats));
-  }
+  const auto backends = available_gemm_backends();
+  for (const auto& s : gemm_shapes())
+    for (const GemmRate& r : gemm_gflops(backends, s, repeats)) best = std::max(best, r.median);
   return best;
 }
 
