@@ -5,7 +5,9 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -246,6 +248,91 @@ void TensorSource::read(const std::string& name, const Shape& shape, float* dst)
     return;
   }
   throw CheckpointError(path_ + ": tensor " + name + " is missing");
+}
+
+namespace {
+
+// The parameter a stored tensor belongs to: "optim.m.h.0.x" -> "h.0.x".
+std::string param_of(const std::string& name) {
+  for (const char* p : {"optim.m.", "optim.v."})
+    if (name.rfind(p, 0) == 0) return name.substr(std::strlen(p));
+  return name;
+}
+
+nlohmann::json shard_slices(const safetensors::Reader& r) {
+  auto it = r.metadata().find("slices");
+  if (it == r.metadata().end()) return nlohmann::json::object();
+  nlohmann::json j = nlohmann::json::parse(it->second, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) throw CheckpointError(r.path() + ": malformed 'slices' metadata");
+  return j;
+}
+
+}  // namespace
+
+std::vector<std::string> tensor_names(const std::string& dir, const Manifest& m) {
+  std::vector<std::string> names;
+  for (const auto& f : m.files) {
+    safetensors::Reader r(dir + "/" + f.name);
+    for (auto& n : r.names()) names.push_back(n);
+  }
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  return names;
+}
+
+Tensor read_full(const std::string& dir, const Manifest& m, const std::string& name) {
+  Tensor full;
+  std::vector<char> covered;  // per element along the split dim (or one flag when whole)
+  int64_t rows_total = 0;
+  for (const auto& f : m.files) {
+    safetensors::Reader r(dir + "/" + f.name);
+    if (!r.contains(name)) continue;
+    const nlohmann::json slices = shard_slices(r);
+    const std::string param = param_of(name);
+    const auto& info = r.info(name);
+    Shape global = info.shape;
+    int split = -1;
+    std::vector<std::array<int64_t, 3>> pieces;  // offset, length, local_offset
+    if (slices.contains(param)) {
+      const auto& sj = slices[param];
+      global = sj.at("global_shape").get<Shape>();
+      split = sj.at("split_dim").get<int>();
+      for (const auto& pc : sj.at("pieces"))
+        pieces.push_back({pc.at("offset").get<int64_t>(), pc.at("length").get<int64_t>(),
+                          pc.at("local_offset").get<int64_t>()});
+    }
+    if (!full.defined()) {
+      full = Tensor::zeros(global, DType::f32);
+      rows_total = split < 0 ? 1 : global[size_t(split)];
+      covered.assign(size_t(rows_total), 0);
+    }
+    if (full.shape() != global) throw CheckpointError(dir + ": shards disagree on the shape of " + name);
+    Tensor local = r.read(name);
+    if (split < 0 || pieces.empty()) {
+      if (local.shape() != global)
+        throw CheckpointError(r.path() + ": " + name + " is a slice without slice metadata");
+      full.copy_from(local);
+      std::fill(covered.begin(), covered.end(), 1);
+      continue;
+    }
+    // Row-major (outer, split extent, inner): copy each run of the split dim into place.
+    int64_t outer = 1, inner = 1;
+    for (int d = 0; d < split; ++d) outer *= global[size_t(d)];
+    for (size_t d = size_t(split) + 1; d < global.size(); ++d) inner *= global[d];
+    const int64_t gext = global[size_t(split)], lext = local.shape()[size_t(split)];
+    const float* src = local.f32();
+    float* dst = full.f32();
+    for (const auto& pc : pieces) {
+      for (int64_t o = 0; o < outer; ++o)
+        std::memcpy(dst + (o * gext + pc[0]) * inner, src + (o * lext + pc[2]) * inner,
+                    size_t(pc[1] * inner) * sizeof(float));
+      for (int64_t i = 0; i < pc[1]; ++i) covered[size_t(pc[0] + i)] = 1;
+    }
+  }
+  if (!full.defined()) throw CheckpointError(dir + ": tensor " + name + " is in no shard");
+  if (std::find(covered.begin(), covered.end(), 0) != covered.end())
+    throw CheckpointError(dir + ": the shards do not cover all of " + name);
+  return full;
 }
 
 bool is_checkpoint_dir(const std::string& path) {

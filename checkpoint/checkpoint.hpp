@@ -90,6 +90,15 @@ class TensorSource {
   std::vector<safetensors::Reader> readers_;
 };
 
+// The names stored in a checkpoint: parameters (PyTorch names) and their AdamW moments
+// ("optim.m.<name>", "optim.v.<name>"), each once, sorted.
+std::vector<std::string> tensor_names(const std::string& dir, const Manifest& m);
+// The full (global-shape) tensor `name` assembled from the slices every shard of the
+// checkpoint holds, whatever layout wrote it (each shard's "slices" metadata gives the
+// global shape, the split dimension and the runs along it). Throws CheckpointError when
+// the slices do not cover the tensor.
+Tensor read_full(const std::string& dir, const Manifest& m, const std::string& name);
+
 // Whether path is a directory holding a manifest.json (committed or not).
 bool is_checkpoint_dir(const std::string& path);
 

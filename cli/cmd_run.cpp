@@ -12,6 +12,7 @@
 #include "checkpoint/checkpoint.hpp"
 #include "cli/commands.hpp"
 #include "cli/progress.hpp"
+#include "coordinator/embedded/embedded.hpp"
 #include "core/run_dir.hpp"
 #include "core/spec.hpp"
 #include "worker/engine.hpp"
@@ -33,11 +34,42 @@ struct RunOptions {
   std::string runs_dir = "runs";
   std::string resume;
   bool quiet = false;
+  bool in_process = false;
 };
 
 std::string layout_string(const JobSpec& s) {
   return std::to_string(s.parallel.data) + "x" + std::to_string(s.parallel.pipeline) + "x" +
          std::to_string(s.parallel.tensor);
+}
+
+// The default: an embedded coordinator and local agent in this process, one worker
+// process per device (the same path a cluster job takes).
+int run_workers(const JobSpec& spec, const RunOptions& opt, const std::string& resume_from) {
+  Progress progress(spec.train.steps, spec.train.log_every, !opt.quiet);
+  embedded::RunOptions ro;
+  ro.runs_dir = opt.runs_dir;
+  ro.quiet = opt.quiet;
+  ro.resume_from = resume_from;
+  std::string run_dir;
+  ro.on_submitted = [&](const std::string& job, const std::string& dir) {
+    run_dir = dir;
+    if (!opt.quiet)
+      std::printf("troupe: job %s (%s), layout %s, %lld steps, run directory %s\n", spec.name.c_str(),
+                  job.c_str(), layout_string(spec).c_str(), static_cast<long long>(spec.train.steps),
+                  dir.c_str());
+  };
+  ro.on_step = [&](const nlohmann::json& m) {
+    progress.step(m.value("step", int64_t(0)), m.value("loss", 0.0), m.value("lr", 0.0),
+                  m.value("tokens_per_s", 0.0), m.value("step_ms", 0.0),
+                  m.contains("val_loss") ? m["val_loss"].get<double>() : -1.0);
+  };
+  const int rc = embedded::run_job_embedded(spec, ro);
+  progress.finish();
+  if (rc == kOk && !opt.quiet) {
+    const std::string ckpt = spec.checkpoint.dir.empty() ? run_dir + "/ckpt" : spec.checkpoint.dir;
+    std::printf("troupe: job %s succeeded; checkpoint in %s\n", spec.name.c_str(), ckpt.c_str());
+  }
+  return rc;
 }
 
 int run_job(const RunOptions& opt) {
@@ -48,10 +80,24 @@ int run_job(const RunOptions& opt) {
     std::cerr << e.what();
     return kUsage;
   }
-  if (!layout_devices(spec.parallel) || *layout_devices(spec.parallel) != 1) {
-    std::cerr << "troupe run: layout " << layout_string(spec)
-              << " needs several workers; this build runs jobs "
-              << "with data = pipeline = tensor = 1 in-process\n";
+  if (!layout_devices(spec.parallel)) {
+    std::cerr << "troupe run: " << spec.source_file << ": parallel degrees set to 'auto' need the planner; "
+              << "give data, pipeline and tensor as numbers\n";
+    return kUsage;
+  }
+  std::string resume_from;
+  if (!opt.resume.empty()) {
+    try {
+      resume_from = checkpoint::resolve(opt.resume);
+    } catch (const std::exception& e) {
+      std::cerr << "troupe run: --resume " << opt.resume << ": " << e.what() << "\n";
+      return kUsage;
+    }
+  }
+  if (!opt.in_process) return run_workers(spec, opt, resume_from);
+  if (*layout_devices(spec.parallel) != 1) {
+    std::cerr << "troupe run: --in-process runs one device; layout " << layout_string(spec) << " needs "
+              << *layout_devices(spec.parallel) << " worker processes (drop --in-process)\n";
     return kUsage;
   }
 
@@ -63,14 +109,7 @@ int run_job(const RunOptions& opt) {
   log->flush_on(spdlog::level::info);
 
   EngineAssignment asg;
-  if (!opt.resume.empty()) {
-    try {
-      asg.resume_from = checkpoint::resolve(opt.resume);
-    } catch (const std::exception& e) {
-      std::cerr << "troupe run: --resume " << opt.resume << ": " << e.what() << "\n";
-      return kUsage;
-    }
-  }
+  asg.resume_from = resume_from;
   Progress progress(spec.train.steps, spec.train.log_every, !opt.quiet);
   std::printf("troupe: job %s, run directory %s\n", spec.name.c_str(), run.path().c_str());
 
@@ -157,6 +196,8 @@ void add_run_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--resume", opt.resume,
                   "Resume from a checkpoint directory (a step_N directory or a root with latest)");
   cmd->add_flag("-q,--quiet", opt.quiet, "No progress output");
+  cmd->add_flag("--in-process", opt.in_process,
+                "Train a one-device job inside this process instead of a worker process (debugging)");
   cmd->callback([exit_code] { *exit_code = run_job(opt); });
 }
 

@@ -49,6 +49,11 @@ nlohmann::json handle_api_request(CoordinatorState& state, const nlohmann::json&
       r["diagnostics"] = diags;
       return r;
     }
+    if (auto r = req.find("resume"); r != req.end()) {
+      if (!r->is_string())
+        return api_error("bad_request", "'resume' must be a string (a checkpoint directory)");
+      jr.resume_from = r->get<std::string>();
+    }
     std::string id;
     try {
       id = state.submit(std::move(jr), out);

@@ -198,6 +198,7 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
           out.last_layer = w.coords.last_layer;
           out.device = j.ranks[w.rank].device.device;
           out.spec_yaml = j.request.spec_yaml;
+          out.resume_from = j.request.resume_from;
           out.run_dir = j.run_dir;
         }
         apply(self, std::move(a));

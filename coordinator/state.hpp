@@ -28,6 +28,7 @@ struct JobRequest {
   Layout layout;
   int n_layers = 1;
   int64_t total_steps = 0;
+  std::string resume_from;  // checkpoint directory every rank resumes from ("" = fresh)
 };
 
 struct RankSlot {

@@ -193,6 +193,11 @@ void GptBlock::backward(int slot, float* dres, const float* x, int B, int T, Wor
   k::attention_backward(dqkv, ws.datt.f32(), dtmp, a.qkv.f32(), a.att.f32(), B, T, NH_, HS_);
   std::fill(dtmp, dtmp + nd, 0.0f);  // dln_1
   c_attn_.backward(dtmp, dqkv, a.ln.f32(), N);
+  // The key bias shifts every score of a query by the same amount, which softmax
+  // ignores: its gradient is exactly zero. Computed, it is rounding noise that AdamW
+  // (dividing by its own running size) would turn into steps of size lr, different in
+  // every layout. Keep it at its true value.
+  std::fill(c_attn_.db + na / N, c_attn_.db + 2 * (na / N), 0.0f);
   copy_to_tensor_region_backward(tp_, dtmp, sz(nd));
   ln_1_.backward(dres, dtmp, x, a.mean.f32(), a.rstd.f32(), N);
 }

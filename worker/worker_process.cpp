@@ -126,6 +126,9 @@ WorkerResult train(const Assignment& a, const coordinator_actor& coord, Control&
         if (spec.checkpoint.every > 0 && (r.step + 1) % spec.checkpoint.every == 0)
           std::cout << "checkpoint " << engine.save_checkpoint(ckpt_dir) << std::endl;
       }
+      // The final state is always saved (collective: every rank reaches this point).
+      if (spec.checkpoint.every <= 0 || engine.next_step() % spec.checkpoint.every != 0)
+        std::cout << "checkpoint " << engine.save_checkpoint(ckpt_dir) << std::endl;
     } catch (...) {
       std::lock_guard<std::mutex> lock(control.mu);
       control.engine = nullptr;

@@ -100,13 +100,18 @@ int run_job_embedded(const JobSpec& spec, const RunOptions& o) {
     return code;
   };
 
-  auto sub = ask({{"op", "submit"}, {"spec", to_yaml(spec)}, {"filename", spec.source_file}});
+  nlohmann::json submit = {{"op", "submit"}, {"spec", to_yaml(spec)}, {"filename", spec.source_file}};
+  if (!o.resume_from.empty()) submit["resume"] = o.resume_from;
+  auto sub = ask(submit);
   if (!sub.value("ok", false)) {
     std::cerr << "troupe run: " << sub.value("message", sub.dump()) << "\n";
     return finish(sub.value("error", "") == "invalid_spec" ? 2 : 1);
   }
   const std::string job = sub["job"];
-  if (!o.quiet) std::cout << "job " << job << " -> " << sub.value("run_dir", "") << std::endl;
+  if (o.on_submitted)
+    o.on_submitted(job, sub.value("run_dir", ""));
+  else if (!o.quiet)
+    std::cout << "job " << job << " -> " << sub.value("run_dir", "") << std::endl;
 
   bool interrupted = false;
   timespec no_wait{0, 0};
@@ -130,7 +135,9 @@ int run_job_embedded(const JobSpec& spec, const RunOptions& o) {
     for (const auto& e : events) {
       if (e.value("job", "") != job) continue;
       const std::string kind = e.value("event", "");
-      if (kind == "step" && !o.quiet) {
+      if (kind == "step" && o.on_step) {
+        o.on_step(e["metrics"]);
+      } else if (kind == "step" && !o.quiet) {
         const auto& m = e["metrics"];
         std::cout << "step " << m["step"].get<int64_t>() << " loss " << m["loss"].get<double>() << " ("
                   << m["step_ms"].get<double>() << " ms";
@@ -140,7 +147,8 @@ int run_job_embedded(const JobSpec& spec, const RunOptions& o) {
       if (kind != "state") continue;
       const std::string st = e.value("state", "");
       if (st == "succeeded") {
-        if (!o.quiet) std::cout << "job " << job << " succeeded: " << e.value("reason", "") << std::endl;
+        if (!o.quiet && !o.on_step)
+          std::cout << "job " << job << " succeeded: " << e.value("reason", "") << std::endl;
         return finish(interrupted ? 130 : 0);
       }
       if (st == "failed" || st == "cancelled") {

@@ -2,6 +2,8 @@
 // process, the workers as child processes, the job run to completion.
 #pragma once
 
+#include <functional>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 
 #include "core/spec.hpp"
@@ -12,7 +14,12 @@ struct RunOptions {
   std::string runs_dir = "runs";
   std::string devices;  // "" = as many devices of the spec's kind as the layout needs ("cpu:N")
   std::string worker_binary = "/proc/self/exe";
-  bool quiet = false;  // no per-step lines on stdout
+  bool quiet = false;       // no per-step lines on stdout
+  std::string resume_from;  // checkpoint directory to resume every rank from ("" = fresh)
+  // Called with each step's metrics line (as in metrics.jsonl) instead of printing it.
+  std::function<void(const nlohmann::json&)> on_step;
+  // Called once with the job id and run directory after the job is accepted.
+  std::function<void(const std::string& job, const std::string& run_dir)> on_submitted;
 };
 
 // Exit code: 0 the job succeeded; 1 it failed (the cause is printed); 2 the

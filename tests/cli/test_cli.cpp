@@ -65,7 +65,7 @@ std::string write_file(const std::string& dir, const std::string& name, const st
 
 }  // namespace
 
-TEST_CASE("cli: version and help exit 0; unknown subcommands and flags exit 2", "[cli]") {
+TEST_CASE("cli: version and help exit 0, unknown subcommands and flags exit 2", "[cli]") {
   Result v = troupe("version");
   CHECK(v.code == 0);
   CHECK(v.out.find("troupe ") != std::string::npos);
@@ -108,7 +108,7 @@ TEST_CASE("cli: an invalid spec exits 2 with file:line:col and starts nothing", 
   fs::remove_all(dir);
 }
 
-TEST_CASE("cli: run writes the run directory; sample and resume use its checkpoints", "[cli]") {
+TEST_CASE("cli: run writes the run directory, and sample and resume use its checkpoints", "[cli]") {
   const std::string dir = temp_dir("run");
   std::string spec = write_file(dir, "tiny.yaml", kTiny);
   Result r = troupe("run " + spec + " --runs-dir " + dir + "/runs");

@@ -9,7 +9,7 @@ using namespace troupe::test;
 using nlohmann::json;
 using namespace std::chrono_literals;
 
-TEST_CASE("a job submitted through the API trains on worker processes; list and status tell the truth",
+TEST_CASE("a job submitted through the API trains on worker processes, list and status tell the truth",
           "[control][multiprocess]") {
   Cluster c;
   REQUIRE(c.ready());
@@ -243,7 +243,7 @@ TEST_CASE("an API off loopback needs a token, and every request must carry it", 
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("Ctrl-C stops the coordinator; agents and workers follow, no orphans", "[control][multiprocess]") {
+TEST_CASE("Ctrl-C stops the coordinator, agents and workers follow, no orphans", "[control][multiprocess]") {
   Cluster c;
   REQUIRE(c.ready());
   Proc& agent = c.add_agent("cpu:1");

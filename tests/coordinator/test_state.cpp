@@ -117,7 +117,7 @@ TEST_CASE("job FSM: legal and illegal transitions", "[fsm]") {
   CHECK(std::string(e.what()) == "illegal job transition succeeded -> running");
 }
 
-TEST_CASE("rank coordinates: tensor fastest, then data, then pipeline; stages balanced", "[layout]") {
+TEST_CASE("rank coordinates: tensor fastest, then data, then pipeline, stages balanced", "[layout]") {
   Layout l{2, 2, 2};
   auto c = rank_coords(l, 5, 5);
   CHECK(c.pp_index == 1);

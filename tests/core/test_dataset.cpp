@@ -14,7 +14,7 @@ namespace fs = std::filesystem;
 using troupe::Dataset;
 using troupe::Split;
 
-TEST_CASE("dataset: windows follow the documented formula; targets are inputs shifted", "[dataset]") {
+TEST_CASE("dataset: windows follow the documented formula, targets are inputs shifted", "[dataset]") {
   std::vector<uint8_t> bytes(1000);
   for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>((i * 7 + i / 13) % 251);
   Dataset d = Dataset::from_bytes(bytes, 0.1);

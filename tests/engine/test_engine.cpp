@@ -165,11 +165,14 @@ TEST_CASE("engine: request_abort from another thread stops a step", "[engine]") 
   CHECK(e.next_step() < 1000);
 }
 
-TEST_CASE("engine: a layout of several ranks is refused with a clear error", "[engine]") {
+TEST_CASE("engine: an assignment that does not fit its layout is refused with a clear error", "[engine]") {
   EngineAssignment asg;
   asg.pp = 2;
+  asg.world = 3;
+  REQUIRE_THROWS_WITH(Engine(tiny_spec(2, 4), asg), Catch::Contains("does not fit layout 1x2x1"));
   asg.world = 2;
-  REQUIRE_THROWS_WITH(Engine(tiny_spec(2, 4), asg), Catch::Contains("layout 1x2x1"));
+  asg.rank = 2;
+  REQUIRE_THROWS_WITH(Engine(tiny_spec(2, 4), asg), Catch::Contains("rank 2 of 2"));
 }
 
 TEST_CASE("engine: config A learns the fortunes text", "[engine][slow]") {

@@ -52,7 +52,7 @@ using Shape = std::array<int, 4>;  // {B, T, NH, HS}
 
 }  // namespace
 
-TEST_CASE("attention forward matches a double reference; att is causal and stochastic",
+TEST_CASE("attention forward matches a double reference, att is causal and stochastic",
           "[kernels][attention]") {
   // T = 70 and 130 span several query blocks of the kernel.
   for (Shape s :

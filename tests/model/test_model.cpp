@@ -198,7 +198,7 @@ TEST_CASE("model: initial loss on random tokens is about ln 256", "[model]") {
   }
 }
 
-TEST_CASE("model: float forward matches the double reference; backward matches finite differences",
+TEST_CASE("model: float forward matches the double reference, backward matches finite differences",
           "[model][gradcheck]") {
   for (ModelKind kind : {ModelKind::gpt, ModelKind::mlp}) {
     ModelConfig c = tiny_gpt();

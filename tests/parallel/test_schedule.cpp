@@ -109,7 +109,7 @@ TEST_CASE("schedule: every generated table is proven deadlock-free, pp 1-8, m 1-
   REQUIRE(checked > 500);
 }
 
-TEST_CASE("schedule: naive blocking send/recv of 1F1B deadlocks; the paired batches do not",
+TEST_CASE("schedule: naive blocking send/recv of 1F1B deadlocks, the paired batches do not",
           "[parallel][schedule]") {
   Schedule s = one_f_one_b(2, 2);
   std::string e = error_of(s, CheckOptions{Pairing::unpaired, true});
