@@ -11,9 +11,8 @@
 #include <cstdint>
 #include <fstream>
 #include <mutex>
-#include <string>
-
 #include <nlohmann/json_fwd.hpp>
+#include <string>
 
 namespace troupe {
 
