@@ -21,6 +21,10 @@ struct ModelConfig {
   int n_layer = 2;       // L
   int n_head = 2;        // NH (gpt only); D % NH == 0
   uint64_t seed = 0;     // parameter init: every element is a function of (seed, name, index)
+  // Activation recomputation per block (train.recompute: block): a stage keeps only each
+  // block's input per micro-batch; the blocks share one set of internal activations and
+  // each block's forward is re-run right before its backward. Same numbers, less memory.
+  bool recompute = false;
 
   void validate() const;  // throws troupe::Error with the offending field
   int head_dim() const { return d_model / n_head; }

@@ -11,6 +11,7 @@ ModelConfig model_config(const JobSpec& spec) {
   c.n_layer = spec.model.n_layers;
   c.n_head = c.kind == ModelKind::gpt ? spec.model.n_heads : 1;
   c.seed = spec.train.seed;
+  c.recompute = spec.train.recompute == Recompute::block;
   c.validate();
   return c;
 }

@@ -91,7 +91,8 @@ MlpSublayer::MlpSublayer(ParamStore& ps, const std::string& prefix, const ModelC
       H_(static_cast<int>(tp.shard.hidden(cfg))),
       ln_2_(LayerNorm::bind(ps, prefix + ".ln_2")),
       c_fc_(Linear::bind(ps, prefix + ".mlp.c_fc")),
-      c_proj_(Linear::bind(ps, prefix + ".mlp.c_proj")) {
+      c_proj_(Linear::bind(ps, prefix + ".mlp.c_proj")),
+      acts_(std::make_shared<std::vector<Acts>>()) {
   const int64_t N = int64_t{max_B} * cfg.seq_len, D = cfg.d_model;
   TROUPE_CHECK(c_fc_.in == D && c_fc_.out == H_ && c_proj_.in == H_ && c_proj_.out == D, prefix,
                ": MLP shard shapes do not match hidden ", H_, " of tensor shard ", tp.shard.rank, "/",
@@ -103,12 +104,12 @@ MlpSublayer::MlpSublayer(ParamStore& ps, const std::string& prefix, const ModelC
     a.rstd = Tensor::zeros({N});
     a.h_pre = Tensor::zeros({N, H_});
     a.h = Tensor::zeros({N, H_});
-    acts_.push_back(std::move(a));
+    acts_->push_back(std::move(a));
   }
 }
 
 void MlpSublayer::forward(int slot, float* y, const float* x, int N, Workspace& ws) {
-  Acts& a = acts_.at(static_cast<size_t>(slot));
+  Acts& a = acts_->at(static_cast<size_t>(slot));
   const int D = ln_2_.C;
   ln_2_.forward(a.ln.f32(), a.mean.f32(), a.rstd.f32(), x, N);
   copy_to_tensor_region_forward(tp_, a.ln.f32(), sz(int64_t{N} * D));
@@ -119,7 +120,7 @@ void MlpSublayer::forward(int slot, float* y, const float* x, int N, Workspace& 
 }
 
 void MlpSublayer::backward(int slot, float* dres, const float* x, int N, Workspace& ws) {
-  Acts& a = acts_.at(static_cast<size_t>(slot));
+  Acts& a = acts_->at(static_cast<size_t>(slot));
   const int D = ln_2_.C;
   const int64_t nh = int64_t{N} * H_, nd = int64_t{N} * D;
   float* dh = ws.dh.f32();
@@ -148,6 +149,7 @@ GptBlock::GptBlock(ParamStore& ps, int layer, const ModelConfig& cfg, int n_slot
       ln_1_(LayerNorm::bind(ps, "h." + std::to_string(layer) + ".ln_1")),
       c_attn_(Linear::bind(ps, "h." + std::to_string(layer) + ".attn.c_attn")),
       c_proj_(Linear::bind(ps, "h." + std::to_string(layer) + ".attn.c_proj")),
+      acts_(std::make_shared<std::vector<Acts>>()),
       mlp_(ps, "h." + std::to_string(layer), cfg, n_slots, max_B, tp) {
   const int64_t T = cfg.seq_len, N = int64_t{max_B} * T, D = D_, A = int64_t{NH_} * HS_;
   // The attention kernel takes the local head count; the head size stays D/NH.
@@ -163,12 +165,12 @@ GptBlock::GptBlock(ParamStore& ps, int layer, const ModelConfig& cfg, int n_slot
     a.att = Tensor::zeros({int64_t{max_B}, NH_, T, T});
     a.atty = Tensor::zeros({N, A});
     a.mid = Tensor::zeros({N, D});
-    acts_.push_back(std::move(a));
+    acts_->push_back(std::move(a));
   }
 }
 
 void GptBlock::forward(int slot, float* y, const float* x, int B, int T, Workspace& ws) {
-  Acts& a = acts_.at(static_cast<size_t>(slot));
+  Acts& a = acts_->at(static_cast<size_t>(slot));
   const int N = B * T;
   ln_1_.forward(a.ln.f32(), a.mean.f32(), a.rstd.f32(), x, N);
   copy_to_tensor_region_forward(tp_, a.ln.f32(), sz(int64_t{N} * D_));
@@ -180,7 +182,7 @@ void GptBlock::forward(int slot, float* y, const float* x, int B, int T, Workspa
 }
 
 void GptBlock::backward(int slot, float* dres, const float* x, int B, int T, Workspace& ws) {
-  Acts& a = acts_.at(static_cast<size_t>(slot));
+  Acts& a = acts_->at(static_cast<size_t>(slot));
   const int N = B * T;
   const int64_t nd = int64_t{N} * D_, na = int64_t{N} * NH_ * HS_;
   mlp_.backward(slot, dres, a.mid.f32(), N, ws);
@@ -202,6 +204,12 @@ void GptBlock::backward(int slot, float* dres, const float* x, int B, int T, Wor
   ln_1_.backward(dres, dtmp, x, a.mean.f32(), a.rstd.f32(), N);
 }
 
+void GptBlock::share_activations(Block& owner) {
+  auto& o = dynamic_cast<GptBlock&>(owner);
+  acts_ = o.acts_;
+  mlp_.share_activations(o.mlp_);
+}
+
 // ---------------------------------------------------------------- MLP block
 
 MlpBlock::MlpBlock(ParamStore& ps, int layer, const ModelConfig& cfg, int n_slots, int max_B,
@@ -214,6 +222,10 @@ void MlpBlock::forward(int slot, float* y, const float* x, int B, int T, Workspa
 
 void MlpBlock::backward(int slot, float* dres, const float* x, int B, int T, Workspace& ws) {
   mlp_.backward(slot, dres, x, B * T, ws);
+}
+
+void MlpBlock::share_activations(Block& owner) {
+  mlp_.share_activations(dynamic_cast<MlpBlock&>(owner).mlp_);
 }
 
 }  // namespace troupe::model

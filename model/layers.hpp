@@ -12,6 +12,7 @@
 // entering and leaving a block are whole (N,D) on every shard.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -71,6 +72,9 @@ class Block {
   virtual void forward(int slot, float* y, const float* x, int B, int T, Workspace& ws) = 0;
   // dres(B,T,D): on entry dL/dy, on return dL/dx (updated in place). Parameter grads +=.
   virtual void backward(int slot, float* dres, const float* x, int B, int T, Workspace& ws) = 0;
+  // From now on keep internal activations in `owner`'s buffers (a block of the same kind
+  // and shape): activation recomputation, where only one block's internals live at a time.
+  virtual void share_activations(Block& owner) = 0;
 };
 
 // x + MLP(ln_2(x)), MLP = c_proj(gelu(c_fc(.))), hidden 4D. Used by both models.
@@ -82,6 +86,7 @@ class MlpSublayer {
               const TensorGroup& tp = {});
   void forward(int slot, float* y, const float* x, int N, Workspace& ws);
   void backward(int slot, float* dres, const float* x, int N, Workspace& ws);
+  void share_activations(MlpSublayer& owner) { acts_ = owner.acts_; }
 
  private:
   TensorGroup tp_;
@@ -92,7 +97,7 @@ class MlpSublayer {
     Tensor ln, mean, rstd;  // (N,D), (N), (N)
     Tensor h_pre, h;        // (N,H) before and after GELU
   };
-  std::vector<Acts> acts_;
+  std::shared_ptr<std::vector<Acts>> acts_;  // per slot; shared between blocks under recomputation
 };
 
 // Pre-LN transformer block: x + attn(ln_1(x)), then + MLP(ln_2(.)).
@@ -104,6 +109,7 @@ class GptBlock : public Block {
            const TensorGroup& tp = {});
   void forward(int slot, float* y, const float* x, int B, int T, Workspace& ws) override;
   void backward(int slot, float* dres, const float* x, int B, int T, Workspace& ws) override;
+  void share_activations(Block& owner) override;
 
  private:
   TensorGroup tp_;
@@ -117,7 +123,7 @@ class GptBlock : public Block {
     Tensor atty;            // (N,NH_*HS_) attention output before c_proj
     Tensor mid;             // (N,D) x + attention branch = input of the MLP sublayer
   };
-  std::vector<Acts> acts_;
+  std::shared_ptr<std::vector<Acts>> acts_;  // per slot; shared between blocks under recomputation
   MlpSublayer mlp_;
 };
 
@@ -128,6 +134,7 @@ class MlpBlock : public Block {
            const TensorGroup& tp = {});
   void forward(int slot, float* y, const float* x, int B, int T, Workspace& ws) override;
   void backward(int slot, float* dres, const float* x, int B, int T, Workspace& ws) override;
+  void share_activations(Block& owner) override;
 
  private:
   MlpSublayer mlp_;

@@ -23,10 +23,14 @@ Stage::Stage(const ModelConfig& cfg, const StageRange& range, int n_slots, int m
                ", ", max_micro_batch);
   const int64_t T = cfg.seq_len, N = int64_t{max_B_} * T, D = cfg.d_model, V = cfg.vocab_size;
   for (int l = range.first; l < range.last; ++l) {
+    // Under recomputation the first block owns the one set of internal activations
+    // and the others borrow it; otherwise every block keeps one set per slot.
+    const int act_slots = cfg.recompute ? (l == range.first ? 1 : 0) : n_slots;
     if (cfg.kind == ModelKind::gpt)
-      blocks_.push_back(std::make_unique<GptBlock>(store_, l, cfg, n_slots, max_B_, tp_));
+      blocks_.push_back(std::make_unique<GptBlock>(store_, l, cfg, act_slots, max_B_, tp_));
     else
-      blocks_.push_back(std::make_unique<MlpBlock>(store_, l, cfg, n_slots, max_B_, tp_));
+      blocks_.push_back(std::make_unique<MlpBlock>(store_, l, cfg, act_slots, max_B_, tp_));
+    if (cfg.recompute && l > range.first) blocks_.back()->share_activations(*blocks_.front());
   }
   if (range.has_embedding || range.has_head) {
     Param& wte = store_.get("wte.weight");
@@ -90,7 +94,7 @@ double Stage::forward(int slot, const int32_t* tokens, const float* x_in, const 
     std::memcpy(s.resid[0].data(), x_in, sizeof(float) * nd);
   }
   for (size_t b = 0; b < blocks_.size(); ++b)
-    blocks_[b]->forward(slot, s.resid[b + 1].f32(), s.resid[b].f32(), B, T, ws_);
+    blocks_[b]->forward(cfg_.recompute ? 0 : slot, s.resid[b + 1].f32(), s.resid[b].f32(), B, T, ws_);
   s.forwarded = true;
   s.has_targets = false;
   if (!range_.has_head) return 0.0;
@@ -128,7 +132,16 @@ void Stage::backward(int slot, const float* dout, float dloss) {
     TROUPE_CHECK(dout != nullptr, "a stage without the head needs the gradient of its output");
     std::memcpy(dres, dout, sizeof(float) * nd);
   }
-  for (size_t b = blocks_.size(); b-- > 0;) blocks_[b]->backward(slot, dres, s.resid[b].f32(), B, T, ws_);
+  for (size_t b = blocks_.size(); b-- > 0;) {
+    if (cfg_.recompute) {
+      // Re-run the block's forward from its saved input: its internals come back bit for
+      // bit (the output rewrites resid[b+1] with the same values, no longer needed).
+      blocks_[b]->forward(0, s.resid[b + 1].f32(), s.resid[b].f32(), B, T, ws_);
+      blocks_[b]->backward(0, dres, s.resid[b].f32(), B, T, ws_);
+    } else {
+      blocks_[b]->backward(slot, dres, s.resid[b].f32(), B, T, ws_);
+    }
+  }
   if (range_.has_embedding)
     k::embedding_backward(dwte_, dwpe_, dres, s.tokens.i32(), B, T, D, V);
   else

@@ -107,3 +107,25 @@ TEST_CASE("engine: every layout with data, pipeline, tensor in {1,2} gives the 1
     for (size_t i = 0; i < val.size(); ++i) CHECK(val[i] == Approx(ref_val[i]).epsilon(1e-4));
   }
 }
+
+TEST_CASE("engine: activation recomputation gives the same losses, bit for bit",
+          "[engine][parallel][recompute]") {
+  for (const char* par : {"", "parallel: {pipeline: 2, tensor: 2, schedule: 1f1b}\n"}) {
+    const bool pipelined = std::string(par).size() > 0;
+    INFO((pipelined ? "1x2x2" : "1x1x1"));
+    JobSpec off = spec_for(2, par);
+    JobSpec on = off;
+    on.train.recompute = Recompute::block;
+    std::vector<double> a, b, va, vb;
+    if (pipelined) {
+      a = run_layout(off, 1, 2, 2, &va);
+      b = run_layout(on, 1, 2, 2, &vb);
+    } else {
+      a = run_layout(off, 1, 1, 1, &va);
+      b = run_layout(on, 1, 1, 1, &vb);
+    }
+    REQUIRE(a.size() == 6);
+    CHECK(a == b);
+    CHECK(va == vb);
+  }
+}
