@@ -1,12 +1,14 @@
 #include "checkpoint/checkpoint.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -98,6 +100,14 @@ std::string begin(const std::string& root, int64_t step) {
   return tmp;
 }
 
+std::string prepare(const std::string& root, int64_t step) {
+  std::string tmp = root + "/" + step_dir_name(step) + kTmpSuffix;
+  std::error_code ec;
+  fs::create_directories(tmp, ec);
+  if (ec) throw Error("cannot create checkpoint directory " + tmp + ": " + ec.message());
+  return tmp;
+}
+
 std::string file_xxh64(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) throw CheckpointError(path + ": cannot be read");
@@ -135,9 +145,17 @@ std::string commit(const std::string& root, const Manifest& manifest, int keep) 
     f.close();
     if (!f) throw Error("cannot write " + tmp + "/" + kManifest);
   }
+  // Files no rank reported (left by a crashed earlier attempt at this step) stay out.
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(tmp, ec)) {
+    const std::string n = e.path().filename().string();
+    bool listed = n == kManifest;
+    for (const auto& f : manifest.files) listed |= f.name == n;
+    if (!listed) fs::remove_all(e.path(), ec);
+  }
   fsync_path(tmp + "/" + kManifest, false);
   fsync_path(tmp, true);
-  std::error_code ec;
+  fault_point("commit", manifest.step);
   fs::remove_all(final_dir, ec);  // a re-run of the same step replaces it
   fs::rename(tmp, final_dir, ec);
   if (ec) throw Error("cannot rename " + tmp + " to " + final_dir + ": " + ec.message());
@@ -219,35 +237,66 @@ std::optional<std::string> latest_valid(const std::string& root, std::vector<std
   return std::nullopt;
 }
 
-TensorSource::TensorSource(const std::string& path) : path_(path) {
-  std::vector<std::string> files;
-  if (fs::is_directory(path)) {
-    manifest_ = verify(path);
-    for (const auto& f : manifest_->files) files.push_back(path + "/" + f.name);
-  } else {
-    if (!fs::exists(path)) throw CheckpointError(path + ": no such file or checkpoint directory");
-    files.push_back(path);
+Shape local_shape(const SliceSpec& s) {
+  Shape l = s.global_shape;
+  if (s.split_dim >= 0) {
+    int64_t n = 0;
+    for (const auto& p : s.pieces) n += p.length;
+    l[size_t(s.split_dim)] = n;
   }
-  for (const auto& f : files) readers_.emplace_back(f);
+  return l;
 }
 
-bool TensorSource::contains(const std::string& name) const {
-  for (const auto& r : readers_)
-    if (r.contains(name)) return true;
-  return false;
+SliceSpec whole(const Shape& global_shape) { return SliceSpec{global_shape, -1, {}}; }
+
+Spread spread(const SliceSpec& held, int index, int count) {
+  Spread out;
+  const Shape local = local_shape(held);
+  out.dim = held.split_dim >= 0 ? held.split_dim : 0;
+  out.stored.global_shape = held.global_shape;
+  out.stored.split_dim = out.dim;
+  if (local.empty()) {  // a scalar: replica 0 stores it whole
+    out.stored.split_dim = -1;
+    out.end = index == 0 ? 1 : 0;
+    return out;
+  }
+  const int64_t n = local[size_t(out.dim)];
+  if (count == 1) {
+    out.stored = held;
+    out.end = n;
+    return out;
+  }
+  out.begin = n * index / count;
+  out.end = n * (index + 1) / count;
+  if (held.split_dim < 0) {
+    if (out.end > out.begin) out.stored.pieces.push_back({out.begin, out.end - out.begin, 0});
+    return out;
+  }
+  for (const auto& p : held.pieces) {
+    const int64_t a = std::max(p.local_offset, out.begin), b = std::min(p.local_offset + p.length, out.end);
+    if (a < b) out.stored.pieces.push_back({p.offset + (a - p.local_offset), b - a, a - out.begin});
+  }
+  return out;
 }
 
-void TensorSource::read(const std::string& name, const Shape& shape, float* dst) const {
-  for (const auto& r : readers_) {
-    if (!r.contains(name)) continue;
-    const auto& info = r.info(name);
-    if (info.dtype != DType::f32 || info.shape != shape)
-      throw CheckpointError(path_ + ": tensor " + name + " has dtype " +
-                            safetensors::dtype_to_string(info.dtype) + " and another shape than the model's");
-    r.read_bytes(name, 0, info.nbytes(), dst);
+void copy_block(const float* src, const Shape& shape, int dim, int64_t begin, int64_t end, float* dst) {
+  if (shape.empty()) {
+    if (end > begin) *dst = *src;
     return;
   }
-  throw CheckpointError(path_ + ": tensor " + name + " is missing");
+  int64_t outer = 1, inner = 1;
+  for (int d = 0; d < dim; ++d) outer *= shape[size_t(d)];
+  for (size_t d = size_t(dim) + 1; d < shape.size(); ++d) inner *= shape[d];
+  const int64_t ext = shape[size_t(dim)], n = end - begin;
+  for (int64_t o = 0; o < outer; ++o)
+    std::memcpy(dst + o * n * inner, src + (o * ext + begin) * inner, size_t(n * inner) * sizeof(float));
+}
+
+nlohmann::json slice_json(const SliceSpec& s) {
+  nlohmann::json pieces = nlohmann::json::array();
+  for (const auto& p : s.pieces)
+    pieces.push_back({{"offset", p.offset}, {"length", p.length}, {"local_offset", p.local_offset}});
+  return {{"global_shape", s.global_shape}, {"split_dim", s.split_dim}, {"pieces", pieces}};
 }
 
 namespace {
@@ -267,7 +316,159 @@ nlohmann::json shard_slices(const safetensors::Reader& r) {
   return j;
 }
 
+// Global index ranges [lo, hi) per dim of the elements a piece covers.
+struct Box {
+  std::vector<int64_t> lo, hi;
+};
+
+Box piece_box(const Shape& g, int split, const Piece* p) {
+  Box b{std::vector<int64_t>(g.size(), 0), std::vector<int64_t>(g.begin(), g.end())};
+  if (split >= 0 && p) {
+    b.lo[size_t(split)] = p->offset;
+    b.hi[size_t(split)] = p->offset + p->length;
+  }
+  return b;
+}
+
 }  // namespace
+
+TensorSource::TensorSource(const std::string& path) : path_(path) {
+  std::vector<std::string> files;
+  if (fs::is_directory(path)) {
+    manifest_ = verify(path);
+    for (const auto& f : manifest_->files) files.push_back(path + "/" + f.name);
+  } else {
+    if (!fs::exists(path)) throw CheckpointError(path + ": no such file or checkpoint directory");
+    files.push_back(path);
+  }
+  for (const auto& f : files) readers_.emplace_back(f);
+  for (size_t i = 0; i < readers_.size(); ++i) {
+    const auto& r = readers_[i];
+    const nlohmann::json slices = shard_slices(r);
+    for (const auto& name : r.names()) {
+      const auto& info = r.info(name);
+      Stored st;
+      st.reader = i;
+      st.local = info.shape;
+      st.slice = whole(info.shape);
+      const std::string param = param_of(name);
+      try {
+        if (slices.contains(param)) {
+          const auto& sj = slices[param];
+          st.slice.global_shape = sj.at("global_shape").get<Shape>();
+          st.slice.split_dim = sj.at("split_dim").get<int>();
+          for (const auto& pc : sj.at("pieces"))
+            st.slice.pieces.push_back({pc.at("offset").get<int64_t>(), pc.at("length").get<int64_t>(),
+                                       pc.at("local_offset").get<int64_t>()});
+        }
+      } catch (const nlohmann::json::exception& e) {
+        throw CheckpointError(r.path() + ": malformed 'slices' entry of " + param + ": " + e.what());
+      }
+      if (info.dtype != DType::f32)
+        throw CheckpointError(r.path() + ": tensor " + name + " is " +
+                              safetensors::dtype_to_string(info.dtype) + ", checkpoints hold F32");
+      if (local_shape(st.slice) != st.local || st.slice.split_dim >= int(st.local.size()))
+        throw CheckpointError(r.path() + ": tensor " + name + " has shape " + shape_str(st.local) +
+                              ", its slice metadata says " + shape_str(local_shape(st.slice)));
+      index_[name].push_back(std::move(st));
+    }
+  }
+}
+
+bool TensorSource::contains(const std::string& name) const { return index_.count(name) != 0; }
+
+std::vector<std::string> TensorSource::names() const {
+  std::vector<std::string> out;
+  for (const auto& kv : index_) out.push_back(kv.first);
+  return out;
+}
+
+Shape TensorSource::global_shape(const std::string& name) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) throw CheckpointError(path_ + ": tensor " + name + " is missing");
+  return it->second.front().slice.global_shape;
+}
+
+void TensorSource::read(const std::string& name, const Shape& shape, float* dst) const {
+  if (contains(name) && global_shape(name) != shape)
+    throw CheckpointError(path_ + ": tensor " + name + " has shape " + shape_str(global_shape(name)) +
+                          ", the model's is " + shape_str(shape));
+  read_slice(name, whole(shape), dst);
+}
+
+void TensorSource::read_slice(const std::string& name, const SliceSpec& want, float* dst) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) throw CheckpointError(path_ + ": tensor " + name + " is missing");
+  const Shape& G = want.global_shape;
+  const size_t n = G.size();
+  const Shape DL = local_shape(want);
+  int64_t numel = 1;
+  for (auto d : DL) numel *= d;
+  std::vector<char> covered(size_t(numel), 0);
+  std::vector<Piece> want_pieces = want.pieces;
+  if (want.split_dim < 0) want_pieces = {Piece{}};
+  for (const Stored& st : it->second) {
+    if (st.slice.global_shape != G)
+      throw CheckpointError(readers_[st.reader].path() + ": tensor " + name + " has global shape " +
+                            shape_str(st.slice.global_shape) + ", the model's is " + shape_str(G));
+    const Shape& SL = st.local;
+    std::vector<Piece> stored_pieces = st.slice.pieces;
+    if (st.slice.split_dim < 0) stored_pieces = {Piece{}};
+    for (const Piece& sp : stored_pieces) {
+      const Box sb = piece_box(G, st.slice.split_dim, &sp);
+      for (const Piece& wp : want_pieces) {
+        const Box wb = piece_box(G, want.split_dim, &wp);
+        Box b{std::vector<int64_t>(n), std::vector<int64_t>(n)};
+        bool empty = false;
+        for (size_t k = 0; k < n; ++k) {
+          b.lo[k] = std::max(sb.lo[k], wb.lo[k]);
+          b.hi[k] = std::min(sb.hi[k], wb.hi[k]);
+          empty |= b.lo[k] >= b.hi[k];
+        }
+        if (empty) continue;
+        // Global -> local index shift per dim in the stored and the wanted tensor.
+        std::vector<int64_t> sshift(n, 0), dshift(n, 0);
+        if (st.slice.split_dim >= 0) sshift[size_t(st.slice.split_dim)] = sp.offset - sp.local_offset;
+        if (want.split_dim >= 0) dshift[size_t(want.split_dim)] = wp.offset - wp.local_offset;
+        // Contiguous runs: the trailing dims the box spans whole in both tensors, plus one.
+        size_t r = n == 0 ? 0 : n - 1;
+        int64_t run = n == 0 ? 1 : b.hi[r] - b.lo[r];
+        while (r > 0 && b.hi[r] - b.lo[r] == SL[r] && b.hi[r] - b.lo[r] == DL[r]) {
+          --r;
+          run *= b.hi[r] - b.lo[r];
+        }
+        std::vector<int64_t> sstride(n, 1), dstride(n, 1);
+        for (size_t k = n; k-- > 1;) {
+          sstride[k - 1] = sstride[k] * SL[k];
+          dstride[k - 1] = dstride[k] * DL[k];
+        }
+        std::vector<int64_t> idx(b.lo.begin(), b.lo.end());
+        while (true) {
+          int64_t so = 0, dof = 0;
+          for (size_t k = 0; k < n; ++k) {
+            so += (idx[k] - sshift[k]) * sstride[k];
+            dof += (idx[k] - dshift[k]) * dstride[k];
+          }
+          auto first = covered.begin() + dof, last = first + run;
+          if (std::find(first, last, 0) != last) {
+            readers_[st.reader].read_bytes(name, uint64_t(so) * sizeof(float), uint64_t(run) * sizeof(float),
+                                           dst + dof);
+            bytes_read_ += uint64_t(run) * sizeof(float);
+            std::fill(first, last, 1);
+          }
+          int k = int(r) - 1;  // odometer over the dims [0, r) outside the run
+          for (; k >= 0; --k) {
+            if (++idx[size_t(k)] < b.hi[size_t(k)]) break;
+            idx[size_t(k)] = b.lo[size_t(k)];
+          }
+          if (k < 0) break;
+        }
+      }
+    }
+  }
+  if (std::find(covered.begin(), covered.end(), 0) != covered.end())
+    throw CheckpointError(path_ + ": the stored slices do not cover the wanted part of " + name);
+}
 
 std::vector<std::string> tensor_names(const std::string& dir, const Manifest& m) {
   std::vector<std::string> names;
@@ -280,59 +481,48 @@ std::vector<std::string> tensor_names(const std::string& dir, const Manifest& m)
   return names;
 }
 
-Tensor read_full(const std::string& dir, const Manifest& m, const std::string& name) {
-  Tensor full;
-  std::vector<char> covered;  // per element along the split dim (or one flag when whole)
-  int64_t rows_total = 0;
-  for (const auto& f : m.files) {
-    safetensors::Reader r(dir + "/" + f.name);
-    if (!r.contains(name)) continue;
-    const nlohmann::json slices = shard_slices(r);
-    const std::string param = param_of(name);
-    const auto& info = r.info(name);
-    Shape global = info.shape;
-    int split = -1;
-    std::vector<std::array<int64_t, 3>> pieces;  // offset, length, local_offset
-    if (slices.contains(param)) {
-      const auto& sj = slices[param];
-      global = sj.at("global_shape").get<Shape>();
-      split = sj.at("split_dim").get<int>();
-      for (const auto& pc : sj.at("pieces"))
-        pieces.push_back({pc.at("offset").get<int64_t>(), pc.at("length").get<int64_t>(),
-                          pc.at("local_offset").get<int64_t>()});
-    }
-    if (!full.defined()) {
-      full = Tensor::zeros(global, DType::f32);
-      rows_total = split < 0 ? 1 : global[size_t(split)];
-      covered.assign(size_t(rows_total), 0);
-    }
-    if (full.shape() != global) throw CheckpointError(dir + ": shards disagree on the shape of " + name);
-    Tensor local = r.read(name);
-    if (split < 0 || pieces.empty()) {
-      if (local.shape() != global)
-        throw CheckpointError(r.path() + ": " + name + " is a slice without slice metadata");
-      full.copy_from(local);
-      std::fill(covered.begin(), covered.end(), 1);
-      continue;
-    }
-    // Row-major (outer, split extent, inner): copy each run of the split dim into place.
-    int64_t outer = 1, inner = 1;
-    for (int d = 0; d < split; ++d) outer *= global[size_t(d)];
-    for (size_t d = size_t(split) + 1; d < global.size(); ++d) inner *= global[d];
-    const int64_t gext = global[size_t(split)], lext = local.shape()[size_t(split)];
-    const float* src = local.f32();
-    float* dst = full.f32();
-    for (const auto& pc : pieces) {
-      for (int64_t o = 0; o < outer; ++o)
-        std::memcpy(dst + (o * gext + pc[0]) * inner, src + (o * lext + pc[2]) * inner,
-                    size_t(pc[1] * inner) * sizeof(float));
-      for (int64_t i = 0; i < pc[1]; ++i) covered[size_t(pc[0] + i)] = 1;
-    }
-  }
-  if (!full.defined()) throw CheckpointError(dir + ": tensor " + name + " is in no shard");
-  if (std::find(covered.begin(), covered.end(), 0) != covered.end())
-    throw CheckpointError(dir + ": the shards do not cover all of " + name);
+Tensor read_full(const std::string& dir, const Manifest&, const std::string& name) {
+  TensorSource src(dir);
+  Tensor full = Tensor::zeros(src.global_shape(name), DType::f32);
+  src.read_slice(name, whole(full.shape()), full.f32());
   return full;
+}
+
+size_t export_model(const std::string& checkpoint_dir, const std::string& out_path) {
+  TensorSource src(checkpoint_dir);
+  std::vector<Tensor> tensors;
+  std::vector<safetensors::WriteEntry> entries;
+  for (const auto& name : src.names()) {
+    if (name.rfind("optim.", 0) == 0) continue;
+    tensors.push_back(Tensor::zeros(src.global_shape(name), DType::f32));
+    src.read_slice(name, whole(tensors.back().shape()), tensors.back().f32());
+  }
+  size_t i = 0;
+  for (const auto& name : src.names())
+    if (name.rfind("optim.", 0) != 0) entries.push_back(safetensors::entry(name, tensors[i++]));
+  safetensors::Metadata meta{{"format", "pt"}};
+  if (src.manifest()) meta["troupe_step"] = std::to_string(src.manifest()->step);
+  safetensors::WriteOptions wo;
+  wo.fsync = true;
+  safetensors::write(out_path, entries, meta, wo);
+  return entries.size();
+}
+
+void fault_point(const std::string& where, int64_t step, int rank, int generation, const std::string& path) {
+  const char* env = std::getenv("TROUPE_CKPT_FAULT");
+  if (!env || generation != 0) return;
+  std::string want = where + ":" + std::to_string(step);
+  if (rank >= 0) want += ":" + std::to_string(rank);
+  if (want != env) return;
+  if (!path.empty()) {
+    // Half a file on disk, then the process is gone: what a crash mid-write leaves.
+    std::error_code ec;
+    const auto size = fs::file_size(path, ec);
+    if (!ec) fs::resize_file(path, size / 2, ec);
+  }
+  std::fprintf(stderr, "troupe: TROUPE_CKPT_FAULT=%s: killing this process\n", env);
+  std::fflush(stderr);
+  ::kill(::getpid(), SIGKILL);
 }
 
 bool is_checkpoint_dir(const std::string& path) {

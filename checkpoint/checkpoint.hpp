@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -52,6 +53,9 @@ std::string step_dir_name(int64_t step);  // "step_000500"
 
 // Creates (emptying any leftover) <root>/step_N.tmp/ and returns its path.
 std::string begin(const std::string& root, int64_t step);
+// Creates <root>/step_N.tmp/ if needed, keeping what is there: every rank of a job calls
+// it and writes only its own files; commit() drops files no rank reported.
+std::string prepare(const std::string& root, int64_t step);
 // Writes one shard file into the .tmp directory, fsynced, and returns its record.
 FileRecord write_shard(const std::string& tmp_dir, const std::string& file_name,
                        const std::vector<safetensors::WriteEntry>& entries,
@@ -72,23 +76,84 @@ std::vector<std::string> list(const std::string& root);
 // `skipped` ("<dir>: <reason>"). nullopt when none verifies.
 std::optional<std::string> latest_valid(const std::string& root, std::vector<std::string>* skipped = nullptr);
 
-// Named tensors from a safetensors file or a (verified) checkpoint directory, whichever
-// `path` is. Readers open each shard once; reads go straight into the caller's buffer.
+// What one rank holds of a tensor: its global shape and the runs along split_dim
+// (split_dim = -1: the whole tensor). The same description is stored per shard in the
+// "slices" metadata, so a reader of any layout finds which bytes hold which elements.
+//   c_proj.weight (256, 1024) split on dim 1, tensor shard 1 of 2:
+//   {global_shape [256,1024], split_dim 1, pieces [{offset 512, length 512, local_offset 0}]}
+struct Piece {
+  int64_t offset = 0;        // first global index along split_dim
+  int64_t length = 0;        // indices in the run
+  int64_t local_offset = 0;  // where the run starts in the local tensor
+};
+struct SliceSpec {
+  Shape global_shape;
+  int split_dim = -1;
+  std::vector<Piece> pieces;  // empty with split_dim >= 0: nothing held
+};
+Shape local_shape(const SliceSpec& s);
+SliceSpec whole(const Shape& global_shape);
+
+// Data-parallel (and other) replicas of a slice each store a part of it, not all of it:
+// replica `index` of `count` takes local indices [index*n/count, (index+1)*n/count) of its
+// slice along the split dim (dim 0 for a whole tensor), recorded as pieces with global
+// offsets. `begin`/`end` are those local indices; `stored` describes the part (no pieces
+// when the part is empty).
+struct Spread {
+  int dim = 0;
+  int64_t begin = 0, end = 0;
+  SliceSpec stored;
+};
+Spread spread(const SliceSpec& held, int index, int count);
+// Copies local indices [begin, end) along `dim` of a row-major tensor of shape `shape`
+// into dst, contiguous.
+void copy_block(const float* src, const Shape& shape, int dim, int64_t begin, int64_t end, float* dst);
+// The "slices" metadata entry of one tensor.
+nlohmann::json slice_json(const SliceSpec& s);
+
+// Named tensors from a safetensors file of whole tensors or a (verified) checkpoint
+// directory of any layout, whichever `path` is. Each shard is opened once; reads fetch
+// only the byte ranges that hold the wanted elements, straight into the caller's buffer.
 class TensorSource {
  public:
   explicit TensorSource(const std::string& path);  // throws CheckpointError / safetensors::FormatError
   // The manifest when path is a checkpoint directory.
   const std::optional<Manifest>& manifest() const { return manifest_; }
   bool contains(const std::string& name) const;
+  std::vector<std::string> names() const;  // sorted
+  Shape global_shape(const std::string& name) const;
   // Copies the whole f32 tensor `name` of exactly `shape` into dst; throws CheckpointError
   // when it is missing or has another dtype or shape.
   void read(const std::string& name, const Shape& shape, float* dst) const;
+  // Fills dst (local_shape(want) floats) with the slice `want` of tensor `name`, assembled
+  // from whatever slices the shards hold. Throws CheckpointError when the global shapes
+  // disagree or the stored slices do not cover it.
+  void read_slice(const std::string& name, const SliceSpec& want, float* dst) const;
+  uint64_t bytes_read() const { return bytes_read_; }
 
  private:
+  struct Stored {
+    size_t reader = 0;
+    SliceSpec slice;
+    Shape local;
+  };
   std::string path_;
   std::optional<Manifest> manifest_;
   std::vector<safetensors::Reader> readers_;
+  std::map<std::string, std::vector<Stored>> index_;
+  mutable uint64_t bytes_read_ = 0;
 };
+
+// One file of full tensors under DESIGN.md's names (no optimizer state), with
+// {"format": "pt"} metadata: what torch's and Hugging Face's safetensors loaders read.
+// Returns the number of tensors written.
+size_t export_model(const std::string& checkpoint_dir, const std::string& out_path);
+
+// Test hook, off unless TROUPE_CKPT_FAULT is set: "write:<step>:<rank>" kills the writer
+// of that rank half-way through its shard file (generation 0 only); "commit:<step>" kills
+// the committer after the manifest is in step_N.tmp and before the rename.
+void fault_point(const std::string& where, int64_t step, int rank = -1, int generation = 0,
+                 const std::string& path = "");
 
 // The names stored in a checkpoint: parameters (PyTorch names) and their AdamW moments
 // ("optim.m.<name>", "optim.v.<name>"), each once, sorted.
