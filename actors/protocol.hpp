@@ -13,8 +13,11 @@
 //   worker --step(StepMetrics)-----------> coordinator     (one per optimizer step)
 //   worker --worker_done(WorkerResult)---> coordinator
 //   worker --store_set/get/add-----------> coordinator   => StoreValue
+//   worker --ckpt_shard(CkptShard)-------> coordinator   => CkptCommitted (once every rank reported
+//                                                            and the coordinator committed step_N)
 //   coord  --abort(reason)---------------> worker
 //   coord  --where-----------------------> worker        => "step 12: forward mb 3"
+//   coord  --drain(step)-----------------> worker          (checkpoint after `step`, then stop: a resize)
 //
 // Registration carries kProtocolVersion; the coordinator refuses a peer that
 // speaks another version, naming both versions.
@@ -47,6 +50,8 @@ using api_atom = caf::atom_constant<caf::atom("api")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;
 using lost_atom = caf::atom_constant<caf::atom("lost")>;
+using ckpt_shard_atom = caf::atom_constant<caf::atom("ckpt_shard")>;
+using drain_atom = caf::atom_constant<caf::atom("drain")>;
 
 // ---------------------------------------------------------------- messages
 
@@ -123,6 +128,7 @@ struct StepMetrics {
   double step_ms = 0, grad_norm = 0;
   bool has_val_loss = false;
   double val_loss = 0;
+  double compute_ms = 0, comm_ms = 0, bubble_ms = 0;  // the step's split on this rank
 };
 
 // A rank finished: ok, or failed with a named error.
@@ -147,6 +153,33 @@ struct StoreValue {
   bool found = false;
   std::string value;
   std::string error;  // "timeout", "stale generation", ...
+};
+
+// One checkpoint file a rank wrote into step_N.tmp/ (fsynced).
+struct CkptFile {
+  std::string name;
+  uint64_t size = 0;
+  std::string xxh64;
+};
+
+// A rank's checkpoint report for one step. The coordinator commits step_N under root once
+// every rank of (job, generation) reported it.
+struct CkptShard {
+  std::string job_id;
+  int32_t generation = 0;
+  int32_t rank = 0;
+  int32_t world = 1;
+  int64_t step = 0;
+  std::string root;           // checkpoint root (shared storage across hosts)
+  int32_t keep = 0;           // checkpoint.keep
+  std::string manifest_json;  // manifest without its file list
+  std::vector<CkptFile> files;
+};
+
+struct CkptCommitted {
+  bool ok = false;
+  std::string dir;    // the committed step_N directory
+  std::string error;  // why not: stale generation, inconsistent reports, I/O
 };
 
 // ---------------------------------------------------------------- inspectors
@@ -180,12 +213,26 @@ typename Inspector::result_type inspect(Inspector& f, Assignment& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepMetrics& x) {
   return f(caf::meta::type_name("StepMetrics"), x.job_id, x.generation, x.rank, x.step, x.loss, x.lr,
-           x.tokens, x.step_ms, x.grad_norm, x.has_val_loss, x.val_loss);
+           x.tokens, x.step_ms, x.grad_norm, x.has_val_loss, x.val_loss, x.compute_ms, x.comm_ms,
+           x.bubble_ms);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, WorkerResult& x) {
   return f(caf::meta::type_name("WorkerResult"), x.job_id, x.generation, x.rank, x.ok, x.error_name,
            x.message);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, CkptFile& x) {
+  return f(caf::meta::type_name("CkptFile"), x.name, x.size, x.xxh64);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, CkptShard& x) {
+  return f(caf::meta::type_name("CkptShard"), x.job_id, x.generation, x.rank, x.world, x.step, x.root, x.keep,
+           x.manifest_json, x.files);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, CkptCommitted& x) {
+  return f(caf::meta::type_name("CkptCommitted"), x.ok, x.dir, x.error);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StoreKey& x) {
@@ -204,12 +251,14 @@ using coordinator_actor = caf::typed_actor<
     caf::replies_to<reg_worker_atom, WorkerHello>::with<Assignment>,
     caf::reacts_to<worker_exit_atom, WorkerExit>, caf::reacts_to<step_atom, StepMetrics>,
     caf::replies_to<worker_done_atom, WorkerResult>::with<bool>,  // acked before the worker exits
+    caf::replies_to<ckpt_shard_atom, CkptShard>::with<CkptCommitted>,
     caf::replies_to<store_set_atom, StoreKey, std::string>::with<StoreValue>,
     caf::replies_to<store_add_atom, StoreKey, int64_t>::with<StoreValue>,  // value = new count, decimal
     caf::replies_to<store_get_atom, StoreKey, int64_t>::with<StoreValue>,
     caf::reacts_to<store_expire_atom, uint64_t>,                // self
     caf::replies_to<api_atom, std::string>::with<std::string>,  // local: the ZeroMQ API thread
-    caf::reacts_to<lost_atom, std::string, int32_t, int32_t>>;  // self: (job, generation, rank)
+    caf::reacts_to<lost_atom, std::string, int32_t, int32_t>,   // self: (job, generation, rank)
+    caf::reacts_to<tick_atom>>;                                 // self: recovery clock and watchdog
 
 // SIGKILL of (job, generation) kills every worker of that launch on the agent.
 using agent_actor =
@@ -219,7 +268,9 @@ using agent_actor =
                      caf::reacts_to<shutdown_atom>>;
 
 // Answered at once while the engine thread computes.
+// A drained rank checkpoints after the given step and reports WorkerResult{ok, "drained"}.
 using worker_actor =
-    caf::typed_actor<caf::reacts_to<abort_atom, std::string>, caf::replies_to<where_atom>::with<std::string>>;
+    caf::typed_actor<caf::reacts_to<abort_atom, std::string>, caf::replies_to<where_atom>::with<std::string>,
+                     caf::reacts_to<drain_atom, int64_t>>;
 
 }  // namespace troupe::actors

@@ -146,6 +146,9 @@ int run_job(const RunOptions& opt) {
                              {"tokens_per_s", tps},
                              {"step_ms", r.step_ms},
                              {"grad_norm", r.grad_norm},
+                             {"compute_ms", r.compute_ms},
+                             {"comm_ms", r.comm_ms},
+                             {"bubble_ms", r.bubble_ms},
                              {"generation", asg.generation},
                              {"layout", layout_string(spec)}};
       if (r.val_loss) line["val_loss"] = *r.val_loss;
@@ -158,13 +161,14 @@ int run_job(const RunOptions& opt) {
       if (spec.checkpoint.every > 0 && engine->next_step() % spec.checkpoint.every == 0) {
         std::string dir = engine->save_checkpoint(ckpt_dir);
         last_saved = engine->next_step();
-        run.event("checkpoint committed: " + dir);
+        run.event("checkpoint started: " + dir);
       }
     }
     if (last_saved != engine->next_step()) {
       std::string dir = engine->save_checkpoint(ckpt_dir);
-      run.event("checkpoint committed: " + dir);
+      run.event("checkpoint started: " + dir);
     }
+    run.event("checkpoint committed: " + engine->wait_checkpoint());
     progress.finish();
     run.event("job succeeded");
     std::printf("troupe: job %s succeeded; checkpoint in %s\n", spec.name.c_str(), ckpt_dir.c_str());

@@ -6,6 +6,7 @@
 #include <memory>
 #include <tuple>
 
+#include "checkpoint/commit.hpp"
 #include "coordinator/api.hpp"
 #include "coordinator/state.hpp"
 #include "core/run_dir.hpp"
@@ -36,10 +37,20 @@ struct CoordActorState {
   };
   std::map<uint64_t, Waiter> waiters;
   std::map<std::tuple<std::string, int32_t, int32_t>, std::string> lost_reasons;
+  // Checkpoint reports per (job generation, step) until every rank has reported.
+  checkpoint::CommitTracker ckpt;
+  std::map<std::tuple<std::string, int32_t, int64_t>, std::vector<caf::typed_response_promise<CkptCommitted>>>
+      ckpt_waiting;
+  uint64_t ticks = 0;
   static inline const char* name = "troupe.coordinator";
 };
 
 using self_ptr = coordinator_actor::stateful_pointer<CoordActorState>;
+
+// The recovery clock and the step watchdog run every kTick; ranks are asked
+// "where are you" every kWhereEveryTicks ticks.
+constexpr auto kTick = std::chrono::milliseconds(100);
+constexpr uint64_t kWhereEveryTicks = 5;
 
 void record_event(self_ptr self, nlohmann::json e) {
   auto& s = self->state;
@@ -64,8 +75,25 @@ void record_event(self_ptr self, nlohmann::json e) {
         rd.event("waiting: " + e.value("reason", ""));
       } else if (kind == "step") {
         rd.metrics(e["metrics"]);
+      } else if (kind == "checkpoint") {
+        rd.event("checkpoint committed: " + e.value("dir", ""));
       } else if (kind == "worker_exit") {
         rd.event("worker " + e.value("message", ""));
+      } else if (kind == "failure") {
+        std::string where = e.value("where", "");
+        rd.event("failure " + e.value("cause", "") + " in generation " +
+                 std::to_string(e.value("generation", 0)) + ": " + e.value("message", "") +
+                 (where.empty() ? "" : " [rank was in: " + where + "]"));
+      } else if (kind == "relaunch") {
+        std::string from = e.value("resume_from", "");
+        rd.event("relaunch generation " + std::to_string(e.value("generation", 0)) + " as " +
+                 e.value("layout", "") + " (was " + e.value("from_layout", "") + ") " +
+                 (from.empty() ? "from scratch" : "from " + from));
+      } else if (kind == "resize") {
+        rd.event("resize to " + std::to_string(e.value("devices", 0)) + " devices after step " +
+                 std::to_string(e.value("after_step", int64_t{0})));
+      } else if (kind == "log") {
+        rd.event(e.value("message", ""));
       }
     }
   } catch (const std::exception& ex) {
@@ -75,6 +103,58 @@ void record_event(self_ptr self, nlohmann::json e) {
   if (s.opt.on_event) s.opt.on_event(e.dump());
   if (kind == "state" && (e["state"] == "succeeded" || e["state"] == "failed" || e["state"] == "cancelled"))
     s.run_dirs.erase(job);
+}
+
+// A generation that ends commits nothing more: its ranks waiting on a checkpoint hear why.
+void drop_checkpoints(self_ptr self, const std::string& job, int32_t generation, const std::string& why) {
+  auto& s = self->state;
+  s.ckpt.forget(job + "/" + std::to_string(generation));
+  for (auto it = s.ckpt_waiting.begin(); it != s.ckpt_waiting.end();) {
+    if (std::get<0>(it->first) == job && std::get<1>(it->first) == generation) {
+      for (auto& rp : it->second) rp.deliver(CkptCommitted{false, "", why});
+      it = s.ckpt_waiting.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+// The commit point of a checkpoint (checkpoint/commit.hpp): manifest.json is written and
+// step_N.tmp renamed only after every rank of (job, generation, step) reported its files;
+// then every rank's request is answered with the committed directory.
+void take_shard(self_ptr self, const CkptShard& r, caf::typed_response_promise<CkptCommitted> rp) {
+  auto& s = self->state;
+  if (!s.st->current(r.job_id, r.generation)) {
+    rp.deliver(CkptCommitted{
+        false, "", "generation " + std::to_string(r.generation) + " of job " + r.job_id + " is not running"});
+    return;
+  }
+  checkpoint::ShardReport rep;
+  rep.root = r.root;
+  rep.step = r.step;
+  rep.rank = r.rank;
+  rep.world = r.world;
+  rep.keep = r.keep;
+  rep.manifest_json = r.manifest_json;
+  for (const auto& f : r.files) rep.files.push_back({f.name, f.size, f.xxh64});
+  const auto key = std::make_tuple(r.job_id, r.generation, r.step);
+  s.ckpt_waiting[key].push_back(rp);
+  CkptCommitted out;
+  try {
+    auto ready = s.ckpt.add(r.job_id + "/" + std::to_string(r.generation), rep);
+    if (!ready) return;
+    out.dir = checkpoint::commit(ready->root, ready->manifest, ready->keep);
+    out.ok = true;
+    record_event(self, {{"event", "checkpoint"},
+                        {"job", r.job_id},
+                        {"generation", r.generation},
+                        {"step", r.step},
+                        {"dir", out.dir}});
+  } catch (const std::exception& e) {
+    out.error = e.what();
+  }
+  for (auto& p : s.ckpt_waiting[key]) p.deliver(out);
+  s.ckpt_waiting.erase(key);
 }
 
 void apply(self_ptr self, Actions&& a) {
@@ -111,6 +191,11 @@ void apply(self_ptr self, Actions&& a) {
   for (const auto& ab : a.aborts) {
     auto it = s.workers.find({ab.job_id, ab.generation, ab.rank});
     if (it != s.workers.end()) self->send(it->second, abort_atom::value, ab.reason);
+    drop_checkpoints(self, ab.job_id, ab.generation, "generation aborted: " + ab.reason);
+  }
+  for (const auto& d : a.drains) {
+    auto it = s.workers.find({d.job_id, d.generation, d.rank});
+    if (it != s.workers.end()) self->send(it->second, drain_atom::value, d.step);
   }
   for (const auto& k : a.kills) {
     auto it = s.agents.find(k.agent_id);
@@ -133,6 +218,7 @@ void wake_waiters(self_ptr self, const std::vector<uint64_t>& ids) {
 coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorOptions opt) {
   self->state.opt = opt;
   self->state.st = std::make_unique<CoordinatorState>(opt.runs_dir, opt.protocol);
+  self->delayed_send(self, kTick, tick_atom::value);
 
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& s = self->state;
@@ -150,11 +236,10 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
       s.worker_refs.erase(it);
       s.workers.erase({w.job, w.generation, w.rank});
       if (!s.st->current(w.job, w.generation)) return;
-      // The agent's exit report (with the signal) usually follows within
-      // milliseconds; give it a moment before calling the rank merely "lost".
+      // The agent's exit report (with the signal) follows within a reaping
+      // period (20 ms); give it a moment before calling the rank merely "lost".
       s.lost_reasons[{w.job, w.generation, w.rank}] = self->system().render(dm.reason);
-      self->delayed_send(self, std::chrono::milliseconds(1000), lost_atom::value, w.job, w.generation,
-                         w.rank);
+      self->delayed_send(self, std::chrono::milliseconds(250), lost_atom::value, w.job, w.generation, w.rank);
     }
   });
 
@@ -183,7 +268,7 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
           self->monitor(handle);
           self->state.workers[{h.job_id, h.generation, h.rank}] = handle;
           self->state.worker_refs[handle.address()] = WorkerRef{h.job_id, h.generation, h.rank};
-          const auto& l = j.request.layout;
+          const auto& l = j.layout;
           out.job_id = j.id;
           out.generation = j.generation;
           out.rank = w.rank;
@@ -198,7 +283,7 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
           out.last_layer = w.coords.last_layer;
           out.device = j.ranks[w.rank].device.device;
           out.spec_yaml = j.request.spec_yaml;
-          out.resume_from = j.request.resume_from;
+          out.resume_from = j.resume_from;
           out.run_dir = j.run_dir;
         }
         apply(self, std::move(a));
@@ -212,6 +297,9 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
       [=](step_atom, const StepMetrics& m) {
         StepSample s{m.rank, m.step, m.loss, m.lr, m.tokens, m.step_ms, m.grad_norm, std::nullopt};
         if (m.has_val_loss) s.val_loss = m.val_loss;
+        s.compute_ms = m.compute_ms;
+        s.comm_ms = m.comm_ms;
+        s.bubble_ms = m.bubble_ms;
         Actions a;
         self->state.st->step(m.job_id, m.generation, s, &a);
         apply(self, std::move(a));
@@ -221,6 +309,11 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
         self->state.st->worker_done(r.job_id, r.generation, r.rank, r.ok, r.error_name, r.message, &a);
         apply(self, std::move(a));
         return true;
+      },
+      [=](ckpt_shard_atom, const CkptShard& r) -> caf::typed_response_promise<CkptCommitted> {
+        auto rp = self->make_response_promise<CkptCommitted>();
+        take_shard(self, r, rp);
+        return rp;
       },
       [=](store_set_atom, const StoreKey& k, const std::string& value) -> StoreValue {
         auto& st = *self->state.st;
@@ -292,6 +385,23 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
         Actions a;
         s.st->worker_lost(job, generation, rank, why, &a);
         apply(self, std::move(a));
+      },
+      [=](tick_atom) {
+        auto& s = self->state;
+        Actions a;
+        s.st->tick(now_ms(), &a);
+        apply(self, std::move(a));
+        // Ask every live rank where it is, so a rank that hangs later is
+        // reported with the op it was in (a stopped process cannot answer).
+        if (++s.ticks % kWhereEveryTicks == 0)
+          for (const auto& [key, handle] : s.workers) {
+            auto [job, generation, rank] = key;
+            if (!s.st->current(job, generation)) continue;
+            self->request(handle, std::chrono::seconds(1), where_atom::value)
+                .then([=](const std::string& w) { self->state.st->worker_where(job, generation, rank, w); },
+                      [](caf::error&) {});
+          }
+        self->delayed_send(self, kTick, tick_atom::value);
       },
   };
 }

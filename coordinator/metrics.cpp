@@ -14,8 +14,15 @@ std::optional<nlohmann::json> MetricsAggregator::add(const StepSample& s) {
   if (static_cast<int>(ranks.size()) < world_) return std::nullopt;
 
   const StepSample& last = ranks.at(world_ - 1);
-  double step_ms = 0;
-  for (const auto& [r, x] : ranks) step_ms = std::max(step_ms, x.step_ms);
+  // The step takes as long as its slowest rank; the split into compute, communication
+  // and pipeline bubble is the mean over ranks.
+  double step_ms = 0, compute_ms = 0, comm_ms = 0, bubble_ms = 0;
+  for (const auto& [r, x] : ranks) {
+    step_ms = std::max(step_ms, x.step_ms);
+    compute_ms += x.compute_ms / world_;
+    comm_ms += x.comm_ms / world_;
+    bubble_ms += x.bubble_ms / world_;
+  }
   nlohmann::json line = {{"step", s.step},
                          {"loss", last.loss},
                          {"lr", last.lr},
@@ -23,6 +30,10 @@ std::optional<nlohmann::json> MetricsAggregator::add(const StepSample& s) {
                          {"tokens_per_s", step_ms > 0 ? last.tokens / (step_ms / 1000.0) : 0.0},
                          {"step_ms", step_ms},
                          {"grad_norm", last.grad_norm},
+                         {"compute_ms", compute_ms},
+                         {"comm_ms", comm_ms},
+                         {"bubble_ms", bubble_ms},
+                         {"bubble_fraction", step_ms > 0 ? bubble_ms / step_ms : 0.0},
                          {"generation", generation_},
                          {"layout", layout_}};
   if (last.val_loss) line["val_loss"] = *last.val_loss;

@@ -17,6 +17,7 @@ struct StepSample {
   int64_t tokens = 0;
   double step_ms = 0, grad_norm = 0;
   std::optional<double> val_loss;
+  double compute_ms = 0, comm_ms = 0, bubble_ms = 0;
 };
 
 class MetricsAggregator {

@@ -1,12 +1,16 @@
 #include "worker/engine.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <exception>
 #include <filesystem>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "checkpoint/checkpoint.hpp"
+#include "checkpoint/commit.hpp"
 #include "comm/groups.hpp"
 #include "core/dataset.hpp"
 #include "core/error.hpp"
@@ -189,43 +193,34 @@ struct Engine::Impl {
 
   // ------------------------------------------------------------------ loading
 
-  // model.init_from: a safetensors file of full tensors (PyTorch names), or a checkpoint
-  // directory written under the 1x1x1 layout. Each shard reads only its slices.
-  void init_from(const std::string& path) {
-    std::string file = path;
-    if (checkpoint::is_checkpoint_dir(path)) {
-      checkpoint::Manifest m = checkpoint::verify(path);
-      TROUPE_CHECK(m.dp * m.pp * m.tp == 1 || (m.pp == 1 && m.tp == 1), path, ": a checkpoint of layout ",
-                   m.dp, "x", m.pp, "x", m.tp, " holds sliced tensors; export it to one file first");
-      file = path + "/" + shard_file(0);
-    }
-    safetensors::Reader r(file);
-    for (auto* p : params) model::load_param(r, *p);
+  // What this rank holds of a parameter, in the checkpoint's terms.
+  static checkpoint::SliceSpec held_slice(const model::Param& p) {
+    checkpoint::SliceSpec s{p.global_shape, p.split_dim, {}};
+    for (const auto& pc : p.slice_pieces()) s.pieces.push_back({pc.offset, pc.length, pc.local_offset});
+    return s;
   }
 
-  // Resuming: the same layout reads back exactly what each rank wrote, parameters and
-  // AdamW moments (data-parallel replicas read their replica-0 twin's shard).
+  // model.init_from: a safetensors file of full tensors (PyTorch names), or a checkpoint
+  // directory (or a root holding them) of any layout. Only parameters are read, each
+  // shard reading just the byte ranges of its slices.
+  void init_from(const std::string& path) {
+    checkpoint::TensorSource src(std::filesystem::is_directory(path) ? checkpoint::resolve(path) : path);
+    for (auto* p : params) src.read_slice(p->name, held_slice(*p), p->data.f32());
+  }
+
+  // Resuming under any layout: after the manifest and every checksum verify, each rank
+  // reads its slices of the parameters and of both AdamW moments from whichever shards
+  // hold them, and continues at the checkpoint's step.
   void resume(const std::string& dir) {
-    checkpoint::Manifest m = checkpoint::verify(dir);
-    TROUPE_CHECK(
-        m.pp == asg.pp && m.tp == asg.tp && (m.dp == asg.dp || m.dp * m.pp * m.tp == 1 || m.pp * m.tp == 1),
-        dir, ": written under layout ", m.dp, "x", m.pp, "x", m.tp, "; this job runs ", asg.dp, "x", asg.pp,
-        "x", asg.tp, " (pipeline and tensor must match)");
-    const int twin = (0 * asg.pp + coord().p) * asg.tp + coord().t;
-    safetensors::Reader r(dir + "/" + shard_file(twin));
-    auto read = [&](const std::string& name, const Tensor& like, float* dst) {
-      TROUPE_CHECK(r.contains(name), r.path(), ": tensor ", name, " is missing");
-      const auto& info = r.info(name);
-      TROUPE_CHECK(info.dtype == DType::f32 && info.shape == like.shape(), r.path(), ": tensor ", name,
-                   " has another dtype or shape than this rank's slice");
-      r.read_bytes(name, 0, info.nbytes(), dst);
-    };
+    checkpoint::TensorSource src(checkpoint::resolve(dir));
+    TROUPE_CHECK(src.manifest().has_value(), dir, ": not a checkpoint directory");
     for (size_t i = 0; i < params.size(); ++i) {
-      read(params[i]->name, params[i]->data, params[i]->data.f32());
-      read("optim.m." + params[i]->name, params[i]->data, opt->m(i).data());
-      read("optim.v." + params[i]->name, params[i]->data, opt->v(i).data());
+      const checkpoint::SliceSpec want = held_slice(*params[i]);
+      src.read_slice(params[i]->name, want, params[i]->data.f32());
+      src.read_slice("optim.m." + params[i]->name, want, opt->m(i).data());
+      src.read_slice("optim.v." + params[i]->name, want, opt->v(i).data());
     }
-    next_step = m.step;
+    next_step = src.manifest()->step;
   }
 
   // ------------------------------------------------------------------ one step
@@ -283,6 +278,7 @@ struct Engine::Impl {
     double loss_sum = 0.0;
     StepReport r;
     if (!exec) {
+      const auto t_compute = clock::now();
       model::Stage& st = *stage_ptrs[0];
       for (int mb = 0; mb < n_micro; ++mb) {
         check_abort(abort);
@@ -293,6 +289,7 @@ struct Engine::Impl {
         set_where("step " + std::to_string(s) + ": backward micro-batch " + std::to_string(mb));
         st.backward(0, nullptr, dloss);
       }
+      r.compute_ms = std::chrono::duration<double, std::milli>(clock::now() - t_compute).count();
     } else {
       set_where("step " + std::to_string(s) + ": pipeline schedule");
       auto source = [&](int mb) {
@@ -381,52 +378,34 @@ struct Engine::Impl {
 
   // ------------------------------------------------------------------ checkpoints
 
-  // Replica 0 of each (pipeline, tensor) position writes its slices and moments to
-  // shard_r<rank>.safetensors; rank 0 commits once every shard is on disk.
-  std::string save(const std::string& root) {
-    set_where("checkpoint step " + std::to_string(next_step));
-    std::string tmp;
-    if (asg.rank == 0) tmp = checkpoint::begin(root, next_step);
-    if (world) world->barrier(copt);
-    tmp = root + "/" + checkpoint::step_dir_name(next_step) + ".tmp";
-    if (coord().d == 0) write_shard(tmp);
-    if (world) world->barrier(copt);
-    std::string dir = root + "/" + checkpoint::step_dir_name(next_step);
-    if (asg.rank == 0) dir = commit(root, tmp);
-    if (world) world->barrier(copt);
-    set_where("idle after checkpoint");
-    return dir;
+  // This rank's part of the state at a step boundary, copied out of the live tensors so
+  // training may go on while it is written.
+  struct Snapshot {
+    std::string root;
+    int64_t step = 0;
+    std::string file;
+    std::vector<std::string> names;
+    std::vector<Shape> shapes;
+    std::vector<std::vector<float>> buffers;
+    safetensors::Metadata meta;
+    std::string manifest_json;
+  };
+  std::thread writer;
+  std::exception_ptr writer_error;
+  std::string last_committed;
+
+  ~Impl() {
+    if (writer.joinable()) writer.join();
   }
 
-  void write_shard(const std::string& tmp) {
-    std::vector<safetensors::WriteEntry> entries;
-    nlohmann::json slices = nlohmann::json::object();
-    for (auto* p : params) {
-      entries.push_back(safetensors::entry(p->name, p->data));
-      nlohmann::json pieces = nlohmann::json::array();
-      for (const auto& pc : p->slice_pieces())
-        pieces.push_back({{"offset", pc.offset}, {"length", pc.length}, {"local_offset", pc.local_offset}});
-      slices[p->name] = {{"global_shape", p->global_shape}, {"split_dim", p->split_dim}, {"pieces", pieces}};
-    }
-    for (size_t i = 0; i < params.size(); ++i)
-      entries.push_back(
-          {"optim.m." + params[i]->name, DType::f32, params[i]->data.shape(), opt->m(i).data()});
-    for (size_t i = 0; i < params.size(); ++i)
-      entries.push_back(
-          {"optim.v." + params[i]->name, DType::f32, params[i]->data.shape(), opt->v(i).data()});
-    safetensors::WriteOptions wo;
-    wo.fsync = true;
-    safetensors::write(
-        tmp + "/" + shard_file(asg.rank), entries,
-        {{"format", "troupe"},
-         {"step", std::to_string(next_step)},
-         {"rank", std::to_string(asg.rank)},
-         {"layout", std::to_string(asg.dp) + "x" + std::to_string(asg.pp) + "x" + std::to_string(asg.tp)},
-         {"slices", slices.dump()}},
-        wo);
+  // Replicas of a tensor share its bytes out instead of writing them twice: a split tensor
+  // is replicated over the data-parallel group, a whole one over data and tensor groups.
+  std::pair<int, int> replica_of(const model::Param& p) const {
+    if (p.split_dim >= 0) return {coord().d, asg.dp};
+    return {coord().d * asg.tp + coord().t, asg.dp * asg.tp};
   }
 
-  std::string commit(const std::string& root, const std::string& tmp) {
+  std::string manifest_json() const {
     checkpoint::Manifest m;
     m.step = next_step;
     m.data_cursor = next_step;
@@ -439,13 +418,128 @@ struct Engine::Impl {
     const auto& o = spec.train.optimizer;
     m.optimizer = {{"type", o.type},   {"lr", o.lr},   {"beta1", o.beta1},
                    {"beta2", o.beta2}, {"eps", o.eps}, {"weight_decay", o.weight_decay}};
-    for (int p = 0; p < asg.pp; ++p)
-      for (int t = 0; t < asg.tp; ++t) {
-        const std::string f = shard_file(p * asg.tp + t);
-        m.files.push_back(
-            {f, std::filesystem::file_size(tmp + "/" + f), checkpoint::file_xxh64(tmp + "/" + f)});
+    return checkpoint::to_json(m).dump();
+  }
+
+  Snapshot snapshot(const std::string& root) const {
+    Snapshot s;
+    s.root = std::filesystem::absolute(root).lexically_normal().string();
+    s.step = next_step;
+    s.file = shard_file(asg.rank);
+    // The tied LM head of the last stage is a copy of the first stage's wte.
+    std::vector<const float*> tied_copies;
+    for (auto* st : stage_ptrs)
+      for (const auto& p : st->params())
+        if (p.name == "wte.weight" && asg.pp > 1 && !st->range().has_embedding)
+          tied_copies.push_back(p.data.f32());
+    nlohmann::json slices = nlohmann::json::object();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const model::Param& p = *params[i];
+      if (std::find(tied_copies.begin(), tied_copies.end(), p.data.f32()) != tied_copies.end()) continue;
+      const auto [index, count] = replica_of(p);
+      const checkpoint::Spread part = checkpoint::spread(held_slice(p), index, count);
+      if (part.end <= part.begin) continue;
+      const Shape shape = checkpoint::local_shape(part.stored);
+      int64_t n = 1;
+      for (auto d : shape) n *= d;
+      const float* sources[3] = {p.data.f32(), opt->m(i).data(), opt->v(i).data()};
+      const char* prefixes[3] = {"", "optim.m.", "optim.v."};
+      for (int k = 0; k < 3; ++k) {
+        s.names.push_back(prefixes[k] + p.name);
+        s.shapes.push_back(shape);
+        s.buffers.emplace_back(size_t(n));
+        checkpoint::copy_block(sources[k], p.data.shape(), part.dim, part.begin, part.end,
+                               s.buffers.back().data());
       }
-    return checkpoint::commit(root, m, spec.checkpoint.keep);
+      slices[p.name] = checkpoint::slice_json(part.stored);
+    }
+    s.meta = {
+        {"format", "troupe"},
+        {"step", std::to_string(next_step)},
+        {"rank", std::to_string(asg.rank)},
+        {"layout", std::to_string(asg.dp) + "x" + std::to_string(asg.pp) + "x" + std::to_string(asg.tp)},
+        {"slices", slices.dump()}};
+    s.manifest_json = manifest_json();
+    return s;
+  }
+
+  // Writes the snapshot (fsynced), reports it and returns the committed directory. With
+  // one rank and no committer the engine commits by itself.
+  std::string write_snapshot(const Snapshot& s) {
+    const std::string tmp = checkpoint::prepare(s.root, s.step);
+    const std::string path = tmp + "/" + s.file;
+    std::vector<safetensors::WriteEntry> entries;
+    for (size_t k = 0; k < s.names.size(); ++k)
+      entries.push_back({s.names[k], DType::f32, s.shapes[k], s.buffers[k].data()});
+    safetensors::WriteOptions wo;
+    wo.fsync = true;
+    const uint64_t size = safetensors::write(path, entries, s.meta, wo);
+    checkpoint::fault_point("write", s.step, asg.rank, asg.generation, path);
+    checkpoint::ShardReport rep;
+    rep.root = s.root;
+    rep.step = s.step;
+    rep.rank = asg.rank;
+    rep.world = asg.world;
+    rep.keep = spec.checkpoint.keep;
+    rep.manifest_json = s.manifest_json;
+    rep.files.push_back({s.file, size, checkpoint::file_xxh64(path)});
+    if (asg.commit_shard) return asg.commit_shard(rep);
+    checkpoint::CommitTracker one;
+    if (asg.world == 1) {
+      auto ready = one.add("self", rep);
+      return checkpoint::commit(ready->root, ready->manifest, ready->keep);
+    }
+    // No committer: the ranks meet at barriers (save() keeps this path synchronous) and
+    // rank 0 commits what every rank wrote.
+    world->barrier(copt);
+    const std::string dir = s.root + "/" + checkpoint::step_dir_name(s.step);
+    if (asg.rank == 0) {
+      std::optional<checkpoint::ReadyCommit> ready;
+      for (int r = 0; r < asg.world; ++r) {
+        checkpoint::ShardReport other = rep;
+        other.rank = r;
+        const std::string f = tmp + "/" + shard_file(r);
+        other.files = {{shard_file(r), std::filesystem::file_size(f), checkpoint::file_xxh64(f)}};
+        ready = one.add("self", other);
+      }
+      checkpoint::commit(ready->root, ready->manifest, ready->keep);
+    }
+    world->barrier(copt);
+    return dir;
+  }
+
+  // At most one write in flight: the next save (and the end of training) waits here and
+  // rethrows what the previous write threw.
+  std::string wait_writer() {
+    if (writer.joinable()) writer.join();
+    if (writer_error) {
+      std::exception_ptr e = writer_error;
+      writer_error = nullptr;
+      std::rethrow_exception(e);
+    }
+    return last_committed;
+  }
+
+  std::string save(const std::string& root) {
+    set_where("checkpoint step " + std::to_string(next_step) + ": waiting for the previous write");
+    wait_writer();
+    set_where("checkpoint step " + std::to_string(next_step) + ": copying to host memory");
+    auto snap = std::make_shared<Snapshot>(snapshot(root));
+    const std::string dir = root + "/" + checkpoint::step_dir_name(next_step);
+    if (spec.checkpoint.async && (asg.commit_shard || asg.world == 1)) {
+      writer = std::thread([this, snap] {
+        try {
+          last_committed = write_snapshot(*snap);
+        } catch (...) {
+          writer_error = std::current_exception();
+        }
+      });
+    } else {
+      set_where("checkpoint step " + std::to_string(next_step) + ": writing");
+      last_committed = write_snapshot(*snap);
+    }
+    set_where("idle after checkpoint");
+    return dir;
   }
 };
 
@@ -470,6 +564,7 @@ void Engine::request_abort() {
 }
 double Engine::evaluate() { return impl_->evaluate(); }
 std::string Engine::save_checkpoint(const std::string& dir) { return impl_->save(dir); }
+std::string Engine::wait_checkpoint() { return impl_->wait_writer(); }
 int64_t Engine::num_params() const {
   int64_t n = 0;
   for (auto* st : impl_->stage_ptrs) n += st->num_params();

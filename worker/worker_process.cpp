@@ -11,6 +11,7 @@
 
 #include "actors/protocol.hpp"
 #include "actors/system.hpp"
+#include "comm/error.hpp"
 #include "core/error.hpp"
 #include "core/spec.hpp"
 #include "worker/coordinator_store.hpp"
@@ -31,6 +32,8 @@ struct Control {
   std::string abort_reason;
   std::string phase = "registering";
   std::promise<Assignment> assignment;
+  // A resize: checkpoint after this step and stop (-1 = none).
+  std::atomic<int64_t> drain_after{-1};
   std::atomic<bool> assigned{false};
   void assign(Assignment a) {
     if (!assigned.exchange(true)) assignment.set_value(std::move(a));
@@ -68,6 +71,7 @@ worker_actor::behavior_type worker_fn(worker_actor::stateful_pointer<WorkerState
             });
   return {
       [=](abort_atom, const std::string& reason) { control->abort(reason); },
+      [=](drain_atom, int64_t step) { control->drain_after = step; },
       [=](where_atom) -> std::string {
         std::lock_guard<std::mutex> lock(control->mu);
         return control->engine ? control->engine->where() : control->phase;
@@ -95,6 +99,22 @@ WorkerResult train(const Assignment& a, const coordinator_actor& coord, Control&
     ea.comm.store = std::move(store);
     ea.comm.hostname = comm_host;
     if (a.device.rfind("cuda:", 0) == 0) ea.comm.device = std::stoi(a.device.substr(5));
+    // Checkpoints are committed by the coordinator once every rank reported its files.
+    ea.commit_shard = [coord, job = a.job_id, gen = a.generation](const checkpoint::ShardReport& r) {
+      CkptShard m{job, gen, r.rank, r.world, r.step, r.root, r.keep, r.manifest_json, {}};
+      for (const auto& f : r.files) m.files.push_back({f.name, f.size, f.xxh64});
+      caf::scoped_actor self{coord->home_system()};
+      CkptCommitted out;
+      self->request(coord, std::chrono::minutes(5), ckpt_shard_atom::value, m)
+          .receive([&](const CkptCommitted& c) { out = c; },
+                   [&](caf::error& e) {
+                     out.error = "no answer from the coordinator: " + self->system().render(e);
+                   });
+      if (!out.ok)
+        throw checkpoint::CheckpointError("checkpoint of step " + std::to_string(r.step) +
+                                          " not committed: " + out.error);
+      return out.dir;
+    };
     {
       std::lock_guard<std::mutex> lock(control.mu);
       control.phase = "building the engine";
@@ -107,6 +127,7 @@ WorkerResult train(const Assignment& a, const coordinator_actor& coord, Control&
       if (control.aborted) engine.request_abort();
     }
     std::string ckpt_dir = spec.checkpoint.dir.empty() ? a.run_dir + "/ckpt" : spec.checkpoint.dir;
+    bool drained = false;
     try {
       while (!engine.done()) {
         StepReport r = engine.step();
@@ -120,15 +141,32 @@ WorkerResult train(const Assignment& a, const coordinator_actor& coord, Control&
                       r.step_ms,
                       r.grad_norm,
                       r.val_loss.has_value(),
-                      r.val_loss.value_or(0.0)};
+                      r.val_loss.value_or(0.0),
+                      r.compute_ms,
+                      r.comm_ms,
+                      r.bubble_ms};
         caf::anon_send(coord, step_atom::value, m);
         std::cout << "step " << r.step << " loss " << r.loss << " step_ms " << r.step_ms << std::endl;
-        if (spec.checkpoint.every > 0 && (r.step + 1) % spec.checkpoint.every == 0)
-          std::cout << "checkpoint " << engine.save_checkpoint(ckpt_dir) << std::endl;
+        bool saved = spec.checkpoint.every > 0 && (r.step + 1) % spec.checkpoint.every == 0;
+        if (saved) std::cout << "checkpoint " << engine.save_checkpoint(ckpt_dir) << std::endl;
+        // A resize: every rank got the same drain step and stops after it. A
+        // rank that heard of it too late cannot join the others' checkpoint;
+        // it says so, and the coordinator falls back to a restart.
+        int64_t drain = control.drain_after.load();
+        if (drain >= 0 && r.step > drain)
+          throw Error("drain after step " + std::to_string(drain) + " arrived after step " +
+                      std::to_string(r.step));
+        if (drain >= 0 && r.step == drain) {
+          if (!saved) std::cout << "checkpoint " << engine.save_checkpoint(ckpt_dir) << std::endl;
+          std::cout << "drained after step " << r.step << std::endl;
+          drained = true;
+          break;
+        }
       }
       // The final state is always saved (collective: every rank reaches this point).
-      if (spec.checkpoint.every <= 0 || engine.next_step() % spec.checkpoint.every != 0)
+      if (!drained && (spec.checkpoint.every <= 0 || engine.next_step() % spec.checkpoint.every != 0))
         std::cout << "checkpoint " << engine.save_checkpoint(ckpt_dir) << std::endl;
+      engine.wait_checkpoint();  // the job ends only after its last checkpoint is committed
     } catch (...) {
       std::lock_guard<std::mutex> lock(control.mu);
       control.engine = nullptr;
@@ -136,14 +174,19 @@ WorkerResult train(const Assignment& a, const coordinator_actor& coord, Control&
     }
     std::lock_guard<std::mutex> lock(control.mu);
     control.engine = nullptr;
-    control.phase = "finished";
+    control.phase = drained ? "drained" : "finished";
     res.ok = true;
+    if (drained) res.error_name = "drained";
   } catch (const EngineAborted&) {
     std::lock_guard<std::mutex> lock(control.mu);
     res.error_name = "aborted";
     res.message = control.abort_reason.empty() ? "aborted" : control.abort_reason;
   } catch (const SpecError& e) {
     res.error_name = "invalid_spec";
+    res.message = e.what();
+  } catch (const comm::CommError& e) {
+    // peer_lost, timed_out, ...: the data plane's own name for what went wrong.
+    res.error_name = std::string("comm_") + comm::to_string(e.code());
     res.message = e.what();
   } catch (const std::exception& e) {
     res.error_name = "engine_error";
