@@ -18,6 +18,9 @@ NodeConfig::NodeConfig() {
   add_message_type<WorkerResult>("troupe::WorkerResult");
   add_message_type<StoreKey>("troupe::StoreKey");
   add_message_type<StoreValue>("troupe::StoreValue");
+  add_message_type<CkptFile>("troupe::CkptFile");
+  add_message_type<CkptShard>("troupe::CkptShard");
+  add_message_type<CkptCommitted>("troupe::CkptCommitted");
   add_message_type<std::vector<std::string>>("std::vector<std::string>");
   load<caf::io::middleman>();
   set("middleman.heartbeat-interval", caf::timespan{kHeartbeatInterval});

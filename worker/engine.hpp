@@ -8,12 +8,14 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
 
+#include "checkpoint/commit.hpp"
 #include "comm/communicator.hpp"
 #include "core/spec.hpp"
 
@@ -31,6 +33,10 @@ struct EngineAssignment {
   // generation (rank, size and group are filled in from the fields above).
   comm::CommConfig comm;
   std::chrono::milliseconds comm_timeout{60000};  // deadline of every collective and transfer
+  // Takes this rank's checkpoint report once its files are on disk and returns the committed
+  // directory when every rank has reported (the worker asks the coordinator; threads of one
+  // process share a checkpoint::InProcessCommitter). Unset with one rank: the engine commits.
+  std::function<std::string(const checkpoint::ShardReport&)> commit_shard;
 };
 
 struct StepReport {
@@ -68,9 +74,13 @@ class Engine {
   // Mean loss over train.eval_batches validation batches.
   double evaluate();
 
-  // Writes a checkpoint of the whole state after the last completed step into
-  // dir/step_<N> (atomic: .tmp then rename; updates dir/latest). Returns its path.
+  // Checkpoints the state after the last completed step into dir/step_<N> (each rank its
+  // slices into step_<N>.tmp, committed once every rank reported; updates dir/latest) and
+  // returns that path. With checkpoint.async the state is copied to host memory and written
+  // by a background thread while training goes on; at most one write is in flight.
   std::string save_checkpoint(const std::string& dir);
+  // Waits until the last checkpoint is committed (rethrowing its error); returns its path.
+  std::string wait_checkpoint();
 
   // Thread-safe: makes the running or next step() throw EngineAborted; a rank
   // blocked in a collective is released at once (its communicators are aborted).

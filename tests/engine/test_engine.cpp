@@ -79,6 +79,7 @@ TEST_CASE("engine: resume after k steps continues bit for bit", "[engine]") {
   Engine first(spec, {});
   for (int i = 0; i < 5; ++i) REQUIRE(first.step().loss == ref[i].loss);
   const std::string ckpt = first.save_checkpoint(dir);
+  REQUIRE(first.wait_checkpoint() == ckpt);  // checkpoint.async: committed in the background
   REQUIRE(fs::path(ckpt).filename() == "step_000005");
   REQUIRE(checkpoint::resolve(dir) == ckpt);
 
@@ -96,6 +97,8 @@ TEST_CASE("engine: resume after k steps continues bit for bit", "[engine]") {
   }
   // Final parameters: compare the two final checkpoints tensor by tensor, byte for byte.
   const std::string a = full.save_checkpoint(dir + "/a"), b = second.save_checkpoint(dir + "/b");
+  full.wait_checkpoint();
+  second.wait_checkpoint();
   safetensors::Reader ra(a + "/shard_r0.safetensors"), rb(b + "/shard_r0.safetensors");
   REQUIRE(ra.names() == rb.names());
   for (const auto& n : ra.names()) {
@@ -111,12 +114,14 @@ TEST_CASE("engine: init_from a checkpoint starts from its parameters, not its op
   Engine e(spec, {});
   e.step();
   const std::string ckpt = e.save_checkpoint(dir);
+  e.wait_checkpoint();
   JobSpec spec2 = spec;
   spec2.model.init_from = ckpt + "/shard_r0.safetensors";
   spec2.train.seed = 99;  // a different init seed: init_from must win
   Engine f(spec2, {});
   REQUIRE(f.next_step() == 0);
   const std::string again = f.save_checkpoint(dir + "/again");
+  f.wait_checkpoint();
   safetensors::Reader ra(ckpt + "/shard_r0.safetensors"), rb(again + "/shard_r0.safetensors");
   Tensor wa = ra.read("h.1.mlp.c_fc.weight"), wb = rb.read("h.1.mlp.c_fc.weight");
   REQUIRE(std::memcmp(wa.data(), wb.data(), wa.nbytes()) == 0);
@@ -131,6 +136,7 @@ TEST_CASE("engine: a corrupt checkpoint is refused with a named error", "[engine
   Engine e(spec, {});
   e.step();
   const std::string ckpt = e.save_checkpoint(dir);
+  e.wait_checkpoint();
   {
     std::fstream f(ckpt + "/shard_r0.safetensors", std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(200);

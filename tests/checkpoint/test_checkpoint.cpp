@@ -1,0 +1,343 @@
+// Checkpoints under any layout: saved by ranks as threads over the `local` backend and
+// committed once every rank reported, resumed under another layout with the 1x1x1 losses,
+// damaged files detected and skipped, export read back by init_from and by Python.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "checkpoint/checkpoint.hpp"
+#include "checkpoint/commit.hpp"
+#include "core/safetensors.hpp"
+#include "core/spec.hpp"
+#include "worker/engine.hpp"
+
+namespace fs = std::filesystem;
+using namespace troupe;
+
+namespace {
+
+constexpr int kSteps = 8;
+
+JobSpec spec_with(bool async = true) {
+  return parse_spec(
+      "name: c\nmodel: {type: gpt, seq_len: 16, d_model: 32, n_layers: 4, n_heads: 4}\n"
+      "data: {source: synthetic}\n"
+      "train: {steps: " +
+          std::to_string(kSteps) +
+          ", global_batch: 8, micro_batch: 2, seed: 5, warmup_steps: 2, optimizer: {lr: 0.003}}\n"
+          "checkpoint: {keep: 2, async: " +
+          (async ? "true" : "false") + "}\n",
+      "c.yaml");
+}
+
+std::string temp_dir(const std::string& name) {
+  std::string d =
+      (fs::temp_directory_path() / ("troupe_test_ckpt_" + name + "_" + std::to_string(::getpid()))).string();
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+struct Layout {
+  int dp = 1, pp = 1, tp = 1;
+};
+std::string str(Layout l) {
+  return std::to_string(l.dp) + "x" + std::to_string(l.pp) + "x" + std::to_string(l.tp);
+}
+
+// Runs layout `l` as threads from `resume` ("" = fresh) until step `stop`, saves a
+// checkpoint into `root` when `root` is set, and returns rank 0's losses.
+std::vector<double> run(const JobSpec& spec, Layout l, const std::string& resume, int64_t stop,
+                        const std::string& root = "", bool use_committer = true) {
+  const int world = l.dp * l.pp * l.tp;
+  auto local_world = comm::make_local_world(world);
+  checkpoint::InProcessCommitter committer;
+  std::vector<std::vector<double>> losses(static_cast<size_t>(world));
+  std::vector<std::string> errors(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        EngineAssignment a;
+        a.rank = r;
+        a.world = world;
+        a.dp = l.dp;
+        a.pp = l.pp;
+        a.tp = l.tp;
+        a.resume_from = resume;
+        a.comm.backend = "local";
+        a.comm.local_world = local_world;
+        if (use_committer)
+          a.commit_shard = [&](const checkpoint::ShardReport& rep) { return committer.report(rep); };
+        Engine e(spec, a);
+        while (e.next_step() < stop) losses[size_t(r)].push_back(e.step().loss);
+        if (!root.empty()) {
+          e.save_checkpoint(root);
+          e.wait_checkpoint();
+        }
+      } catch (const std::exception& ex) {
+        errors[size_t(r)] = ex.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) {
+    INFO("layout " << str(l) << " rank " << r);
+    REQUIRE(errors[size_t(r)] == "");
+  }
+  return losses[0];
+}
+
+std::vector<char> read_file(const std::string& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::vector<char>(std::istreambuf_iterator<char>(f), {});
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: spread splits replicated slices without overlap and read_slice reassembles them",
+          "[checkpoint]") {
+  // A (6, 4) tensor held whole by 3 replicas, and a column slice [1, 3) held by 2.
+  std::vector<float> full(24);
+  for (size_t i = 0; i < full.size(); ++i) full[i] = float(i);
+  const std::string dir = temp_dir("spread");
+  std::vector<std::vector<float>> bufs;
+  std::vector<std::string> files;
+  for (int r = 0; r < 3; ++r) {
+    checkpoint::Spread sp = checkpoint::spread(checkpoint::whole({6, 4}), r, 3);
+    REQUIRE(sp.stored.pieces.size() == 1);
+    CHECK(sp.stored.pieces[0].offset == 2 * r);
+    bufs.emplace_back(size_t((sp.end - sp.begin) * 4));
+    checkpoint::copy_block(full.data(), {6, 4}, sp.dim, sp.begin, sp.end, bufs.back().data());
+    nlohmann::json slices = {{"x", checkpoint::slice_json(sp.stored)}};
+    const std::string f = dir + "/s" + std::to_string(r) + ".safetensors";
+    safetensors::write(f, {{"x", DType::f32, {sp.end - sp.begin, 4}, bufs.back().data()}},
+                       {{"slices", slices.dump()}});
+    files.push_back(f);
+  }
+  // A fake checkpoint of those three shards, committed through the tracker.
+  checkpoint::CommitTracker tr;
+  checkpoint::Manifest m;
+  m.step = 1;
+  for (int r = 0; r < 3; ++r) {
+    checkpoint::ShardReport rep;
+    rep.root = dir;
+    rep.step = 1;
+    rep.rank = r;
+    rep.world = 3;
+    rep.manifest_json = checkpoint::to_json(m).dump();
+    const std::string name = "s" + std::to_string(r) + ".safetensors";
+    fs::create_directories(dir + "/step_000001.tmp");
+    fs::rename(files[size_t(r)], dir + "/step_000001.tmp/" + name);
+    rep.files.push_back({name, fs::file_size(dir + "/step_000001.tmp/" + name),
+                         checkpoint::file_xxh64(dir + "/step_000001.tmp/" + name)});
+    auto ready = tr.add("job/0", rep);
+    REQUIRE(ready.has_value() == (r == 2));
+    if (ready) checkpoint::commit(ready->root, ready->manifest, 0);
+  }
+  checkpoint::TensorSource src(dir + "/step_000001");
+  // Columns [1, 3) of every row: a split along dim 1 read from shards split along dim 0.
+  checkpoint::SliceSpec want{{6, 4}, 1, {{1, 2, 0}}};
+  std::vector<float> got(12);
+  src.read_slice("x", want, got.data());
+  for (int i = 0; i < 6; ++i)
+    for (int j = 0; j < 2; ++j) CHECK(got[size_t(i * 2 + j)] == full[size_t(i * 4 + 1 + j)]);
+  // Only the wanted bytes were read.
+  CHECK(src.bytes_read() == 12 * sizeof(float));
+  Tensor whole = checkpoint::read_full(dir + "/step_000001", *src.manifest(), "x");
+  for (size_t i = 0; i < full.size(); ++i) CHECK(whole.f32()[i] == full[i]);
+  // A gap in the coverage is named.
+  checkpoint::SliceSpec too_wide{{6, 8}, 1, {{0, 8, 0}}};
+  std::vector<float> none(48);
+  CHECK_THROWS_AS(src.read_slice("x", too_wide, none.data()), checkpoint::CheckpointError);
+}
+
+TEST_CASE("checkpoint: saved under one layout, resumed under another, continues the 1x1x1 losses",
+          "[checkpoint][layouts]") {
+  const JobSpec spec = spec_with();
+  const std::vector<double> ref = run(spec, {}, "", kSteps);
+  REQUIRE(ref.size() == size_t(kSteps));
+  const std::vector<std::pair<Layout, Layout>> pairs = {{{2, 2, 2}, {1, 1, 1}}, {{1, 1, 1}, {2, 1, 2}},
+                                                        {{2, 2, 1}, {1, 2, 2}}, {{1, 2, 2}, {2, 2, 1}},
+                                                        {{4, 1, 1}, {1, 1, 2}}, {{1, 1, 2}, {2, 2, 2}}};
+  for (const auto& [x, y] : pairs) {
+    INFO("save under " << str(x) << ", resume under " << str(y));
+    const std::string root = temp_dir("xy_" + str(x) + "_" + str(y));
+    const std::vector<double> first = run(spec, x, "", 4, root);
+    REQUIRE(checkpoint::verify(root + "/step_000004").dp == x.dp);
+    const std::vector<double> second = run(spec, y, root, kSteps);
+    REQUIRE(first.size() + second.size() == size_t(kSteps));
+    for (size_t i = 0; i < first.size(); ++i) CHECK(std::abs(first[i] - ref[i]) < 1e-4);
+    for (size_t i = 0; i < second.size(); ++i) CHECK(std::abs(second[i] - ref[4 + i]) < 1e-4);
+    fs::remove_all(root);
+  }
+}
+
+TEST_CASE("checkpoint: the same layout continues bit for bit, and replicas store each byte once",
+          "[checkpoint][layouts]") {
+  for (bool async : {true, false}) {
+    const JobSpec spec = spec_with(async);
+    for (Layout l : {Layout{1, 1, 1}, Layout{2, 2, 2}, Layout{4, 1, 1}}) {
+      INFO("layout " << str(l) << " async " << async);
+      const std::vector<double> ref = run(spec, l, "", kSteps);
+      const std::string root = temp_dir("same");
+      run(spec, l, "", 3, root);
+      const std::vector<double> rest = run(spec, l, root, kSteps);
+      REQUIRE(rest.size() == size_t(kSteps - 3));
+      for (size_t i = 0; i < rest.size(); ++i) REQUIRE(rest[i] == ref[3 + i]);
+      // Data-parallel replicas do not duplicate bytes: 4x1x1 stores what 1x1x1 stores.
+      const checkpoint::Manifest m = checkpoint::verify(root + "/step_000003");
+      uint64_t bytes = 0;
+      for (const auto& f : m.files) bytes += f.size;
+      if (l.dp == 4) {
+        const std::string one = temp_dir("one");
+        run(spec, {}, "", 3, one);
+        uint64_t one_bytes = fs::file_size(one + "/step_000003/shard_r0.safetensors");
+        CHECK(m.files.size() == 4);
+        CHECK(bytes < one_bytes + 4 * 16384);  // the data is the same; only headers add up
+        fs::remove_all(one);
+      }
+      fs::remove_all(root);
+    }
+  }
+}
+
+TEST_CASE("checkpoint: a flipped byte, a truncated file and a deleted file are named and skipped",
+          "[checkpoint]") {
+  const JobSpec spec = spec_with(false);
+  JobSpec keep_all = spec;
+  keep_all.checkpoint.keep = 0;
+  const std::string root = temp_dir("damage");
+  // Four checkpoints of one 2x1x1 run: steps 1..4.
+  for (int64_t s = 1; s <= 4; ++s) run(keep_all, {2, 1, 1}, s == 1 ? "" : root, s, root);
+  REQUIRE(checkpoint::list(root).size() == 4);
+  const std::string f = "/shard_r1.safetensors";
+  {  // step 4: one flipped byte in the middle of the data
+    std::fstream io(root + "/step_000004" + f, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekg(std::streamoff(fs::file_size(root + "/step_000004" + f) / 2));
+    char c = 0;
+    io.read(&c, 1);
+    c = char(c ^ 0x10);
+    io.seekp(std::streamoff(fs::file_size(root + "/step_000004" + f) / 2));
+    io.write(&c, 1);
+  }
+  fs::resize_file(root + "/step_000003" + f, fs::file_size(root + "/step_000003" + f) - 100);  // truncated
+  fs::remove(root + "/step_000002" + f);                                                       // deleted
+  std::vector<std::string> skipped;
+  auto good = checkpoint::latest_valid(root, &skipped);
+  REQUIRE(good.has_value());
+  CHECK(fs::path(*good).filename() == "step_000001");
+  REQUIRE(skipped.size() == 3);
+  CHECK(skipped[0].find("step_000004") != std::string::npos);
+  CHECK(skipped[0].find("(corrupt)") != std::string::npos);
+  CHECK(skipped[1].find("(truncated") != std::string::npos);
+  CHECK(skipped[2].find("is missing") != std::string::npos);
+  // Resuming from the root uses the newest good one (step 1) under another layout.
+  const std::vector<double> ref = run(spec, {}, "", kSteps);
+  const std::vector<double> rest = run(spec, {1, 2, 1}, root, kSteps);
+  REQUIRE(rest.size() == size_t(kSteps - 1));
+  for (size_t i = 0; i < rest.size(); ++i) CHECK(std::abs(rest[i] - ref[1 + i]) < 1e-4);
+  // Naming a damaged checkpoint directly is refused with the named error.
+  EngineAssignment a;
+  a.resume_from = root + "/step_000004";
+  CHECK_THROWS_AS(Engine(spec, a), checkpoint::CheckpointError);
+  fs::remove_all(root);
+}
+
+TEST_CASE("checkpoint: a crash before commit leaves the previous checkpoint and leftovers are removed",
+          "[checkpoint]") {
+  const JobSpec spec = spec_with(false);
+  const std::string root = temp_dir("leftover");
+  run(spec, {2, 1, 1}, "", 2, root);
+  // Rank 0 of step 4 wrote its shard and nobody committed (the others died): a .tmp directory.
+  fs::create_directories(root + "/step_000004.tmp");
+  std::ofstream(root + "/step_000004.tmp/shard_r0.safetensors") << "partial";
+  REQUIRE(checkpoint::resolve(root) == root + "/step_000002");
+  run(spec, {2, 1, 1}, root, 3, root);
+  CHECK(checkpoint::list(root).size() == 2);
+  run(spec, {2, 1, 1}, root, 5, root);
+  // Step 5 committed; keep = 2 leaves steps 3 and 5; the stale .tmp of step 4 is gone.
+  CHECK(checkpoint::list(root) == std::vector<std::string>{root + "/step_000005", root + "/step_000003"});
+  CHECK_FALSE(fs::exists(root + "/step_000004.tmp"));
+  CHECK(fs::read_symlink(root + "/latest") == "step_000005");
+  fs::remove_all(root);
+}
+
+TEST_CASE("checkpoint: export writes full tensors that init_from and Python read back",
+          "[checkpoint][export]") {
+  const JobSpec spec = spec_with();
+  const std::string root = temp_dir("export");
+  run(spec, {2, 2, 2}, "", 3, root);
+  const std::string out = root + "/model.safetensors";
+  const size_t n = checkpoint::export_model(root + "/step_000003", out);
+  CHECK(n == 4 * 12 + 4);  // 12 per block, wte, wpe, ln_f.weight, ln_f.bias
+  safetensors::Reader r(out);
+  for (const auto& name : r.names()) CHECK(name.rfind("optim.", 0) != 0);
+  CHECK(r.info("h.0.attn.c_attn.weight").shape == Shape{96, 32});
+  CHECK(r.info("wte.weight").shape == Shape{256, 32});
+  // Every tensor equals the checkpoint's full tensor.
+  const checkpoint::Manifest m = checkpoint::verify(root + "/step_000003");
+  for (const auto& name : r.names()) {
+    Tensor a = r.read(name), b = checkpoint::read_full(root + "/step_000003", m, name);
+    REQUIRE(a.numel() == b.numel());
+    REQUIRE(std::memcmp(a.data(), b.data(), size_t(a.numel()) * 4) == 0);
+  }
+  // init_from the exported file under 1x2x2 and save: the parameters are identical.
+  JobSpec s2 = spec;
+  s2.model.init_from = out;
+  s2.train.seed = 77;  // another init: init_from must win
+  const std::string root2 = temp_dir("export2");
+  run(s2, {1, 2, 2}, "", 0, root2);
+  const std::string again = root2 + "/again.safetensors";
+  checkpoint::export_model(root2 + "/step_000000", again);
+  CHECK(read_file(again).size() > 0);
+  safetensors::Reader r2(again);
+  REQUIRE(r2.names() == r.names());
+  for (const auto& name : r.names()) {
+    Tensor a = r.read(name), b = r2.read(name);
+    REQUIRE(std::memcmp(a.data(), b.data(), size_t(a.numel()) * 4) == 0);
+  }
+  // An independent reader: Python's json + struct.
+  const std::string py = std::string(TROUPE_SOURCE_DIR) + "/tests/checkpoint/read_safetensors.py";
+  const std::string cmd = "/usr/bin/python3 " + py + " " + out + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string text;
+  char buf[4096];
+  while (size_t k = fread(buf, 1, sizeof buf, p)) text.append(buf, k);
+  const int rc = pclose(p);
+  INFO(text);
+  REQUIRE(rc == 0);
+  // The script prints "name shape sum" per tensor; check them against the C++ reader.
+  for (const auto& name : r.names()) {
+    Tensor t = r.read(name);
+    double sum = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) sum += t.f32()[i];
+    const std::string key = "\n" + name + " " + shape_str(t.shape()) + " ";
+    auto at = text.find(key);
+    REQUIRE(at != std::string::npos);
+    const double py_sum = std::stod(text.substr(at + key.size()));
+    CHECK(py_sum == Approx(sum).margin(1e-3));
+  }
+  CHECK(text.find("torch:") != std::string::npos);  // "torch: ok" or "torch: skipped (...)"
+  CHECK(text.find("torch: MISMATCH") == std::string::npos);
+  fs::remove_all(root);
+  fs::remove_all(root2);
+}
+
+TEST_CASE("checkpoint: ranks without a committer meet at barriers and rank 0 commits", "[checkpoint]") {
+  const JobSpec spec = spec_with(true);  // async is set aside on this path
+  const std::vector<double> ref = run(spec, {}, "", kSteps);
+  const std::string root = temp_dir("barrier");
+  run(spec, {2, 1, 2}, "", 4, root, /*use_committer=*/false);
+  const checkpoint::Manifest m = checkpoint::verify(root + "/step_000004");
+  CHECK(m.files.size() == 4);
+  const std::vector<double> rest = run(spec, {1, 2, 1}, root, kSteps, "", false);
+  REQUIRE(rest.size() == size_t(kSteps - 4));
+  for (size_t i = 0; i < rest.size(); ++i) CHECK(std::abs(rest[i] - ref[4 + i]) < 1e-4);
+  fs::remove_all(root);
+}
