@@ -88,9 +88,20 @@ nlohmann::json handle_api_request(CoordinatorState& state, const nlohmann::json&
     return {{"ok", true}, {"job", *id}, {"state", "cancelled"}};
   }
   if (*op == "scale") {
-    return api_error(
-        "not_supported",
-        "scale is not supported yet: resizing a running job needs elastic relaunch from a checkpoint");
+    const std::string* id = string_field(req, "job", &err);
+    if (!id) return err;
+    auto d = req.find("devices");
+    if (d == req.end() || !d->is_number_integer())
+      return api_error("bad_request", "field 'devices' must be an integer");
+    std::string why;
+    if (!state.scale(*id, d->get<int>(), out, &why))
+      return api_error(state.job(*id) ? "cannot_scale" : "unknown_job", why);
+    const Job* j = state.job(*id);
+    return {{"ok", true},
+            {"job", *id},
+            {"devices", d->get<int>()},
+            {"after_step", j->drain_step},
+            {"from_layout", j->layout.str()}};
   }
   return api_error("unknown_op", "unknown op '" + *op + "' (submit, status, list, cancel, scale, info)");
 }

@@ -16,6 +16,8 @@ const char* to_string(JobState s) {
       return "launching";
     case JobState::running:
       return "running";
+    case JobState::recovering:
+      return "recovering";
     case JobState::succeeded:
       return "succeeded";
     case JobState::failed:
@@ -39,9 +41,11 @@ bool transition_allowed(JobState from, JobState to) {
     case JobState::planning:
       return to == JobState::launching || to == JobState::queued;
     case JobState::launching:
-      return to == JobState::running;
+      return to == JobState::running || to == JobState::recovering;
     case JobState::running:
-      return to == JobState::succeeded;
+      return to == JobState::succeeded || to == JobState::recovering;
+    case JobState::recovering:
+      return to == JobState::launching;
     default:
       return false;
   }

@@ -1,10 +1,15 @@
 // A job's life as a state machine, and the rank arithmetic of its layout.
 //
 //   queued ──> planning ──> launching ──> running ──> succeeded
-//     │           │            │             │
-//     └───────────┴────────────┴─────────────┴──> failed | cancelled
+//     │           │            │  ▲          │
+//     │           │            ▼  │          ▼
+//     │           │          recovering <────┘   (a rank failed, or a resize)
+//     │           │            │
+//     └───────────┴────────────┴──────────────────> failed | cancelled
 //
 // A queued job that does not fit stays queued, with the reason in its status.
+// A recovering job has aborted its generation and waits (backoff, devices)
+// before it relaunches the next generation from its newest checkpoint.
 #pragma once
 
 #include <exception>
@@ -12,7 +17,7 @@
 
 namespace troupe::coord {
 
-enum class JobState { queued, planning, launching, running, succeeded, failed, cancelled };
+enum class JobState { queued, planning, launching, running, recovering, succeeded, failed, cancelled };
 
 const char* to_string(JobState s);
 bool is_terminal(JobState s);

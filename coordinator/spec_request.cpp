@@ -11,6 +11,13 @@ JobRequest job_request(const JobSpec& spec) {
   r.layout = {degree(spec.parallel.data), degree(spec.parallel.pipeline), degree(spec.parallel.tensor)};
   r.n_layers = spec.model.n_layers > 0 ? spec.model.n_layers : 1;
   r.total_steps = spec.train.steps;
+  r.checkpoint_dir = spec.checkpoint.dir;
+  r.max_restarts = spec.fault.max_restarts;
+  r.step_timeout_ms = static_cast<double>(spec.fault.step_timeout.count());
+  r.min_devices = spec.elastic.min_devices;
+  r.max_devices = spec.elastic.max_devices;
+  r.global_batch = static_cast<int>(spec.train.global_batch);
+  r.micro_batch = static_cast<int>(spec.train.micro_batch);
   return r;
 }
 

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "checkpoint/checkpoint.hpp"
 #include "core/error.hpp"
 #include "core/run_dir.hpp"
 
@@ -46,11 +47,17 @@ void Actions::append(Actions&& o) {
   for (auto& x : o.launches) launches.push_back(std::move(x));
   for (auto& x : o.aborts) aborts.push_back(std::move(x));
   for (auto& x : o.kills) kills.push_back(std::move(x));
+  for (auto& x : o.drains) drains.push_back(std::move(x));
   for (auto& x : o.events) events.push_back(std::move(x));
 }
 
 CoordinatorState::CoordinatorState(std::string runs_root, int protocol_version)
-    : runs_root_(std::move(runs_root)), protocol_(protocol_version), make_id_(make_job_id) {
+    : runs_root_(std::move(runs_root)),
+      protocol_(protocol_version),
+      make_id_(make_job_id),
+      find_checkpoint_([](const std::string& root, std::vector<std::string>* skipped) {
+        return checkpoint::latest_valid(root, skipped).value_or("");
+      }) {
   std::error_code ec;
   auto abs = std::filesystem::absolute(runs_root_, ec);
   if (!ec) runs_root_ = abs.lexically_normal().string();
@@ -86,8 +93,19 @@ void CoordinatorState::remove_agent(const std::string& agent_id, Actions* out) {
   std::string who = agent_id + " on " + a->host + " (pid " + std::to_string(a->pid) + ")";
   auto affected = registry_.remove_agent(agent_id);
   out->events.push_back({{"event", "agent"}, {"agent", agent_id}, {"state", "lost"}});
-  for (const auto& job_id : affected)
-    if (Job* j = find(job_id)) fail(*j, "agent_lost", "agent " + who + " disconnected", out);
+  for (const auto& job_id : affected) {
+    Job* j = find(job_id);
+    if (!j || is_terminal(j->state)) continue;
+    // Its workers died with it (PDEATHSIG); nobody will report their exit.
+    int first = -1;
+    for (size_t r = 0; r < j->ranks.size(); ++r)
+      if (j->ranks[r].device.agent_id == agent_id) {
+        j->ranks[r].exited = true;
+        if (first < 0) first = static_cast<int>(r);
+      }
+    if (j->state == JobState::recovering) continue;
+    on_failure(*j, "agent_lost", "agent " + who + " disconnected", first, out);
+  }
   schedule(out);
 }
 
@@ -115,6 +133,8 @@ std::string CoordinatorState::submit(JobRequest request, Actions* out) {
   Job& j = jobs_[id];
   j.id = id;
   j.request = std::move(request);
+  j.layout = j.request.layout;
+  j.resume_from = j.request.resume_from;
   j.run_dir = runs_root_ + "/" + j.request.name + "-" + id;
   j.submitted_ms = now_ms();
   order_.push_back(id);
@@ -138,16 +158,23 @@ void CoordinatorState::transition(Job& job, JobState to, const std::string& reas
 }
 
 void CoordinatorState::schedule(Actions* out) {
+  double now = now_ms();
+  // A recovering job had its devices first: it chooses before queued jobs.
+  for (const auto& id : order_) {
+    Job& j = jobs_.at(id);
+    if (j.state == JobState::recovering) try_relaunch(j, now, out);
+  }
   for (const auto& id : order_) {
     Job& j = jobs_.at(id);
     if (j.state == JobState::queued) try_place(j, out);
   }
+  grow(out);
 }
 
 bool CoordinatorState::try_place(Job& job, Actions* out) {
   std::string why;
   const auto& req = job.request;
-  auto devices = registry_.allocate(job.id, req.device_kind, req.layout.world(), &why);
+  auto devices = registry_.allocate(job.id, req.device_kind, job.layout.world(), &why);
   if (!devices) {
     if (why != job.reason) {
       job.reason = why;
@@ -156,20 +183,32 @@ bool CoordinatorState::try_place(Job& job, Actions* out) {
     return false;
   }
   transition(job, JobState::planning, "", out);
-  job.ranks.assign(devices->size(), RankSlot{});
-  for (size_t r = 0; r < devices->size(); ++r) {
-    job.ranks[r].device = (*devices)[r];
-    if (const Agent* a = registry_.agent((*devices)[r].agent_id)) job.ranks[r].host = a->host;
-  }
-  job.metrics = std::make_unique<MetricsAggregator>(req.layout.world(), job.generation, req.layout.str());
-  std::string placed;
-  for (size_t r = 0; r < devices->size(); ++r)
-    placed += (r ? ", " : "") + std::to_string(r) + "=" + job.ranks[r].host + "/" + (*devices)[r].device;
-  transition(job, JobState::launching, "placed " + req.layout.str() + " on " + placed, out);
-  for (size_t r = 0; r < devices->size(); ++r)
-    out->launches.push_back({(*devices)[r].agent_id, job.id, job.generation, static_cast<int>(r),
-                             (*devices)[r].device, job.run_dir + "/workers/" + std::to_string(r) + ".log"});
+  launch(job, *devices, out);
   return true;
+}
+
+void CoordinatorState::launch(Job& job, const std::vector<DeviceRef>& devices, Actions* out) {
+  job.ranks.assign(devices.size(), RankSlot{});
+  for (size_t r = 0; r < devices.size(); ++r) {
+    job.ranks[r].device = devices[r];
+    if (const Agent* a = registry_.agent(devices[r].agent_id)) job.ranks[r].host = a->host;
+  }
+  job.metrics = std::make_unique<MetricsAggregator>(job.layout.world(), job.generation, job.layout.str());
+  std::string placed;
+  for (size_t r = 0; r < devices.size(); ++r)
+    placed += (r ? ", " : "") + std::to_string(r) + "=" + job.ranks[r].host + "/" + devices[r].device;
+  std::string from = job.resume_from.empty() ? "" : ", resuming from " + job.resume_from;
+  transition(job, JobState::launching,
+             "generation " + std::to_string(job.generation) + ": placed " + job.layout.str() + " on " +
+                 placed + from,
+             out);
+  job.last_progress_ms = 0;
+  // Logs of later generations go beside the first one's: workers/<rank>.g<generation>.log.
+  std::string suffix = job.generation == 0 ? "" : ".g" + std::to_string(job.generation);
+  for (size_t r = 0; r < devices.size(); ++r)
+    out->launches.push_back({devices[r].agent_id, job.id, job.generation, static_cast<int>(r),
+                             devices[r].device,
+                             job.run_dir + "/workers/" + std::to_string(r) + suffix + ".log"});
 }
 
 void CoordinatorState::stop_workers(Job& job, const std::string& reason, Actions* out) {
@@ -227,7 +266,7 @@ void CoordinatorState::launch_failed(const std::string& job_id, int generation, 
   Job* j = find(job_id);
   if (!j || j->generation != generation) return;
   if (rank >= 0 && rank < static_cast<int>(j->ranks.size())) j->ranks[rank].exited = true;
-  fail(*j, "launch_failed", "rank " + std::to_string(rank) + ": " + message, out);
+  on_failure(*j, "launch_failed", "rank " + std::to_string(rank) + ": " + message, rank, out);
 }
 
 WorkerAssignment CoordinatorState::register_worker(int protocol, const std::string& job_id, int generation,
@@ -271,11 +310,16 @@ WorkerAssignment CoordinatorState::register_worker(int protocol, const std::stri
   ++j->control_messages;
   a.job = j;
   a.rank = rank;
-  a.coords = rank_coords(j->request.layout, rank, j->request.n_layers);
+  a.coords = rank_coords(j->layout, rank, j->request.n_layers);
   bool all = true;
   for (const auto& r : j->ranks) all = all && r.registered;
-  if (all && j->state == JobState::launching)
-    transition(*j, JobState::running, std::to_string(j->ranks.size()) + " worker(s) running", out);
+  if (all && j->state == JobState::launching) {
+    transition(
+        *j, JobState::running,
+        std::to_string(j->ranks.size()) + " worker(s) running, generation " + std::to_string(j->generation),
+        out);
+    j->last_progress_ms = now_ms();
+  }
   return a;
 }
 
@@ -288,7 +332,14 @@ void CoordinatorState::step(const std::string& job_id, int generation, const Ste
   if (!line) return;
   j->last_step = sample.step;
   j->last_loss = (*line)["loss"].get<double>();
-  if (j->first_step_ms == 0) j->first_step_ms = now_ms();
+  double now = now_ms();
+  if (j->first_step_ms == 0) j->first_step_ms = now;
+  // The first step of a generation carries its start-up (rendezvous, loading): not a step time.
+  if (j->last_progress_ms > 0 && j->metrics->steps_completed() > 1) {
+    j->step_ms.push_back((*line)["step_ms"].get<double>());
+    if (j->step_ms.size() > 64) j->step_ms.erase(j->step_ms.begin());
+  }
+  j->last_progress_ms = now;
   out->events.push_back({{"event", "step"}, {"job", job_id}, {"metrics", *line}});
 }
 
@@ -299,13 +350,37 @@ void CoordinatorState::worker_done(const std::string& job_id, int generation, in
   if (rank < 0 || rank >= static_cast<int>(j->ranks.size())) return;
   ++j->control_messages;
   if (!ok) {
-    fail(*j, error_name.empty() ? "worker_failed" : error_name,
-         "rank " + std::to_string(rank) + ": " + message, out);
+    std::string name = error_name.empty() ? "worker_failed" : error_name;
+    std::string what = "rank " + std::to_string(rank) + ": " + message;
+    // A spec the engine refuses fails the same way on every relaunch.
+    if (name == "invalid_spec")
+      fail(*j, name, what, out);
+    else
+      on_failure(*j, name, what, rank, out);
     return;
   }
   j->ranks[rank].done = true;
+  j->ranks[rank].where = error_name == "drained" ? "drained" : "finished";
   for (const auto& r : j->ranks)
     if (!r.done) return;
+  bool drained = false;
+  for (const auto& r : j->ranks) drained = drained || r.where == "drained";
+  if (drained) {
+    // Every rank checkpointed after the drain step: relaunch at the new size at once.
+    int to = j->target_dp;
+    transition(*j, JobState::recovering,
+               "resize: data " + std::to_string(j->layout.dp) + " -> " + std::to_string(to) +
+                   " after the checkpoint of step " + std::to_string(j->drain_step),
+               out);
+    registry_.release(j->id);
+    store_.drop_job(j->id);
+    ++j->generation;
+    j->drain_step = -1;
+    j->relaunch_at_ms = 0;
+    j->recovery_deadline_ms = now_ms() + j->request.replacement_wait_ms;
+    schedule(out);
+    return;
+  }
   transition(*j, JobState::succeeded, std::to_string(j->last_step + 1) + " step(s)", out);
   registry_.release(j->id);
   store_.drop_job(j->id);
@@ -331,7 +406,8 @@ void CoordinatorState::worker_exited(const std::string& job_id, int generation, 
   if (is_terminal(j->state) || s.done) return;
   std::string where = "rank " + std::to_string(rank) + " (pid " + std::to_string(pid) + ", " +
                       s.device.device + " on " + s.host + ") ";
-  fail(*j, signal > 0 ? "worker_killed" : "worker_exited", where + how + " before finishing", out);
+  on_failure(*j, signal > 0 ? "worker_killed" : "worker_exited", where + how + " before finishing", rank,
+             out);
 }
 
 void CoordinatorState::worker_lost(const std::string& job_id, int generation, int rank,
@@ -341,10 +417,242 @@ void CoordinatorState::worker_lost(const std::string& job_id, int generation, in
   if (rank < 0 || rank >= static_cast<int>(j->ranks.size())) return;
   const RankSlot& s = j->ranks[rank];
   if (s.done || s.exited) return;
-  fail(*j, "worker_lost",
-       "rank " + std::to_string(rank) + " (pid " + std::to_string(s.pid) + ", " + s.device.device + " on " +
-           s.host + ") lost its connection: " + why,
-       out);
+  on_failure(*j, "worker_lost",
+             "rank " + std::to_string(rank) + " (pid " + std::to_string(s.pid) + ", " + s.device.device +
+                 " on " + s.host + ") lost its connection: " + why,
+             rank, out);
+}
+
+void CoordinatorState::worker_where(const std::string& job_id, int generation, int rank,
+                                    const std::string& where) {
+  Job* j = find(job_id);
+  if (!j || j->generation != generation || rank < 0 || rank >= static_cast<int>(j->ranks.size())) return;
+  j->ranks[rank].where = where;
+  j->ranks[rank].where_ms = now_ms();
+}
+
+// ---------------------------------------------------------------- recovery
+
+std::string CoordinatorState::checkpoint_root(const Job& job) const {
+  return job.request.checkpoint_dir.empty() ? job.run_dir + "/ckpt" : job.request.checkpoint_dir;
+}
+
+void CoordinatorState::on_failure(Job& job, const std::string& name, const std::string& message, int rank,
+                                  Actions* out) {
+  if (is_terminal(job.state) || job.state == JobState::recovering) return;
+  nlohmann::json f = {{"event", "failure"},
+                      {"job", job.id},
+                      {"generation", job.generation},
+                      {"cause", name},
+                      {"rank", rank},
+                      {"message", message},
+                      {"layout", job.layout.str()},
+                      {"step", job.last_step + 1}};
+  if (rank >= 0 && rank < static_cast<int>(job.ranks.size())) {
+    const RankSlot& s = job.ranks[rank];
+    f["host"] = s.host;
+    f["pid"] = s.pid;
+    f["device"] = s.device.device;
+    f["where"] = s.where;
+  }
+  nlohmann::json where = nlohmann::json::object();
+  for (size_t r = 0; r < job.ranks.size(); ++r)
+    if (!job.ranks[r].where.empty()) where[std::to_string(r)] = job.ranks[r].where;
+  f["ranks_where"] = where;
+  f["time_ms"] = now_ms();
+  job.failures.push_back(f);
+  if (job.failures.size() > 32) job.failures.erase(job.failures.begin());
+  out->events.push_back(f);
+
+  if (job.restarts >= job.request.max_restarts) {
+    std::string limit =
+        job.request.max_restarts == 0
+            ? ""
+            : " (after " + std::to_string(job.restarts) +
+                  " restart(s); fault.max_restarts = " + std::to_string(job.request.max_restarts) + ")";
+    fail(job, name, message + limit, out);
+    return;
+  }
+  ++job.restarts;
+  transition(job, JobState::recovering,
+             name + ": " + message + "; restart " + std::to_string(job.restarts) + " of " +
+                 std::to_string(job.request.max_restarts),
+             out);
+  // Every survivor aborts its communicators now, so none waits for a timeout.
+  stop_workers(job, "generation " + std::to_string(job.generation) + " aborted: " + name, out);
+  registry_.release(job.id);
+  store_.drop_job(job.id);
+  ++job.generation;
+  job.drain_step = -1;
+  double backoff = job.request.restart_backoff_ms;
+  for (int i = 1; i < job.restarts && backoff < 8000; ++i) backoff *= 2;
+  double now = now_ms();
+  job.relaunch_at_ms = now + std::min(backoff, 8000.0);
+  job.recovery_deadline_ms = job.relaunch_at_ms + job.request.replacement_wait_ms;
+}
+
+int CoordinatorState::fit_dp(const Job& job, int want, int free_devices) const {
+  const int unit = job.layout.pp * job.layout.tp;
+  int min_devices = job.request.min_devices > 0 ? job.request.min_devices : job.request.layout.world();
+  min_devices = std::min(min_devices, job.layout.world());
+  for (int d = want; d >= 1; --d) {
+    if (d * unit < min_devices) return 0;
+    if (d * unit > free_devices) continue;
+    int rows = d * std::max(job.request.micro_batch, 1);
+    if (job.request.global_batch > 0 && job.request.global_batch % rows != 0) continue;
+    return d;
+  }
+  return 0;
+}
+
+void CoordinatorState::try_relaunch(Job& job, double now, Actions* out) {
+  if (job.state != JobState::recovering || now < job.relaunch_at_ms) return;
+  const int unit = job.layout.pp * job.layout.tp;
+  int want = job.target_dp > 0 ? job.target_dp : job.layout.dp;
+  int free_devices = registry_.free(job.request.device_kind);
+  int d = fit_dp(job, want, free_devices);
+  if (d == 0) {
+    int min_devices = job.request.min_devices > 0 ? job.request.min_devices : job.request.layout.world();
+    std::string why = "waiting for devices: " + std::to_string(free_devices) + " " + job.request.device_kind +
+                      " free, the job needs " + std::to_string(std::min(min_devices, job.layout.world())) +
+                      " (a multiple of pipeline x tensor = " + std::to_string(unit) + ")";
+    if (now >= job.recovery_deadline_ms) {
+      fail(job, "no_devices", why, out);
+      return;
+    }
+    if (why != job.reason) {
+      job.reason = why;
+      out->events.push_back(
+          {{"event", "waiting"}, {"job", job.id}, {"state", "recovering"}, {"reason", why}});
+    }
+    return;
+  }
+  std::string why;
+  auto devices = registry_.allocate(job.id, job.request.device_kind, d * unit, &why);
+  if (!devices) return;
+  Layout from = job.layout;
+  job.layout.dp = d;
+  job.target_dp = 0;
+  std::vector<std::string> skipped;
+  std::string ckpt = find_checkpoint_(checkpoint_root(job), &skipped);
+  for (const auto& s : skipped)
+    out->events.push_back({{"event", "log"}, {"job", job.id}, {"message", "checkpoint skipped: " + s}});
+  job.resume_from = ckpt.empty() ? job.request.resume_from : ckpt;
+  out->events.push_back({{"event", "relaunch"},
+                         {"job", job.id},
+                         {"generation", job.generation},
+                         {"from_layout", from.str()},
+                         {"layout", job.layout.str()},
+                         {"resume_from", job.resume_from}});
+  launch(job, *devices, out);
+}
+
+void CoordinatorState::tick(double now, Actions* out) {
+  for (const auto& id : order_) {
+    Job& j = jobs_.at(id);
+    if (j.state == JobState::recovering) {
+      try_relaunch(j, now, out);
+      continue;
+    }
+    if (j.state != JobState::running || j.last_progress_ms <= 0) continue;
+    double limit = step_timeout_ms(j);
+    if (now - j.last_progress_ms <= limit) continue;
+    // Blame the rank furthest behind: a rank inside a collective that never
+    // returns names the op; the others wait for it.
+    std::string detail;
+    int rank = -1;
+    for (size_t r = 0; r < j.ranks.size(); ++r) {
+      const RankSlot& s = j.ranks[r];
+      if (s.done) continue;
+      if (rank < 0) rank = static_cast<int>(r);
+      detail += (detail.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " (pid " +
+                std::to_string(s.pid) + " on " + s.host + "): " + (s.where.empty() ? "?" : s.where);
+    }
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "no step completed for %.1f s (limit %.1f s); ",
+                  (now - j.last_progress_ms) / 1000.0, limit / 1000.0);
+    on_failure(j, "step_timeout", buf + detail, rank, out);
+  }
+}
+
+double CoordinatorState::step_timeout_ms(const Job& job) const {
+  if (job.request.step_timeout_ms > 0) return job.request.step_timeout_ms;
+  // Until a step has been measured, start-up (engine build, rendezvous, loading) is bounded generously.
+  if (job.step_ms.empty()) return 120000;
+  std::vector<double> v = job.step_ms;
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return std::max(10000.0, 20.0 * v[v.size() / 2]);
+}
+
+bool CoordinatorState::scale(const std::string& job_id, int devices, Actions* out, std::string* why) {
+  Job* j = find(job_id);
+  auto no = [&](const std::string& w) {
+    if (why) *why = w;
+    return false;
+  };
+  if (!j) return no("unknown job '" + job_id + "'");
+  if (j->state != JobState::running)
+    return no("job " + job_id + " is " + to_string(j->state) + "; only a running job is resized");
+  if (j->drain_step >= 0) return no("job " + job_id + " is already being resized");
+  const int unit = j->layout.pp * j->layout.tp;
+  if (devices <= 0 || devices % unit != 0)
+    return no(std::to_string(devices) + " devices is not a multiple of pipeline x tensor = " +
+              std::to_string(unit) + " (the layout keeps them)");
+  int d = devices / unit;
+  int rows = d * std::max(j->request.micro_batch, 1);
+  if (j->request.global_batch > 0 && j->request.global_batch % rows != 0)
+    return no("global_batch " + std::to_string(j->request.global_batch) + " is not divisible by data " +
+              std::to_string(d) + " x micro_batch " + std::to_string(std::max(j->request.micro_batch, 1)));
+  if (d == j->layout.dp)
+    return no("job " + job_id + " already runs on " + std::to_string(devices) + " devices");
+  int spare = registry_.free(j->request.device_kind);
+  if (devices > j->layout.world() + spare)
+    return no("not enough free devices: " + std::to_string(devices) + " wanted, " +
+              std::to_string(j->layout.world()) + " held + " + std::to_string(spare) + " free");
+  // Ranks run in lockstep within a step or so of the last one every rank
+  // reported; the drain step leaves ~300 ms (at least 3 steps) for the message.
+  double median = 0;
+  if (!j->step_ms.empty()) {
+    std::vector<double> v = j->step_ms;
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    median = v[v.size() / 2];
+  }
+  int64_t margin = std::max<int64_t>(3, median > 0 ? static_cast<int64_t>(300.0 / median) + 1 : 3);
+  int64_t at = j->last_step + margin;
+  if (at + 1 >= j->request.total_steps)
+    return no("job " + job_id + " ends (step " + std::to_string(j->request.total_steps) +
+              ") before it could be resized");
+  j->drain_step = at;
+  j->target_dp = d;
+  out->events.push_back({{"event", "resize"},
+                         {"job", job_id},
+                         {"generation", j->generation},
+                         {"from_layout", j->layout.str()},
+                         {"devices", devices},
+                         {"after_step", at}});
+  for (size_t r = 0; r < j->ranks.size(); ++r)
+    out->drains.push_back({job_id, j->generation, static_cast<int>(r), at});
+  return true;
+}
+
+void CoordinatorState::grow(Actions* out) {
+  for (const auto& id : order_) {
+    Job& j = jobs_.at(id);
+    if (j.state != JobState::running || j.drain_step >= 0 || j.last_step < 0) continue;
+    int max_devices = j.request.max_devices > 0 ? j.request.max_devices : j.request.layout.world();
+    const int unit = j.layout.pp * j.layout.tp;
+    int want = max_devices / unit;
+    if (want <= j.layout.dp) continue;
+    bool someone_waits = false;
+    for (const auto& [qid, q] : jobs_)
+      someone_waits =
+          someone_waits || (q.state == JobState::queued && q.request.device_kind == j.request.device_kind);
+    if (someone_waits) continue;
+    int d = fit_dp(j, want, registry_.free(j.request.device_kind) + j.layout.world());
+    if (d <= j.layout.dp) continue;
+    std::string why;
+    scale(j.id, d * unit, out, &why);  // a job too close to its end just finishes
+  }
 }
 
 std::string CoordinatorState::store_refusal(const std::string& job_id, int generation) const {
@@ -368,6 +676,7 @@ nlohmann::json CoordinatorState::job_json(const Job& j) const {
                        {"host", s.host},
                        {"device", s.device.device},
                        {"pid", s.pid},
+                       {"where", s.where},
                        {"registered", s.registered},
                        {"done", s.done},
                        {"exited", s.exited}});
@@ -377,8 +686,13 @@ nlohmann::json CoordinatorState::job_json(const Job& j) const {
                         {"state", to_string(j.state)},
                         {"reason", j.reason},
                         {"failure", j.failure_name},
-                        {"layout", j.request.layout.str()},
-                        {"world", j.request.layout.world()},
+                        {"layout", j.layout.str()},
+                        {"planned_layout", j.request.layout.str()},
+                        {"world", j.layout.world()},
+                        {"restarts", j.restarts},
+                        {"max_restarts", j.request.max_restarts},
+                        {"resume_from", j.resume_from},
+                        {"failures", j.failures},
                         {"device_kind", j.request.device_kind},
                         {"generation", j.generation},
                         {"run_dir", j.run_dir},
@@ -400,7 +714,8 @@ nlohmann::json CoordinatorState::list_json() const {
                     {"name", j.request.name},
                     {"state", to_string(j.state)},
                     {"reason", j.reason},
-                    {"layout", j.request.layout.str()},
+                    {"layout", j.layout.str()},
+                    {"generation", j.generation},
                     {"steps_done", j.last_step + 1},
                     {"total_steps", j.request.total_steps}});
   }

@@ -29,6 +29,15 @@ struct JobRequest {
   int n_layers = 1;
   int64_t total_steps = 0;
   std::string resume_from;  // checkpoint directory every rank resumes from ("" = fresh)
+  // Failure handling and elasticity (spec keys fault.*, elastic.*, checkpoint.dir).
+  std::string checkpoint_dir;  // "" = <run dir>/ckpt
+  int max_restarts = 0;
+  double restart_backoff_ms = 250;        // before the first relaunch; doubles with each restart, at most 8 s
+  double step_timeout_ms = 0;             // 0 = max(10 s, 20 x the median step time)
+  double replacement_wait_ms = 60000;     // how long a recovering job waits for devices
+  int min_devices = 0;                    // 0 = the planned layout's size
+  int max_devices = 0;                    // 0 = the planned layout's size
+  int global_batch = 0, micro_batch = 0;  // a data size must divide global_batch / micro_batch
 };
 
 struct RankSlot {
@@ -38,12 +47,15 @@ struct RankSlot {
   bool registered = false;  // the worker process asked for its assignment
   bool done = false;        // it reported success
   bool exited = false;      // its agent reaped it
+  std::string where;        // its last answer to "where are you" ("" = none yet)
+  double where_ms = 0;      // when it answered
 };
 
 struct Job {
   std::string id;
   JobRequest request;
   JobState state = JobState::queued;
+  Layout layout;             // of the current generation (request.layout until a resize)
   std::string reason;        // why it waits, or why it failed / was cancelled
   std::string failure_name;  // e.g. "worker_killed", "engine_error", "agent_lost"
   int generation = 0;
@@ -54,6 +66,16 @@ struct Job {
   double last_loss = 0;
   int64_t control_messages = 0;                                 // worker -> coordinator messages of this job
   double submitted_ms = 0, first_step_ms = 0, finished_ms = 0;  // since the epoch
+  // Recovery and elasticity.
+  int restarts = 0;                      // relaunches caused by failures
+  std::string resume_from;               // checkpoint of the current generation ("" = fresh)
+  int target_dp = 0;                     // data size wanted at the next relaunch (0 = layout.dp)
+  double relaunch_at_ms = 0;             // recovering: not before (backoff)
+  double recovery_deadline_ms = 0;       // recovering: fail when devices are still missing by then
+  double last_progress_ms = 0;           // running: the last completed step (or the start)
+  std::vector<double> step_ms;           // recent step times (the watchdog's median)
+  std::vector<nlohmann::json> failures;  // every failure: generation, rank, host, pid, cause, where
+  int64_t drain_step = -1;               // a resize waits for the checkpoint after this step
 };
 
 // Side effects for the actor shell, in order.
@@ -82,6 +104,14 @@ struct Actions {
   std::vector<Launch> launches;
   std::vector<Abort> aborts;
   std::vector<Kill> kills;
+  // Ask every rank of (job, generation) to checkpoint after `step` and stop (a resize).
+  struct Drain {
+    std::string job_id;
+    int generation = 0;
+    int rank = 0;
+    int64_t step = 0;
+  };
+  std::vector<Drain> drains;
   // Events for the run directory and the PUB socket: {"event":"state"|"step"|"log", "job":..., ...}.
   std::vector<nlohmann::json> events;
   void append(Actions&& o);
@@ -134,6 +164,27 @@ class CoordinatorState {
                      Actions* out);
   // The worker's actor went down (connection lost) before it finished.
   void worker_lost(const std::string& job_id, int generation, int rank, const std::string& why, Actions* out);
+  // A rank answered "where are you".
+  void worker_where(const std::string& job_id, int generation, int rank, const std::string& where);
+
+  // ---- time and elasticity
+  // Drives the clock: relaunches recovering jobs whose backoff has passed,
+  // fails those whose replacement deadline has passed, and runs the
+  // step-progress watchdog of running jobs. The actor calls it every ~100 ms.
+  void tick(double now, Actions* out);
+  // The step-progress watchdog's limit for a job, in ms.
+  double step_timeout_ms(const Job& job) const;
+  // Resizes a running job to `devices` devices (a multiple of pipeline x tensor):
+  // checkpoint at the next step boundary, relaunch with the new data size.
+  // Returns false (and says why) when it cannot.
+  bool scale(const std::string& job_id, int devices, Actions* out, std::string* why);
+  // Checkpoint root of a job.
+  std::string checkpoint_root(const Job& job) const;
+  // Finds the newest verified checkpoint under a root ("" = none); tests replace it.
+  void set_checkpoint_finder(
+      std::function<std::string(const std::string& root, std::vector<std::string>* skipped)> f) {
+    find_checkpoint_ = std::move(f);
+  }
 
   // ---- queries
   const Job* job(const std::string& job_id) const;
@@ -157,6 +208,15 @@ class CoordinatorState {
   // Aborts the job's live workers and asks their agents to kill what is left.
   void stop_workers(Job& job, const std::string& reason, Actions* out);
   bool try_place(Job& job, Actions* out);
+  // A rank failed: restart the job (recovering) when its policy allows, else fail it.
+  void on_failure(Job& job, const std::string& name, const std::string& message, int rank, Actions* out);
+  // Recovering: plan on the free devices and launch generation + 1, or keep waiting.
+  void try_relaunch(Job& job, double now, Actions* out);
+  // The largest data size <= want that fits `free` devices, the batch and the elastic bounds (0 = none).
+  int fit_dp(const Job& job, int want, int free_devices) const;
+  void launch(Job& job, const std::vector<DeviceRef>& devices, Actions* out);
+  // Jobs below elastic.max_devices grow onto free devices.
+  void grow(Actions* out);
 
   std::string runs_root_;
   int protocol_;
@@ -165,6 +225,7 @@ class CoordinatorState {
   std::vector<std::string> order_;  // submission order
   RendezvousStore store_;
   std::function<std::string()> make_id_;
+  std::function<std::string(const std::string&, std::vector<std::string>*)> find_checkpoint_;
 };
 
 double now_ms();

@@ -322,3 +322,274 @@ TEST_CASE("spec request: layout, device and resolved YAML come from the job spec
   CHECK(troupe::parse_spec(r.spec_yaml, "resolved.yaml").name == r.name);
   CHECK_THROWS_AS(job_request_from_yaml("name: [oops", "bad.yaml"), troupe::SpecError);
 }
+
+// ---------------------------------------------------------------- recovery and elasticity
+
+namespace {
+
+// A running job of layout dp x 1 x 1 on two agents of `per_agent` devices each.
+struct Running {
+  Fixture f;
+  std::string a1, a2, job;
+  explicit Running(int dp, int per_agent, JobRequest r) {
+    Actions a;
+    a1 = f.st.register_agent(7, "h1", 1, cpus(per_agent), &a).message;
+    a2 = f.st.register_agent(7, "h2", 2, cpus(per_agent), &a).message;
+    r.layout = {dp, 1, 1};
+    job = f.st.submit(std::move(r), &a);
+    f.st.set_checkpoint_finder(
+        [](const std::string& root, std::vector<std::string>*) { return root + "/step_000004"; });
+    register_all();
+  }
+  void register_all() {
+    Actions a;
+    const Job* j = f.st.job(job);
+    for (int r = 0; r < static_cast<int>(j->ranks.size()); ++r)
+      f.st.register_worker(7, job, j->generation, r, j->ranks[r].host, 100 + r, &a);
+  }
+  const Job& j() const { return *f.st.job(job); }
+};
+
+JobRequest elastic(int max_restarts, int min_devices = 0, int max_devices = 0) {
+  JobRequest r = request("e", 1);
+  r.max_restarts = max_restarts;
+  r.min_devices = min_devices;
+  r.max_devices = max_devices;
+  r.global_batch = 8;
+  r.micro_batch = 1;
+  r.total_steps = 1000;
+  r.restart_backoff_ms = 100;
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("job FSM: recovering sits between running and the next launch", "[fsm][recovery]") {
+  CHECK(transition_allowed(JobState::running, JobState::recovering));
+  CHECK(transition_allowed(JobState::launching, JobState::recovering));
+  CHECK(transition_allowed(JobState::recovering, JobState::launching));
+  CHECK(transition_allowed(JobState::recovering, JobState::failed));
+  CHECK(transition_allowed(JobState::recovering, JobState::cancelled));
+  CHECK_FALSE(transition_allowed(JobState::recovering, JobState::running));
+  CHECK_FALSE(transition_allowed(JobState::recovering, JobState::succeeded));
+  CHECK_FALSE(transition_allowed(JobState::queued, JobState::recovering));
+  CHECK_FALSE(transition_allowed(JobState::succeeded, JobState::recovering));
+  CHECK(std::string(to_string(JobState::recovering)) == "recovering");
+}
+
+TEST_CASE("recovery: a killed rank aborts every survivor and relaunches generation + 1 from the checkpoint",
+          "[recovery]") {
+  Running r(2, 2, elastic(2));
+  REQUIRE(r.j().state == JobState::running);
+  Actions x;
+  r.f.st.worker_where(r.job, 0, 0, "step 7: allreduce gradients");
+  r.f.st.worker_exited(r.job, 0, 1, 101, -1, 9, &x);
+  CHECK(r.j().state == JobState::recovering);
+  CHECK(r.j().generation == 1);
+  CHECK(r.j().restarts == 1);
+  REQUIRE(x.aborts.size() == 1);  // the survivor, at once
+  CHECK(x.aborts[0].rank == 0);
+  CHECK(x.aborts[0].generation == 0);
+  REQUIRE(r.j().failures.size() == 1);
+  CHECK(r.j().failures[0]["cause"] == "worker_killed");
+  CHECK(r.j().failures[0]["rank"] == 1);
+  CHECK(r.j().failures[0]["pid"] == 101);
+  CHECK(r.j().failures[0]["host"] == "h1");
+  CHECK(x.launches.empty());  // backoff first
+  // Old-generation news is dropped.
+  Actions late;
+  r.f.st.worker_done(r.job, 0, 0, false, "aborted", "aborted", &late);
+  CHECK(r.j().state == JobState::recovering);
+  Actions t;
+  r.f.st.tick(now_ms() + 1000, &t);
+  CHECK(r.j().state == JobState::launching);
+  REQUIRE(t.launches.size() == 2);
+  CHECK(t.launches[0].generation == 1);
+  CHECK(r.j().resume_from == r.j().run_dir + "/ckpt/step_000004");
+  CHECK(r.j().layout.str() == "2x1x1");
+  CHECK(has_state_event(t, r.job, "launching"));
+  r.register_all();
+  CHECK(r.j().state == JobState::running);
+}
+
+TEST_CASE("recovery: without a checkpoint the relaunch starts from scratch (or the submitted resume)",
+          "[recovery]") {
+  Running r(1, 1, elastic(1));
+  r.f.st.set_checkpoint_finder([](const std::string&, std::vector<std::string>* skipped) {
+    skipped->push_back("step_000002: manifest.json is missing");
+    return std::string();
+  });
+  Actions x;
+  r.f.st.worker_done(r.job, 0, 0, false, "engine_error", "kernel failed", &x);
+  CHECK(r.j().state == JobState::recovering);
+  Actions t;
+  r.f.st.tick(now_ms() + 1000, &t);
+  CHECK(r.j().state == JobState::launching);
+  CHECK(r.j().resume_from.empty());
+  bool logged = false;
+  for (const auto& e : t.events)
+    logged = logged || e.value("message", "").find("manifest.json") != std::string::npos;
+  CHECK(logged);
+}
+
+TEST_CASE("recovery: max_restarts exceeded fails the job with its cause", "[recovery]") {
+  Running r(1, 1, elastic(1));
+  Actions x;
+  r.f.st.worker_exited(r.job, 0, 0, 100, -1, 9, &x);
+  REQUIRE(r.j().state == JobState::recovering);
+  Actions t;
+  r.f.st.tick(now_ms() + 1000, &t);
+  r.register_all();
+  Actions y;
+  r.f.st.worker_exited(r.job, 1, 0, 100, 3, 0, &y);
+  CHECK(r.j().state == JobState::failed);
+  CHECK(r.j().failure_name == "worker_exited");
+  CHECK(r.j().reason.find("exited with code 3") != std::string::npos);
+  CHECK(r.j().reason.find("after 1 restart(s); fault.max_restarts = 1") != std::string::npos);
+  CHECK(r.f.st.registry().free("cpu") == 2);
+}
+
+TEST_CASE("recovery: invalid specs and protocol mismatches are not retried", "[recovery]") {
+  Running r(1, 1, elastic(3));
+  Actions x;
+  r.f.st.worker_done(r.job, 0, 0, false, "invalid_spec", "bad", &x);
+  CHECK(r.j().state == JobState::failed);
+  CHECK(r.j().restarts == 0);
+}
+
+TEST_CASE("recovery: an agent lost shrinks the data dimension within min_devices", "[recovery][elastic]") {
+  Running r(4, 2, elastic(2, /*min_devices=*/2));
+  REQUIRE(r.j().ranks.size() == 4);
+  Actions x;
+  r.f.st.remove_agent(r.a2, &x);
+  CHECK(r.j().state == JobState::recovering);
+  CHECK(r.j().failures.back()["cause"] == "agent_lost");
+  Actions t;
+  r.f.st.tick(now_ms() + 1000, &t);
+  CHECK(r.j().state == JobState::launching);
+  CHECK(r.j().layout.str() == "2x1x1");
+  CHECK(t.launches.size() == 2);
+}
+
+TEST_CASE("recovery: below min_devices the job waits for replacements, then fails at the deadline",
+          "[recovery][elastic]") {
+  JobRequest req = elastic(2);  // min_devices 0 = the planned 4
+  req.restart_backoff_ms = 0;
+  Running r(4, 2, req);
+  Actions x;
+  r.f.st.remove_agent(r.a2, &x);
+  double t0 = now_ms() + 1000;
+  Actions t;
+  r.f.st.tick(t0, &t);
+  CHECK(r.j().state == JobState::recovering);
+  CHECK(r.j().reason.find("waiting for devices: 2 cpu free, the job needs 4") != std::string::npos);
+  // A replacement agent arrives: the job relaunches on it at full size.
+  Actions g;
+  r.f.st.register_agent(7, "h3", 3, cpus(2), &g);
+  CHECK(r.j().state == JobState::launching);
+  CHECK(r.j().layout.str() == "4x1x1");
+
+  Running q(4, 2, elastic(2));
+  Actions y;
+  q.f.st.remove_agent(q.a2, &y);
+  Actions late;
+  q.f.st.tick(now_ms() + 1000 + q.j().request.replacement_wait_ms + 1000, &late);
+  CHECK(q.j().state == JobState::failed);
+  CHECK(q.j().failure_name == "no_devices");
+}
+
+TEST_CASE("recovery: the data size keeps global_batch divisible by data x micro_batch",
+          "[recovery][elastic]") {
+  JobRequest req = elastic(2, 1);
+  req.global_batch = 12;
+  req.micro_batch = 2;  // data 3 divides (12 % 6 == 0), data 4 does not (12 % 8 != 0)
+  Running r(3, 3, req);
+  Actions x;
+  r.f.st.worker_exited(r.job, 0, 0, 100, -1, 9, &x);
+  // The released devices are free again: data 3 fits.
+  Actions t;
+  r.f.st.tick(now_ms() + 1000, &t);
+  CHECK(r.j().layout.dp == 3);
+  CHECK(r.f.st.scale(r.job, 4, &t, nullptr) == false);  // launching, not running
+  r.register_all();
+  std::string why;
+  CHECK_FALSE(r.f.st.scale(r.job, 4, &t, &why));
+  CHECK(why == "global_batch 12 is not divisible by data 4 x micro_batch 2");
+}
+
+TEST_CASE("watchdog: a running job with no step within step_timeout fails over naming where ranks are",
+          "[recovery][watchdog]") {
+  JobRequest req = elastic(1);
+  req.step_timeout_ms = 5000;
+  Running r(2, 2, req);
+  r.f.st.worker_where(r.job, 0, 0, "step 3: allreduce gradients (bucket 1)");
+  r.f.st.worker_where(r.job, 0, 1, "step 3: backward micro-batch 2");
+  Actions quiet;
+  r.f.st.tick(now_ms() + 1000, &quiet);
+  CHECK(r.j().state == JobState::running);
+  Actions x;
+  r.f.st.tick(now_ms() + 6000, &x);
+  CHECK(r.j().state == JobState::recovering);
+  const auto& f = r.j().failures.back();
+  CHECK(f["cause"] == "step_timeout");
+  std::string msg = f["message"];
+  CHECK(msg.find("rank 0 (pid 100 on h1): step 3: allreduce gradients (bucket 1)") != std::string::npos);
+  CHECK(msg.find("rank 1 (pid 101 on h1): step 3: backward micro-batch 2") != std::string::npos);
+  CHECK(x.aborts.size() == 2);
+}
+
+TEST_CASE("watchdog: derived limit is max(10 s, 20 x the median step time)", "[watchdog]") {
+  Running r(1, 1, elastic(0));
+  Actions a;
+  CHECK(r.f.st.step_timeout_ms(r.j()) == 120000);  // nothing measured yet: start-up bound
+  for (int s = 0; s < 5; ++s) r.f.st.step(r.job, 0, StepSample{0, s, 2.0, 1e-3, 64, 1000.0, 1.0, {}}, &a);
+  CHECK(r.f.st.step_timeout_ms(r.j()) == Approx(20000));
+  Running q(1, 1, elastic(0));
+  for (int s = 0; s < 5; ++s) q.f.st.step(q.job, 0, StepSample{0, s, 2.0, 1e-3, 64, 5.0, 1.0, {}}, &a);
+  CHECK(q.f.st.step_timeout_ms(q.j()) == Approx(10000));
+}
+
+TEST_CASE("scale: drain at a step boundary, relaunch at the new size from the drain checkpoint",
+          "[elastic]") {
+  Running r(2, 2, elastic(0, 1, 4));
+  Actions a;
+  for (int s = 0; s < 3; ++s)
+    for (int k = 0; k < 2; ++k) r.f.st.step(r.job, 0, StepSample{k, s, 2.0, 1e-3, 64, 10.0, 1.0, {}}, &a);
+  std::string why;
+  Actions x;
+  CHECK_FALSE(r.f.st.scale(r.job, 8, &x, &why));
+  CHECK(why.find("not enough free devices") != std::string::npos);
+  REQUIRE(r.f.st.scale(r.job, 1, &x, &why));
+  REQUIRE(x.drains.size() == 2);
+  int64_t at = x.drains[0].step;
+  CHECK(at > 2);
+  CHECK(r.j().drain_step == at);
+  CHECK_FALSE(r.f.st.scale(r.job, 4, &x, &why));  // one resize at a time
+  Actions d;
+  r.f.st.worker_done(r.job, 0, 0, true, "drained", "", &d);
+  CHECK(r.j().state == JobState::running);
+  r.f.st.worker_done(r.job, 0, 1, true, "drained", "", &d);
+  CHECK(r.j().state == JobState::launching);
+  CHECK(r.j().generation == 1);
+  CHECK(r.j().restarts == 0);  // a resize is not a failure
+  CHECK(r.j().layout.str() == "1x1x1");
+  CHECK(d.launches.size() == 1);
+  CHECK(has_state_event(d, r.job, "recovering"));
+}
+
+TEST_CASE("elastic growth: a new agent makes a job below max_devices grow", "[elastic]") {
+  Fixture f;
+  Actions a;
+  f.st.register_agent(7, "h1", 1, cpus(1), &a);
+  auto job = f.st.submit(elastic(0, 1, 2), &a);
+  f.st.register_worker(7, job, 0, 0, "h1", 100, &a);
+  f.st.step(job, 0, StepSample{0, 0, 2.0, 1e-3, 64, 10.0, 1.0, {}}, &a);
+  Actions g;
+  f.st.register_agent(7, "h2", 2, cpus(1), &g);
+  REQUIRE(g.drains.size() == 1);
+  CHECK(f.st.job(job)->target_dp == 2);
+  Actions d;
+  f.st.worker_done(job, 0, 0, true, "drained", "", &d);
+  CHECK(f.st.job(job)->layout.str() == "2x1x1");
+  CHECK(d.launches.size() == 2);
+}
