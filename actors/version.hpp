@@ -6,6 +6,6 @@
 
 namespace troupe::actors {
 
-constexpr int32_t kProtocolVersion = 1;
+constexpr int32_t kProtocolVersion = 2;
 
 }  // namespace troupe::actors

@@ -1,4 +1,4 @@
-// troupe submit | status | list | watch | cancel: clients of the coordinator's ZeroMQ API.
+// troupe submit | status | list | watch | cancel | scale: clients of the coordinator's ZeroMQ API.
 #include <CLI/CLI.hpp>
 #include <fstream>
 #include <iostream>
@@ -122,6 +122,24 @@ void add_client_commands(CLI::App& app, int* exit_code) {
       auto r = coord::api_call(options(f), {{"op", "cancel"}, {"job", job}});
       *exit_code = report(r, f.json, [](const nlohmann::json& r) {
         std::cout << r["job"].get<std::string>() << " cancelled\n";
+      });
+    });
+  }
+  {
+    auto* cmd = app.add_subcommand(
+        "scale", "Resize a running job: checkpoint at a step boundary, relaunch with a new data size");
+    static ClientFlags f;
+    static std::string job;
+    static int devices = 0;
+    add_flags(cmd, &f);
+    cmd->add_option("job", job, "Job id")->required();
+    cmd->add_option("--devices", devices, "Devices wanted (a multiple of pipeline x tensor)")->required();
+    cmd->callback([exit_code] {
+      auto r = coord::api_call(options(f), {{"op", "scale"}, {"job", job}, {"devices", devices}});
+      *exit_code = report(r, f.json, [](const nlohmann::json& r) {
+        std::cout << r["job"].get<std::string>() << " resizes from " << r["from_layout"].get<std::string>()
+                  << " to " << r["devices"].get<int>() << " devices after step "
+                  << r["after_step"].get<int64_t>() << "\n";
       });
     });
   }

@@ -1,0 +1,53 @@
+// Helpers of the fault tests: specs with checkpoints and fault/elastic keys,
+// the loss curve of a run directory, and the pids a job has used.
+#pragma once
+
+#include <map>
+#include <set>
+
+#include "tests/control/cluster.hpp"
+
+namespace troupe::test {
+
+// The tiny GPT of configs/layouts with `dp` data ranks, `steps` steps, a
+// checkpoint every `every` steps, and extra YAML sections appended.
+inline std::string fault_spec(const std::string& name, int dp, int steps, int every,
+                              const std::string& extra) {
+  std::string s = read_file(std::string(TROUPE_SOURCE_DIR) + "/configs/layouts/tiny_dp2_pp1_tp1.yaml");
+  auto replace = [&](const std::string& from, const std::string& to) {
+    auto p = s.find(from);
+    if (p != std::string::npos) s.replace(p, from.size(), to);
+  };
+  replace("name: tiny-dp2-pp1-tp1", "name: " + name);
+  replace("steps: 10", "steps: " + std::to_string(steps));
+  replace("data: 2", "data: " + std::to_string(dp));
+  return s + "\ncheckpoint:\n  every: " + std::to_string(every) + "\n  keep: 3\n" + extra;
+}
+
+// step -> loss of metrics.jsonl; a step written again by a later generation overrides.
+inline std::map<int64_t, double> loss_curve(const std::string& run_dir) {
+  std::map<int64_t, double> curve;
+  std::ifstream in(run_dir + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto m = nlohmann::json::parse(line, nullptr, false);
+    if (m.is_object() && m.contains("loss")) curve[m["step"].get<int64_t>()] = m["loss"].get<double>();
+  }
+  return curve;
+}
+
+// Remembers every worker pid a job's status has shown.
+struct PidLog {
+  std::set<int> pids;
+  void add(const nlohmann::json& status) {
+    if (!status.is_object()) return;
+    for (int p : worker_pids(status))
+      if (p > 0) pids.insert(p);
+  }
+  bool all_gone() const {
+    for (int p : pids)
+      if (process_alive(p)) return false;
+    return true;
+  }
+};
+
+}  // namespace troupe::test
