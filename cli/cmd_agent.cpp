@@ -10,6 +10,9 @@ void add_agent_command(CLI::App& app, int* exit_code) {
   static worker::AgentOptions o;
   cmd->add_option("--coordinator", o.coordinator, "HOST:PORT of the coordinator (its --listen)")->required();
   cmd->add_option("--devices", o.devices, "cpu:N, cuda:all or cuda:0,1")->capture_default_str();
+  cmd->add_option("--reconnect-timeout", o.reconnect_timeout_s,
+                  "Seconds to keep reconnecting after the coordinator goes away (its workers are stopped)")
+      ->capture_default_str();
   cmd->add_option("--protocol-version-override", o.protocol_override)->group("");
   cmd->add_option("--worker-protocol-version-override", o.worker_protocol_override)->group("");
   cmd->callback([exit_code] { *exit_code = worker::run_agent(o); });

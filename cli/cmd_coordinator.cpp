@@ -19,6 +19,9 @@ void add_coordinator_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--api-token-file", o.api_token_file,
                   "File whose first line every API request must carry as \"token\" (required off loopback)");
   cmd->add_option("--runs-dir", o.runs_dir, "Root of the run directories")->capture_default_str();
+  cmd->add_option("--state-dir", o.state_dir,
+                  "Keep the job table in DIR/jobs.json; a coordinator restarted with the same DIR continues "
+                  "its jobs");
   cmd->add_option("--ready-file", o.ready_file, "Write the bound addresses here as JSON once serving");
   cmd->add_option("--protocol-version-override", o.protocol_override)->group("");
   cmd->callback([exit_code] {

@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -157,8 +158,27 @@ void take_shard(self_ptr self, const CkptShard& r, caf::typed_response_promise<C
   s.ckpt_waiting.erase(key);
 }
 
+// Saves the job table when an event changed it (a step or an agent does not).
+void persist(self_ptr self, const std::vector<nlohmann::json>& events) {
+  auto& s = self->state;
+  if (s.opt.state_dir.empty()) return;
+  bool changed = false;
+  for (const auto& e : events) {
+    const std::string kind = e.value("event", "");
+    changed = changed || (kind != "step" && kind != "agent" && kind != "log" && kind != "worker_exit");
+  }
+  if (!changed) return;
+  try {
+    save_table(s.opt.state_dir, s.st->table_json());
+  } catch (const std::exception& ex) {
+    // The jobs keep running; the table on disk is the previous one, intact.
+    std::cerr << "troupe coordinator: cannot save the job table: " << ex.what() << std::endl;
+  }
+}
+
 void apply(self_ptr self, Actions&& a) {
   auto& s = self->state;
+  persist(self, a.events);
   for (auto& e : a.events) record_event(self, std::move(e));
   for (const auto& l : a.launches) {
     auto it = s.agents.find(l.agent_id);
@@ -218,6 +238,26 @@ void wake_waiters(self_ptr self, const std::vector<uint64_t>& ids) {
 coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorOptions opt) {
   self->state.opt = opt;
   self->state.st = std::make_unique<CoordinatorState>(opt.runs_dir, opt.protocol);
+  if (!opt.state_dir.empty()) {
+    auto table = load_table_file(opt.state_dir);
+    if (!table.is_null()) {
+      Actions a;
+      self->state.st->load_table(table, &a);
+      // Live jobs keep writing to the run directories they had.
+      for (const auto& [id, job] : self->state.st->jobs()) {
+        if (is_terminal(job.state)) continue;
+        try {
+          std::filesystem::path dir = job.run_dir;
+          auto rd = std::make_unique<RunDir>(dir.parent_path().string(), job.request.name, id);
+          rd->event("coordinator restarted: job table loaded from " + state_file(opt.state_dir));
+          self->state.run_dirs[id] = std::move(rd);
+        } catch (const std::exception& ex) {
+          std::cerr << "troupe coordinator: job " << id << ": " << ex.what() << std::endl;
+        }
+      }
+      apply(self, std::move(a));
+    }
+  }
   self->delayed_send(self, kTick, tick_atom::value);
 
   self->set_down_handler([=](caf::down_msg& dm) {

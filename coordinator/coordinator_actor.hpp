@@ -16,6 +16,10 @@ struct CoordinatorActorOptions {
   std::function<void(const std::string&)> on_event;
   // How long aborted workers get to exit on their own before their agent SIGKILLs them.
   std::chrono::milliseconds kill_grace{2000};
+  // "" = the job table lives in memory only. Otherwise it is saved to this
+  // directory on every job transition and loaded from it when the actor starts
+  // (coordinator/state.hpp: load_table); a malformed table throws troupe::Error.
+  std::string state_dir;
 };
 
 actors::coordinator_actor spawn_coordinator(caf::actor_system& sys, CoordinatorActorOptions options);

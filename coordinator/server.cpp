@@ -13,6 +13,7 @@
 #include "coordinator/api.hpp"
 #include "coordinator/api_server.hpp"
 #include "coordinator/coordinator_actor.hpp"
+#include "coordinator/state.hpp"
 #include "core/error.hpp"
 
 namespace troupe::coord {
@@ -40,6 +41,18 @@ int run_coordinator(const CoordinatorOptions& o) {
   if (!o.api_token_file.empty()) token = read_token_file(o.api_token_file);
   auto [host, port] = actors::parse_host_port(o.listen);
 
+  size_t loaded_jobs = 0;
+  if (!o.state_dir.empty()) {
+    // A table that does not load stops the start here, with its reason, instead of inside the actor.
+    auto table = load_table_file(o.state_dir);
+    if (!table.is_null()) {
+      CoordinatorState check(o.runs_dir, actors::kProtocolVersion);
+      Actions ignored;
+      check.load_table(table, &ignored);
+      loaded_jobs = check.jobs().size();
+    }
+  }
+
   actors::NodeConfig cfg;
   caf::actor_system sys{cfg};
 
@@ -47,6 +60,7 @@ int run_coordinator(const CoordinatorOptions& o) {
   ApiServer* api_ptr = nullptr;
   CoordinatorActorOptions copt;
   copt.runs_dir = o.runs_dir;
+  copt.state_dir = o.state_dir;
   if (o.protocol_override) copt.protocol = o.protocol_override;
   copt.on_event = [&](const std::string& e) {
     std::lock_guard<std::mutex> lock(api_mu);
@@ -90,6 +104,9 @@ int run_coordinator(const CoordinatorOptions& o) {
   std::string listen = host + ":" + std::to_string(*published);
   nlohmann::json ready = {
       {"listen", listen}, {"api", api->endpoint()}, {"pub", api->pub_endpoint()}, {"pid", getpid()}};
+  if (!o.state_dir.empty())
+    std::cout << "troupe coordinator: job table in " << state_file(o.state_dir) << " (" << loaded_jobs
+              << " job(s) loaded)" << std::endl;
   std::cout << "troupe coordinator: agents and workers connect to " << listen << "; API " << api->endpoint()
             << ", events " << api->pub_endpoint() << std::endl;
   if (!o.ready_file.empty()) {
@@ -100,10 +117,14 @@ int run_coordinator(const CoordinatorOptions& o) {
 
   int sig = 0;
   while (sig <= 0) sig = sigwaitinfo(&sigs, nullptr);
+  // With a state directory the jobs outlive this process: a coordinator started
+  // again on the same directory continues them from their checkpoints.
+  const bool keep_jobs = !o.state_dir.empty();
   std::cout << "troupe coordinator: " << (sig == SIGINT ? "interrupted" : "terminated")
-            << ", cancelling running jobs" << std::endl;
+            << (keep_jobs ? ", jobs kept in " + state_file(o.state_dir) : ", cancelling running jobs")
+            << std::endl;
   auto list = nlohmann::json::parse(ask(R"({"op":"list"})"), nullptr, false);
-  if (list.is_object() && list.contains("jobs"))
+  if (!keep_jobs && list.is_object() && list.contains("jobs"))
     for (const auto& j : list["jobs"]) {
       std::string st = j.value("state", "");
       if (st != "succeeded" && st != "failed" && st != "cancelled")

@@ -12,6 +12,7 @@ struct CoordinatorOptions {
   std::string api_pub;                       // PUB; "" = next port
   std::string api_token_file;                // required when the API binds a non-loopback address
   std::string runs_dir = "runs";
+  std::string state_dir;   // "" = the job table is not persisted; else saved and reloaded here
   std::string ready_file;  // written once serving: {"listen":"host:port","api":...,"pub":...,"pid":...}
   int protocol_override = 0;
 };

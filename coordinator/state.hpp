@@ -198,6 +198,18 @@ class CoordinatorState {
   // "" if (job, generation) may use the store, else why not.
   std::string store_refusal(const std::string& job_id, int generation) const;
 
+  // ---- persistence (`troupe coordinator --state-dir`)
+  // The job table: every job's id, name, request (resolved spec, layout, policy),
+  // state, generation, restarts, run dir, checkpoint and failures, in submission order.
+  nlohmann::json table_json() const;
+  // Loads a saved table into a state that has no jobs yet. Queued and terminal
+  // jobs stay as they were; a job that was planning, launching, running or
+  // recovering lost its generation with the old coordinator: it becomes
+  // recovering as generation + 1 (not counted as a restart) and relaunches from
+  // its newest verified checkpoint once devices are there. Throws troupe::Error
+  // on a malformed table.
+  void load_table(const nlohmann::json& table, Actions* out);
+
   // For tests and ids: a fixed id generator replaces make_job_id().
   void set_id_source(std::function<std::string()> f) { make_id_ = std::move(f); }
 
@@ -227,6 +239,14 @@ class CoordinatorState {
   std::function<std::string()> make_id_;
   std::function<std::string(const std::string&, std::vector<std::string>*)> find_checkpoint_;
 };
+
+// The job table file under a state directory: written to a temporary file,
+// fsynced, renamed over `jobs.json` and the directory fsynced, so a crash at any
+// moment leaves the previous table or the new one. Throw troupe::Error.
+std::string state_file(const std::string& state_dir);
+void save_table(const std::string& state_dir, const nlohmann::json& table);
+// The saved table, or null when the directory holds none yet.
+nlohmann::json load_table_file(const std::string& state_dir);
 
 double now_ms();
 // "SIGKILL" for 9, "signal 42" for unnamed ones.

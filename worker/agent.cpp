@@ -123,16 +123,22 @@ agent_actor::behavior_type agent_fn(self_ptr self, coordinator_actor coordinator
   self->state.opt = std::move(opt);
   self->state.coordinator = coordinator;
   self->monitor(coordinator);
-  self->set_down_handler(
-      [=](caf::down_msg& dm) { stop(self, 1, "lost the coordinator: " + self->system().render(dm.reason)); });
+  self->set_down_handler([=](caf::down_msg& dm) {
+    stop(self, kAgentLostCoordinator, "lost the coordinator: " + self->system().render(dm.reason));
+  });
   AgentHello hello{self->state.opt.protocol, host_name(), static_cast<int32_t>(getpid()),
                    self->state.opt.devices};
   self->request(coordinator, std::chrono::seconds(30), reg_agent_atom::value, hello)
       .then(
           [=](const Welcome& w) {
-            if (!w.accepted) stop(self, 1, "refused by the coordinator: " + w.message);
+            if (!w.accepted)
+              stop(self, 1, "refused by the coordinator: " + w.message);
+            else if (self->state.opt.on_registered)
+              self->state.opt.on_registered();
           },
-          [=](caf::error& e) { stop(self, 1, "registration failed: " + self->system().render(e)); });
+          [=](caf::error& e) {
+            stop(self, kAgentLostCoordinator, "registration failed: " + self->system().render(e));
+          });
   self->delayed_send(self, kReapEvery, tick_atom::value);
   return {
       [=](launch_atom, const LaunchRequest& r) -> int32_t { return start_worker(self, r); },

@@ -13,14 +13,20 @@
 
 namespace troupe::worker {
 
+// on_stop's code when the coordinator went away (or never answered the
+// registration): the workers are killed and reaped; the process may reconnect.
+constexpr int kAgentLostCoordinator = 3;
+
 struct AgentActorOptions {
   std::string coordinator_address;   // "host:port" handed to the workers
   std::vector<std::string> devices;  // "cpu:0", ...
   std::string worker_binary = "/proc/self/exe";
   int protocol = actors::kProtocolVersion;
   int worker_protocol_override = 0;  // tests: start workers that claim another version
-  // Called once when the agent stops: exit code and why (refused, coordinator lost, shut down).
+  // Called once when the agent stops: a code (0 shut down, 1 refused, kAgentLostCoordinator) and why.
   std::function<void(int, const std::string&)> on_stop;
+  // Called when the coordinator accepted the registration.
+  std::function<void()> on_registered;
 };
 
 actors::agent_actor spawn_agent(caf::actor_system& sys, actors::coordinator_actor coordinator,

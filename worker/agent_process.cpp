@@ -1,7 +1,9 @@
 // The `troupe agent` process: connect, register, serve until told to stop.
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <iostream>
 #include <mutex>
@@ -52,6 +54,70 @@ std::vector<std::string> expand_devices(const std::string& spec) {
   return out;
 }
 
+namespace {
+
+enum class SessionEnd { unreachable, signalled, stopped };
+
+struct Session {
+  SessionEnd end = SessionEnd::unreachable;
+  int sig = 0;
+  int code = 0;
+  std::string why;
+  bool registered = false;
+  std::string unreachable;  // why the connection failed
+};
+
+// One connection to the coordinator: its own actor system, so that nothing of a
+// dead coordinator (cached connections, proxies) is reused by the next one.
+Session serve(const AgentOptions& o, const std::vector<std::string>& devices,
+              const std::pair<std::string, uint16_t>& addr, const sigset_t& sigs, bool again) {
+  Session out;
+  actors::NodeConfig cfg;
+  caf::actor_system sys{cfg};
+  auto coord = sys.middleman().remote_actor<actors::coordinator_actor>(addr.first, addr.second);
+  if (!coord) {
+    out.unreachable = sys.render(coord.error());
+    return out;
+  }
+  std::mutex mu;
+  std::atomic<bool> stopped{false};
+  AgentActorOptions aopt;
+  aopt.coordinator_address = o.coordinator;
+  aopt.devices = devices;
+  aopt.worker_binary = o.worker_binary;
+  if (o.protocol_override) aopt.protocol = o.protocol_override;
+  aopt.worker_protocol_override = o.worker_protocol_override;
+  aopt.on_stop = [&](int c, const std::string& w) {
+    std::lock_guard<std::mutex> lock(mu);
+    out.code = c;
+    out.why = w;
+    stopped.store(true);
+  };
+  aopt.on_registered = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    out.registered = true;
+  };
+  auto agent = spawn_agent(sys, *coord, aopt);
+  out.end = SessionEnd::stopped;
+  std::cout << "troupe agent: " << (again ? "reconnected, offering" : "offering");
+  for (const auto& d : devices) std::cout << " " << d;
+  std::cout << " to " << o.coordinator << std::endl;
+  timespec poll{0, 50 * 1000 * 1000};
+  while (!stopped.load()) {
+    int s = sigtimedwait(&sigs, nullptr, &poll);
+    if (s > 0) {
+      out.end = SessionEnd::signalled;
+      out.sig = s;
+      caf::anon_send(agent, actors::shutdown_atom::value);
+      while (!stopped.load()) sigtimedwait(&sigs, nullptr, &poll);
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  return out;
+}
+
+}  // namespace
+
 int run_agent(const AgentOptions& o) {
   sigset_t sigs;
   sigemptyset(&sigs);
@@ -68,49 +134,52 @@ int run_agent(const AgentOptions& o) {
     std::cerr << "troupe agent: " << e.what() << "\n";
     return 2;
   }
-  actors::NodeConfig cfg;
-  caf::actor_system sys{cfg};
-  auto coord = sys.middleman().remote_actor<actors::coordinator_actor>(addr.first, addr.second);
-  if (!coord) {
-    std::cerr << "troupe agent: cannot reach the coordinator at " << o.coordinator << ": "
-              << sys.render(coord.error()) << "\n";
-    return 1;
-  }
-  std::mutex mu;
-  std::atomic<bool> stopped{false};
-  int code = 0;
-  std::string why;
-  AgentActorOptions aopt;
-  aopt.coordinator_address = o.coordinator;
-  aopt.devices = devices;
-  aopt.worker_binary = o.worker_binary;
-  if (o.protocol_override) aopt.protocol = o.protocol_override;
-  aopt.worker_protocol_override = o.worker_protocol_override;
-  aopt.on_stop = [&](int c, const std::string& w) {
-    std::lock_guard<std::mutex> lock(mu);
-    code = c;
-    why = w;
-    stopped.store(true);
-  };
-  auto agent = spawn_agent(sys, *coord, aopt);
-  std::cout << "troupe agent: offering";
-  for (const auto& d : devices) std::cout << " " << d;
-  std::cout << " to " << o.coordinator << std::endl;
-
-  int sig = 0;
-  timespec poll{0, 50 * 1000 * 1000};
-  while (!stopped.load()) {
-    int s = sigtimedwait(&sigs, nullptr, &poll);
-    if (s > 0) {
-      sig = s;
-      caf::anon_send(agent, actors::shutdown_atom::value);
-      while (!stopped.load()) sigtimedwait(&sigs, nullptr, &poll);
+  using clock = std::chrono::steady_clock;
+  const auto timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(std::max(o.reconnect_timeout_s, 0.0) * 1000));
+  constexpr auto kFirstBackoff = std::chrono::milliseconds(100),
+                 kMaxBackoff = std::chrono::milliseconds(2000);
+  bool connected_once = false;
+  std::string lost_why;
+  clock::time_point lost_at;
+  auto backoff = kFirstBackoff;
+  for (;;) {
+    Session s = serve(o, devices, addr, sigs, connected_once);
+    if (s.end == SessionEnd::signalled) return s.sig == SIGINT ? 130 : 0;
+    if (s.end == SessionEnd::unreachable && !connected_once) {
+      std::cerr << "troupe agent: cannot reach the coordinator at " << o.coordinator << ": " << s.unreachable
+                << "\n";
+      return 1;
     }
+    if (s.end == SessionEnd::stopped) {
+      connected_once = true;
+      if (s.code != kAgentLostCoordinator) {
+        if (s.code != 0) std::cerr << "troupe agent: " << s.why << "\n";
+        return s.code;
+      }
+      // A registered session restarts the clock; one that never registered does not,
+      // so a coordinator that accepts connections but never answers still ends the wait.
+      if (s.registered || lost_why.empty()) {
+        lost_at = clock::now();
+        backoff = kFirstBackoff;
+      }
+      lost_why = s.why;
+      std::cerr << "troupe agent: " << lost_why << "; workers stopped, reconnecting to " << o.coordinator
+                << " for up to " << o.reconnect_timeout_s << " s" << std::endl;
+    }
+    auto left = lost_at + timeout - clock::now();
+    if (left <= clock::duration::zero()) {
+      std::cerr << "troupe agent: " << lost_why << "; no coordinator at " << o.coordinator << " for "
+                << o.reconnect_timeout_s << " s, giving up\n";
+      return 1;
+    }
+    auto wait = std::min<clock::duration>(backoff, left);
+    auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(wait).count();
+    timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+    int sig = sigtimedwait(&sigs, nullptr, &ts);
+    if (sig > 0) return sig == SIGINT ? 130 : 0;
+    backoff = std::min(backoff * 2, kMaxBackoff);
   }
-  std::lock_guard<std::mutex> lock(mu);
-  if (code != 0) std::cerr << "troupe agent: " << why << "\n";
-  if (sig) return sig == SIGINT ? 130 : 0;
-  return code;
 }
 
 }  // namespace troupe::worker

@@ -12,6 +12,8 @@ struct AgentOptions {
   std::string worker_binary = "/proc/self/exe";
   int protocol_override = 0;         // hidden: test a refused registration
   int worker_protocol_override = 0;  // hidden: start workers that claim another version
+  // After losing the coordinator, how long to keep reconnecting (backoff 100 ms doubling to 2 s).
+  double reconnect_timeout_s = 60;
 };
 
 // "cpu:4" -> cpu:0..cpu:3; "cuda:all" -> every GPU the driver lists; "cuda:0,2" -> cuda:0, cuda:2.
@@ -19,7 +21,11 @@ struct AgentOptions {
 std::vector<std::string> expand_devices(const std::string& spec);
 
 // Registers, serves launch requests until SIGINT/SIGTERM (130 / 0) or until the
-// coordinator goes away or refuses it (1). Every worker is killed and reaped first.
+// coordinator refuses it (1). When the coordinator goes away the workers are
+// killed and reaped (their generation is dead), and the agent reconnects to the
+// same address and registers again; after reconnect_timeout_s without a
+// coordinator it exits (1). The first connection is not retried: a wrong
+// address fails at once (1).
 int run_agent(const AgentOptions& options);
 
 struct WorkerOptions {

@@ -252,7 +252,8 @@ TEST_CASE("an API off loopback needs a token, and every request must carry it", 
 TEST_CASE("Ctrl-C stops the coordinator, agents and workers follow, no orphans", "[control][multiprocess]") {
   Cluster c;
   REQUIRE(c.ready());
-  Proc& agent = c.add_agent("cpu:1");
+  // The agent waits a second for a coordinator to come back, then gives up.
+  Proc& agent = c.add_agent("cpu:1", {"--reconnect-timeout", "1"});
   REQUIRE(c.wait_devices(1));
   std::string job = c.call({{"op", "submit"}, {"spec", tiny_spec("sigint", 1000000)}})["job"];
   REQUIRE(c.wait_state(job, [](const json& s) { return s["steps_done"] > 0; }));
@@ -261,6 +262,7 @@ TEST_CASE("Ctrl-C stops the coordinator, agents and workers follow, no orphans",
   CHECK(c.coordinator().wait(30s) == 130);
   CHECK(agent.wait(30s) == 1);
   CHECK(agent.output().find("lost the coordinator") != std::string::npos);
+  CHECK(agent.output().find("giving up") != std::string::npos);
   CHECK(wait_until([&] { return !process_alive(worker); }, 10s));
 }
 
