@@ -50,6 +50,17 @@ Stage::Stage(const ModelConfig& cfg, const StageRange& range, int n_slots, int m
     head_.out = static_cast<int>(V);
     dlogits_ = Tensor::zeros({N, V});
   }
+  const float* flat = store_.flat_grads().f32();
+  const size_t n_flat = static_cast<size_t>(store_.flat_grads().numel());
+  auto offset_of = [&](const Param& p) { return static_cast<size_t>(p.grad.f32() - flat); };
+  head_begin_ = range.has_head ? offset_of(store_.get("ln_f.weight")) : n_flat;
+  block_begin_.assign(blocks_.size(), n_flat);
+  for (const Param& p : store_.params())
+    for (int l = range.first; l < range.last; ++l)
+      if (p.name.rfind("h." + std::to_string(l) + ".", 0) == 0) {
+        size_t& b = block_begin_[static_cast<size_t>(l - range.first)];
+        b = std::min(b, offset_of(p));
+      }
   ws_ = Workspace(cfg, max_B_, shard);
   slots_.resize(static_cast<size_t>(n_slots));
   for (Slot& s : slots_) {
@@ -110,8 +121,14 @@ double Stage::forward(int slot, const int32_t* tokens, const float* x_in, const 
   return k::cross_entropy(nullptr, s.logits.f32(), s.targets.i32(), N, V, 0.0f);
 }
 
-void Stage::backward(int slot, const float* dout, float dloss) {
+void Stage::backward(int slot, const float* dout, float dloss, const ReadyFn& on_ready) {
   Slot& s = slot_at(slot);
+  // The lowest flat-gradient offset reported final so far.
+  size_t ready = static_cast<size_t>(store_.flat_grads().numel());
+  auto report = [&](size_t first) {
+    if (on_ready && first < ready) on_ready(first, ready);
+    ready = std::min(ready, first);
+  };
   TROUPE_CHECK(s.forwarded, "backward(", slot, ") without a forward of that slot");
   const int B = s.B, T = s.T, N = B * T, D = cfg_.d_model, V = cfg_.vocab_size;
   const size_t nd = static_cast<size_t>(N) * D;
@@ -128,6 +145,8 @@ void Stage::backward(int slot, const float* dout, float dloss) {
     head_.backward(dlnf, dlogits, s.lnf.f32(), N);
     std::fill(dres, dres + nd, 0.0f);
     ln_f_.backward(dres, dlnf, s.resid.back().f32(), s.lnf_mean.f32(), s.lnf_rstd.f32(), N);
+    // A full stage's wte (first in the buffer) still takes the embedding's gradient.
+    report(head_begin_);
   } else {
     TROUPE_CHECK(dout != nullptr, "a stage without the head needs the gradient of its output");
     std::memcpy(dres, dout, sizeof(float) * nd);
@@ -141,11 +160,13 @@ void Stage::backward(int slot, const float* dout, float dloss) {
     } else {
       blocks_[b]->backward(slot, dres, s.resid[b].f32(), B, T, ws_);
     }
+    report(block_begin_[b]);
   }
   if (range_.has_embedding)
     k::embedding_backward(dwte_, dwpe_, dres, s.tokens.i32(), B, T, D, V);
   else
     std::memcpy(s.dinput.data(), dres, sizeof(float) * nd);
+  report(0);
 }
 
 Tensor Stage::output(int slot) const {

@@ -23,6 +23,8 @@
 // input_grad; the replicated parameters' grads are the same on every shard.
 #pragma once
 
+#include <cstddef>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -53,7 +55,14 @@ class Stage {
   // dL/d(each token's loss), e.g. 1/(global tokens), and the slot must have had targets.
   // Accumulates into every parameter grad; when !has_embedding, input_grad(slot) =
   // dL/d x_in (overwritten).
-  void backward(int slot, const float* dout, float dloss);
+  //
+  // on_ready (optional) is told which floats of store().flat_grads() this call has
+  // finished writing, as they finish: after the head, after each block (in reverse) and
+  // after the embedding. The ranges are contiguous and walk from the end of the buffer
+  // to its start, padding included, so together they cover [0, flat numel) once; a
+  // caller may ship [first_float, end) of the last accumulation while the rest runs.
+  using ReadyFn = std::function<void(size_t first_float, size_t end_float)>;
+  void backward(int slot, const float* dout, float dloss, const ReadyFn& on_ready = {});
 
   Tensor output(int slot) const;      // (B,T,D) view, valid after forward(slot), !has_head
   Tensor input_grad(int slot) const;  // (B,T,D) view, valid after backward(slot), !has_embedding
@@ -100,6 +109,11 @@ class Stage {
   Linear head_;     // tied: weight = wte, no bias
   LayerNorm ln_f_;
   float *wte_ = nullptr, *dwte_ = nullptr, *wpe_ = nullptr, *dwpe_ = nullptr;
+  // Flat-gradient offsets where the head's parameters (ln_f, the tied wte of a head-only
+  // stage) and each block begin; the head's run ends at the buffer's end and the
+  // embedding's (wte, wpe of the first stage) starts at 0.
+  size_t head_begin_ = 0;
+  std::vector<size_t> block_begin_;
 
   Slot& slot_at(int slot);
 };

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
 #include <exception>
 #include <filesystem>
 #include <mutex>
@@ -33,6 +36,7 @@ namespace {
 // Bytes of synthetic data: enough windows that batches of small test models do not repeat soon.
 constexpr size_t kSyntheticBytes = size_t(1) << 20;
 // Data-parallel gradient buckets: 4 Mi floats (16 MiB), reduced one after another.
+// TROUPE_DP_BUCKET_FLOATS overrides the size.
 constexpr size_t kBucketFloats = size_t(4) << 20;
 // Tags of the forward-only evaluation chain (the training schedule's tags stay below).
 constexpr uint32_t kEvalTagBase = 1u << 30;
@@ -62,6 +66,122 @@ parallel::ScheduleKind schedule_kind(Schedule s) {
 
 std::string shard_file(int rank) { return "shard_r" + std::to_string(rank) + ".safetensors"; }
 
+size_t env_size(const char* name, size_t fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  const unsigned long long x = std::strtoull(v, &end, 10);
+  TROUPE_CHECK(end != nullptr && *end == '\0', name, "=", v, " is not a non-negative integer");
+  return size_t(x);
+}
+
+// The buckets of a flat gradient buffer of n floats: fixed-size runs cut from the end, so
+// the first bucket complete during backward (which walks the buffer from its end) is the
+// first to go; the partial one is [0, n mod size). The overlapped and the post-backward
+// reductions cut the same buckets, so every element sees the same collective.
+size_t bucket_begin(size_t end, size_t bucket) { return end > bucket ? end - bucket : 0; }
+
+// Allreduces gradient buckets over the data-parallel group on a thread of its own while
+// the engine thread runs the rest of the backward. During a step only this thread uses
+// the group; the first error is kept and rethrown by wait() on the engine thread.
+class BucketReducer {
+ public:
+  using clock = std::chrono::steady_clock;
+
+  BucketReducer(comm::Communicator* group, const comm::Options& opt)
+      : group_(group), opt_(opt), thread_([this] { run(); }) {}
+  ~BucketReducer() {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      stop_ = true;
+      queue_.clear();
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  BucketReducer(const BucketReducer&) = delete;
+  BucketReducer& operator=(const BucketReducer&) = delete;
+
+  void submit(float* data, size_t count) {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      queue_.push_back({data, count});
+    }
+    cv_.notify_all();
+  }
+
+  // Blocks until every submitted bucket is reduced (or dropped after an error); rethrows
+  // the first error. Returns the busy intervals of the buckets since the last wait.
+  std::vector<std::pair<clock::time_point, clock::time_point>> wait() {
+    std::unique_lock<std::mutex> lock(m_);
+    idle_.wait(lock, [&] { return queue_.empty() && !busy_; });
+    auto spans = std::move(spans_);
+    spans_.clear();
+    if (error_) {
+      std::exception_ptr e = error_;
+      error_ = nullptr;
+      std::rethrow_exception(e);
+    }
+    return spans;
+  }
+
+  // The engine thread failed mid-backward: queued buckets are dropped, and one in flight
+  // is released by aborting the group (its peers learn at once; the step is lost anyway).
+  void cancel() noexcept {
+    std::unique_lock<std::mutex> lock(m_);
+    queue_.clear();
+    if (busy_) group_->abort();
+    idle_.wait(lock, [&] { return !busy_; });
+    spans_.clear();
+    error_ = nullptr;
+  }
+
+ private:
+  struct Bucket {
+    float* data;
+    size_t count;
+  };
+
+  void run() {
+    std::unique_lock<std::mutex> lock(m_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (stop_) return;
+      const Bucket b = queue_.front();
+      queue_.pop_front();
+      if (error_) {
+        if (queue_.empty()) idle_.notify_all();
+        continue;
+      }
+      busy_ = true;
+      lock.unlock();
+      std::exception_ptr err;
+      const auto t0 = clock::now();
+      try {
+        group_->allreduce(b.data, b.count, comm::ReduceOp::sum, opt_);
+      } catch (...) {
+        err = std::current_exception();
+      }
+      const auto t1 = clock::now();
+      lock.lock();
+      busy_ = false;
+      spans_.emplace_back(t0, t1);
+      if (err && !error_) error_ = err;
+      if (queue_.empty()) idle_.notify_all();
+    }
+  }
+
+  comm::Communicator* group_;
+  comm::Options opt_;
+  std::mutex m_;
+  std::condition_variable cv_, idle_;
+  std::deque<Bucket> queue_;
+  bool busy_ = false, stop_ = false;
+  std::exception_ptr error_;
+  std::vector<std::pair<clock::time_point, clock::time_point>> spans_;
+  std::thread thread_;  // last: starts once the members it uses exist
+};
+
 }  // namespace
 
 struct Engine::Impl {
@@ -85,6 +205,14 @@ struct Engine::Impl {
   std::vector<model::Param*> params;                 // every chunk's, in chunk order
   std::vector<ParamRef> refs;
   std::unique_ptr<AdamW> opt;
+  // Data-parallel reduction: bucket size and, with pp == 1, the thread that reduces each
+  // bucket of the last micro-batch's backward as soon as it is final (TROUPE_DP_OVERLAP=0:
+  // after the backward, on the engine thread). With a pipeline the last backward of each
+  // chunk runs inside the executor, interleaved with transfers of other micro-batches,
+  // and the tied-embedding sum has to precede the embedding's bucket, so the reduction
+  // stays after the schedule.
+  size_t bucket_floats = kBucketFloats;
+  std::unique_ptr<BucketReducer> reducer;
 
   int64_t next_step = 0;
   std::vector<int32_t> tokens, targets;
@@ -122,6 +250,11 @@ struct Engine::Impl {
         refs.push_back({p.name, p.data.f32(), p.grad.f32(), size_t(p.data.numel()), p.decay});
       }
     opt = std::make_unique<AdamW>(s.train.optimizer, refs);
+    bucket_floats = env_size("TROUPE_DP_BUCKET_FLOATS", kBucketFloats);
+    TROUPE_CHECK(bucket_floats > 0, "TROUPE_DP_BUCKET_FLOATS must be positive");
+    const char* overlap = std::getenv("TROUPE_DP_OVERLAP");
+    if (dp_group && !exec && !(overlap != nullptr && std::string(overlap) == "0"))
+      reducer = std::make_unique<BucketReducer>(dp_group.get(), copt);
     tokens.resize(size_t(micro_batch) * T);
     targets.resize(size_t(micro_batch) * T);
     if (!a.resume_from.empty())
@@ -240,11 +373,41 @@ struct Engine::Impl {
       const Tensor& flat = st->store().flat_grads();
       float* g = flat.f32();
       const size_t n = size_t(flat.numel());
-      for (size_t off = 0; off < n; off += kBucketFloats) {
+      size_t k = 0;
+      for (size_t end = n; end > 0; end = bucket_begin(end, bucket_floats), ++k) {
         set_where("step " + std::to_string(next_step) + ": data-parallel allreduce of bucket " +
-                  std::to_string(off / kBucketFloats));
-        dp_group->allreduce(g + off, std::min(kBucketFloats, n - off), comm::ReduceOp::sum, copt);
+                  std::to_string(k));
+        const size_t begin = bucket_begin(end, bucket_floats);
+        dp_group->allreduce(g + begin, end - begin, comm::ReduceOp::sum, copt);
       }
+    }
+  }
+
+  // The last micro-batch's backward on a pipeline-free rank, each gradient bucket handed
+  // to the reducer as soon as the backward has finished writing it. Returns when the
+  // backward is done; the buckets may still be in flight (reducer->wait()).
+  void backward_overlapped(model::Stage& st, float dloss) {
+    const Tensor& flat = st.store().flat_grads();
+    float* g = flat.f32();
+    const size_t n = size_t(flat.numel());
+    size_t ready_from = n, next_end = n;
+    auto ship = [&](size_t final_from) {
+      while (next_end > 0 && bucket_begin(next_end, bucket_floats) >= final_from) {
+        const size_t begin = bucket_begin(next_end, bucket_floats);
+        reducer->submit(g + begin, next_end - begin);
+        next_end = begin;
+      }
+    };
+    try {
+      st.backward(0, nullptr, dloss, [&](size_t first, size_t end) {
+        if (end != ready_from) return;  // not the tail: waits for the flush below
+        ready_from = first;
+        ship(ready_from);
+      });
+      ship(0);
+    } catch (...) {
+      reducer->cancel();
+      throw;
     }
   }
 
@@ -287,9 +450,22 @@ struct Engine::Impl {
         loss_sum += st.forward(0, tokens.data(), nullptr, targets.data(), micro_batch, T);
         check_abort(abort);
         set_where("step " + std::to_string(s) + ": backward micro-batch " + std::to_string(mb));
-        st.backward(0, nullptr, dloss);
+        // Earlier micro-batches only accumulate: no bucket is final before the last one.
+        if (reducer && mb == n_micro - 1)
+          backward_overlapped(st, dloss);
+        else
+          st.backward(0, nullptr, dloss);
       }
-      r.compute_ms = std::chrono::duration<double, std::milli>(clock::now() - t_compute).count();
+      const auto t_backward_end = clock::now();
+      r.compute_ms = std::chrono::duration<double, std::milli>(t_backward_end - t_compute).count();
+      if (reducer) {
+        const auto t_wait = clock::now();
+        set_where("step " + std::to_string(s) + ": data-parallel allreduce of the remaining buckets");
+        for (const auto& [b0, b1] : reducer->wait())
+          r.overlap_ms += std::max(
+              0.0, std::chrono::duration<double, std::milli>(std::min(b1, t_backward_end) - b0).count());
+        r.comm_ms += std::chrono::duration<double, std::milli>(clock::now() - t_wait).count();
+      }
     } else {
       set_where("step " + std::to_string(s) + ": pipeline schedule");
       auto source = [&](int mb) {
@@ -306,7 +482,7 @@ struct Engine::Impl {
     }
     check_abort(abort);
     const auto t_comm = clock::now();
-    reduce_data_parallel();
+    if (!reducer) reduce_data_parallel();
     // Each data replica's last pipeline stage holds its rows' loss; tensor shards hold copies.
     loss_sum = world_sum(place.last && coord().t == 0 ? loss_sum : 0.0);
     set_where("step " + std::to_string(s) + ": optimizer");

@@ -49,6 +49,7 @@ struct StepReport {
   double compute_ms = 0.0;         // pipeline: time inside forward/backward
   double comm_ms = 0.0;            // pipeline transfers and the gradient/loss reductions
   double bubble_ms = 0.0;          // pipeline: step time minus compute time
+  double overlap_ms = 0.0;         // pp == 1: gradient allreduce time hidden behind backward
   std::optional<double> val_loss;  // set on eval steps (train.eval_every)
 };
 

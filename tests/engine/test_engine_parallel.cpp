@@ -1,9 +1,12 @@
 // Several ranks of one job as threads over the `local` communicator: every layout
 // trains the 1x1x1 model, step for step.
 #include <catch2/catch.hpp>
+#include <cstdlib>
 #include <thread>
 
 #include "core/spec.hpp"
+#include "model/from_spec.hpp"
+#include "model/stage.hpp"
 #include "worker/engine.hpp"
 
 using namespace troupe;
@@ -127,5 +130,127 @@ TEST_CASE("engine: activation recomputation gives the same losses, bit for bit",
     REQUIRE(a.size() == 6);
     CHECK(a == b);
     CHECK(va == vb);
+  }
+}
+
+TEST_CASE("stage: backward reports each flat-gradient range once it is final, tail first",
+          "[engine][overlap]") {
+  const model::ModelConfig cfg = model::model_config(spec_for(2));
+  const int B = 2, T = cfg.seq_len, N = B * T;
+  std::vector<int32_t> tokens(static_cast<size_t>(N)), targets(static_cast<size_t>(N));
+  for (int i = 0; i < N; ++i) {
+    tokens[size_t(i)] = (i * 7 + 3) % cfg.vocab_size;
+    targets[size_t(i)] = (i * 5 + 1) % cfg.vocab_size;
+  }
+  // A full stage (wte written by the head and again by the embedding) and a head-only
+  // stage (the tied wte last in its buffer).
+  for (model::StageRange range :
+       {model::StageRange::full(cfg), model::StageRange{2, cfg.n_layer, false, true}}) {
+    INFO("stage has_embedding " << range.has_embedding);
+    model::Stage st(cfg, range, 1, B);
+    std::vector<float> x(static_cast<size_t>(N) * cfg.d_model);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = 0.01f * float(int(i % 13) - 6);
+    const float* x_in = range.has_embedding ? nullptr : x.data();
+    const int32_t* tok = range.has_embedding ? tokens.data() : nullptr;
+    st.zero_grads();
+    st.forward(0, tok, x_in, targets.data(), B, T);
+    st.backward(0, nullptr, 1.0f / N);  // a first micro-batch accumulates
+    st.forward(0, tok, x_in, targets.data(), B, T);
+    const float* g = st.store().flat_grads().f32();
+    const size_t n = size_t(st.store().flat_grads().numel());
+    std::vector<std::pair<size_t, size_t>> ranges;
+    std::vector<std::vector<float>> seen;
+    st.backward(0, nullptr, 1.0f / N, [&](size_t first, size_t end) {
+      ranges.emplace_back(first, end);
+      seen.emplace_back(g + first, g + end);
+    });
+    REQUIRE(ranges.size() == size_t(range.n_blocks()) + (range.has_embedding ? 2 : 1));
+    size_t expect_end = n;
+    for (size_t k = 0; k < ranges.size(); ++k) {
+      INFO("range " << k);
+      CHECK(ranges[k].second == expect_end);
+      CHECK(ranges[k].first < ranges[k].second);
+      expect_end = ranges[k].first;
+      // What the callback saw is what the whole backward leaves there.
+      CHECK(std::equal(seen[k].begin(), seen[k].end(), g + ranges[k].first));
+    }
+    CHECK(expect_end == 0);
+    double sum = 0;
+    for (size_t i = 0; i < n; ++i) sum += std::abs(g[i]);
+    CHECK(sum > 0.0);
+  }
+}
+
+TEST_CASE("engine: the overlapped data-parallel reduction gives the post-backward losses, bit for bit",
+          "[engine][parallel][overlap]") {
+  struct Layout {
+    int dp, tp, micro_batch;
+    const char* bucket_floats;  // small buckets: many per stage, cut across parameters and blocks
+  };
+  for (Layout l :
+       {Layout{2, 1, 2, "4096"}, Layout{4, 1, 2, "1000"}, Layout{2, 2, 4, "777"}, Layout{2, 1, 1, ""}}) {
+    INFO("layout " << l.dp << "x1x" << l.tp << " micro_batch " << l.micro_batch << " bucket "
+                   << l.bucket_floats);
+    if (*l.bucket_floats)
+      setenv("TROUPE_DP_BUCKET_FLOATS", l.bucket_floats, 1);
+    else
+      unsetenv("TROUPE_DP_BUCKET_FLOATS");
+    const JobSpec spec = spec_for(l.micro_batch, "parallel: {data: " + std::to_string(l.dp) +
+                                                     ", tensor: " + std::to_string(l.tp) + "}\n");
+    setenv("TROUPE_DP_OVERLAP", "0", 1);
+    std::vector<double> post_val, overlap_val;
+    const std::vector<double> post = run_layout(spec, l.dp, 1, l.tp, &post_val);
+    unsetenv("TROUPE_DP_OVERLAP");
+    const std::vector<double> overlapped = run_layout(spec, l.dp, 1, l.tp, &overlap_val);
+    REQUIRE(post.size() == 6);
+    CHECK(overlapped == post);
+    CHECK(overlap_val == post_val);
+  }
+  unsetenv("TROUPE_DP_BUCKET_FLOATS");
+}
+
+TEST_CASE("engine: errors of the overlapped reduction reach step(); request_abort releases it",
+          "[engine][parallel][overlap]") {
+  const JobSpec spec = spec_for(2, "parallel: {data: 2}\n");
+  for (bool peer_aborts : {false, true}) {
+    INFO((peer_aborts ? "the peer aborts" : "this rank aborts"));
+    auto local_world = comm::make_local_world(2);
+    std::vector<std::unique_ptr<Engine>> engines(2);
+    std::vector<std::thread> build;
+    for (int r = 0; r < 2; ++r)
+      build.emplace_back([&, r] {
+        EngineAssignment a;
+        a.rank = r;
+        a.world = 2;
+        a.dp = 2;
+        a.comm.backend = "local";
+        a.comm.local_world = local_world;
+        // Far past the test's own timeout: only an abort ends the wait for the absent peer.
+        a.comm_timeout = std::chrono::hours(1);
+        engines[size_t(r)] = std::make_unique<Engine>(spec, a);
+      });
+    for (auto& t : build) t.join();
+    REQUIRE(engines[0]);
+    REQUIRE(engines[1]);
+    // Rank 1 never steps: rank 0's backward completes and its buckets wait for the peer.
+    std::thread aborter([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      engines[peer_aborts ? 1 : 0]->request_abort();
+    });
+    std::string what;
+    bool aborted = false, comm_error = false;
+    try {
+      engines[0]->step();
+    } catch (const EngineAborted&) {
+      aborted = true;
+    } catch (const comm::CommError& e) {
+      comm_error = true;
+      what = e.what();
+    }
+    aborter.join();
+    CHECK(aborted == !peer_aborts);
+    CHECK(comm_error == peer_aborts);
+    if (peer_aborts) CHECK(what.find("allreduce") != std::string::npos);
+    CHECK(engines[0]->next_step() == 0);
   }
 }
