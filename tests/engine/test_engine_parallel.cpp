@@ -209,7 +209,7 @@ TEST_CASE("engine: the overlapped data-parallel reduction gives the post-backwar
   unsetenv("TROUPE_DP_BUCKET_FLOATS");
 }
 
-TEST_CASE("engine: errors of the overlapped reduction reach step(); request_abort releases it",
+TEST_CASE("engine: errors of the overlapped reduction reach step(), request_abort releases it",
           "[engine][parallel][overlap]") {
   const JobSpec spec = spec_for(2, "parallel: {data: 2}\n");
   for (bool peer_aborts : {false, true}) {
