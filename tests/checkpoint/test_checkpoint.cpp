@@ -14,6 +14,7 @@
 #include "checkpoint/commit.hpp"
 #include "core/safetensors.hpp"
 #include "core/spec.hpp"
+#include "tests/support/support.hpp"
 #include "worker/engine.hpp"
 
 namespace fs = std::filesystem;
@@ -35,13 +36,7 @@ JobSpec spec_with(bool async = true) {
       "c.yaml");
 }
 
-std::string temp_dir(const std::string& name) {
-  std::string d =
-      (fs::temp_directory_path() / ("troupe_test_ckpt_" + name + "_" + std::to_string(::getpid()))).string();
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+std::string temp_dir(const std::string& name) { return testing::temp_dir("test_ckpt_" + name); }
 
 struct Layout {
   int dp = 1, pp = 1, tp = 1;
@@ -303,15 +298,10 @@ TEST_CASE("checkpoint: export writes full tensors that init_from and Python read
   }
   // An independent reader: Python's json + struct.
   const std::string py = std::string(TROUPE_SOURCE_DIR) + "/tests/checkpoint/read_safetensors.py";
-  const std::string cmd = "/usr/bin/python3 " + py + " " + out + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::string text;
-  char buf[4096];
-  while (size_t k = fread(buf, 1, sizeof buf, p)) text.append(buf, k);
-  const int rc = pclose(p);
+  const testing::CommandResult py_run = testing::run_command("/usr/bin/python3 " + py + " " + out);
+  const std::string& text = py_run.out;
   INFO(text);
-  REQUIRE(rc == 0);
+  REQUIRE(py_run.code == 0);
   // The script prints "name shape sum" per tensor; check them against the C++ reader.
   for (const auto& name : r.names()) {
     Tensor t = r.read(name);

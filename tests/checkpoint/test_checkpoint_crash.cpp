@@ -13,37 +13,18 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.hpp"
+#include "tests/support/support.hpp"
 
 namespace fs = std::filesystem;
 using namespace troupe;
 
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out;
-};
+using Result = testing::CommandResult;
 
-Result sh(const std::string& env, const std::string& args) {
-  const std::string cmd = std::string("cd ") + TROUPE_SOURCE_DIR + " && " + env + " " + TROUPE_BINARY_DIR +
-                          "/troupe " + args + " 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int st = pclose(p);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  return r;
-}
+Result sh(const std::string& env, const std::string& args) { return testing::run_troupe(args, env); }
 
-std::string temp_dir(const std::string& name) {
-  auto d = fs::temp_directory_path() / ("troupe_test_ckpt_crash_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
-}
+std::string temp_dir(const std::string& name) { return testing::temp_dir("test_ckpt_crash_" + name); }
 
 // A 2x1x1 job (two worker processes) checkpointing every 2 steps; no automatic restart,
 // so the test decides when to resume.

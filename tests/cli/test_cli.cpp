@@ -12,36 +12,17 @@
 #include <sstream>
 #include <thread>
 
+#include "tests/support/support.hpp"
+
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out;  // stdout and stderr together
-};
+using Result = troupe::testing::CommandResult;
 
-// Runs `troupe <args>` through the shell, from the source tree, and returns its exit code and output.
-Result troupe(const std::string& args) {
-  std::string cmd =
-      std::string("cd ") + TROUPE_SOURCE_DIR + " && " + TROUPE_BINARY_DIR + "/troupe " + args + " 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  int st = pclose(p);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  return r;
-}
+Result cli(const std::string& args) { return troupe::testing::run_troupe(args); }
 
-std::string temp_dir(const std::string& name) {
-  auto d = fs::temp_directory_path() / ("troupe_test_cli_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
-}
+std::string temp_dir(const std::string& name) { return troupe::testing::temp_dir("test_cli_" + name); }
 
 std::string only_subdir(const std::string& root) {
   std::vector<std::string> dirs;
@@ -66,22 +47,22 @@ std::string write_file(const std::string& dir, const std::string& name, const st
 }  // namespace
 
 TEST_CASE("cli: version and help exit 0, unknown subcommands and flags exit 2", "[cli]") {
-  Result v = troupe("version");
+  Result v = cli("version");
   CHECK(v.code == 0);
   CHECK(v.out.find("troupe ") != std::string::npos);
-  CHECK(troupe("--help").code == 0);
-  CHECK(troupe("run --help").code == 0);
-  Result bad = troupe("frobnicate");
+  CHECK(cli("--help").code == 0);
+  CHECK(cli("run --help").code == 0);
+  Result bad = cli("frobnicate");
   CHECK(bad.code == 2);
-  CHECK(troupe("validate --no-such-flag configs/quickstart.yaml").code == 2);
-  CHECK(troupe("").code == 2);
+  CHECK(cli("validate --no-such-flag configs/quickstart.yaml").code == 2);
+  CHECK(cli("").code == 2);
 }
 
 TEST_CASE("cli: validate accepts every shipped config and prints the resolved spec", "[cli]") {
-  Result r = troupe("validate configs/*.yaml configs/layouts/*.yaml");
+  Result r = cli("validate configs/*.yaml configs/layouts/*.yaml");
   INFO(r.out);
   REQUIRE(r.code == 0);
-  Result one = troupe("validate configs/quickstart.yaml");
+  Result one = cli("validate configs/quickstart.yaml");
   REQUIRE(one.code == 0);
   // Defaults appear in the resolved spec although the file does not write them.
   CHECK(one.out.find("beta2:") != std::string::npos);
@@ -94,15 +75,15 @@ TEST_CASE("cli: an invalid spec exits 2 with file:line:col and starts nothing", 
       write_file(dir, "bad.yaml",
                  "name: bad\nmodel: {type: gpt, seq_len: 16, d_model: 30, n_layers: 2, n_heads: 4}\n"
                  "data: {source: synthetic}\ntrain: {steps: 5, global_batch: 4, warmup_step: 1}\n");
-  Result v = troupe("validate " + spec);
+  Result v = cli("validate " + spec);
   CHECK(v.code == 2);
   CHECK(v.out.find("bad.yaml:4:") != std::string::npos);  // the unknown key
   CHECK(v.out.find("did you mean") != std::string::npos);
   CHECK(v.out.find("bad.yaml:2:") != std::string::npos);  // d_model % n_heads
-  Result r = troupe("run " + spec + " --runs-dir " + dir + "/runs");
+  Result r = cli("run " + spec + " --runs-dir " + dir + "/runs");
   CHECK(r.code == 2);
   CHECK_FALSE(fs::exists(dir + "/runs"));
-  Result missing = troupe("run " + dir + "/nope.yaml");
+  Result missing = cli("run " + dir + "/nope.yaml");
   CHECK(missing.code == 2);
   CHECK(missing.out.find("nope.yaml") != std::string::npos);
   fs::remove_all(dir);
@@ -111,7 +92,7 @@ TEST_CASE("cli: an invalid spec exits 2 with file:line:col and starts nothing", 
 TEST_CASE("cli: run writes the run directory, and sample and resume use its checkpoints", "[cli]") {
   const std::string dir = temp_dir("run");
   std::string spec = write_file(dir, "tiny.yaml", kTiny);
-  Result r = troupe("run " + spec + " --runs-dir " + dir + "/runs");
+  Result r = cli("run " + spec + " --runs-dir " + dir + "/runs");
   INFO(r.out);
   REQUIRE(r.code == 0);
   const std::string run = only_subdir(dir + "/runs");
@@ -136,15 +117,14 @@ TEST_CASE("cli: run writes the run directory, and sample and resume use its chec
   CHECK(fs::exists(run + "/ckpt/step_000003/manifest.json"));
   CHECK(fs::exists(run + "/ckpt/step_000006/manifest.json"));
 
-  Result s = troupe("sample --ckpt " + run + "/ckpt --prompt hello --tokens 40 --seed 7");
+  Result s = cli("sample --ckpt " + run + "/ckpt --prompt hello --tokens 40 --seed 7");
   REQUIRE(s.code == 0);
   CHECK(s.out.rfind("hello", 0) == 0);
   CHECK(s.out.size() == 5 + 40 + 1);
-  CHECK(troupe("sample --ckpt " + run + "/ckpt --prompt hello --tokens 40 --seed 7").out == s.out);
+  CHECK(cli("sample --ckpt " + run + "/ckpt --prompt hello --tokens 40 --seed 7").out == s.out);
 
   // Resuming from step 3 replays steps 3..5 with the same losses, bit for bit.
-  Result again =
-      troupe("run " + spec + " --runs-dir " + dir + "/runs2 --resume " + run + "/ckpt/step_000003");
+  Result again = cli("run " + spec + " --runs-dir " + dir + "/runs2 --resume " + run + "/ckpt/step_000003");
   INFO(again.out);
   REQUIRE(again.code == 0);
   const std::string run2 = only_subdir(dir + "/runs2");
@@ -157,7 +137,7 @@ TEST_CASE("cli: run writes the run directory, and sample and resume use its chec
     CHECK(lb[i]["step"] == la[i + 3]["step"]);
     CHECK(lb[i]["loss"].get<double>() == la[i + 3]["loss"].get<double>());
   }
-  CHECK(troupe("sample --ckpt " + dir + "/nowhere --tokens 3").code == 2);
+  CHECK(cli("sample --ckpt " + dir + "/nowhere --tokens 3").code == 2);
   fs::remove_all(dir);
 }
 

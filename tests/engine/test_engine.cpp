@@ -12,6 +12,7 @@
 #include "checkpoint/checkpoint.hpp"
 #include "core/safetensors.hpp"
 #include "core/spec.hpp"
+#include "tests/support/support.hpp"
 #include "worker/engine.hpp"
 
 namespace fs = std::filesystem;
@@ -29,14 +30,7 @@ JobSpec tiny_spec(int steps, int micro_batch, const std::string& extra = "") {
   return parse_spec(y, "tiny.yaml");
 }
 
-std::string temp_dir(const std::string& name) {
-  std::string d =
-      (fs::temp_directory_path() / ("troupe_test_engine_" + name + "_" + std::to_string(::getpid())))
-          .string();
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+std::string temp_dir(const std::string& name) { return testing::temp_dir("test_engine_" + name); }
 
 }  // namespace
 
