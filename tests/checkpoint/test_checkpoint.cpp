@@ -14,6 +14,7 @@
 #include "checkpoint/commit.hpp"
 #include "core/safetensors.hpp"
 #include "core/spec.hpp"
+#include "tests/support/local_ranks.hpp"
 #include "tests/support/support.hpp"
 #include "worker/engine.hpp"
 
@@ -53,33 +54,18 @@ std::vector<double> run(const JobSpec& spec, Layout l, const std::string& resume
   auto local_world = comm::make_local_world(world);
   checkpoint::InProcessCommitter committer;
   std::vector<std::vector<double>> losses(static_cast<size_t>(world));
-  std::vector<std::string> errors(static_cast<size_t>(world));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        EngineAssignment a;
-        a.rank = r;
-        a.world = world;
-        a.dp = l.dp;
-        a.pp = l.pp;
-        a.tp = l.tp;
-        a.resume_from = resume;
-        a.comm.backend = "local";
-        a.comm.local_world = local_world;
-        if (use_committer)
-          a.commit_shard = [&](const checkpoint::ShardReport& rep) { return committer.report(rep); };
-        Engine e(spec, a);
-        while (e.next_step() < stop) losses[size_t(r)].push_back(e.step().loss);
-        if (!root.empty()) {
-          e.save_checkpoint(root);
-          e.wait_checkpoint();
-        }
-      } catch (const std::exception& ex) {
-        errors[size_t(r)] = ex.what();
-      }
-    });
-  for (auto& t : threads) t.join();
+  const std::vector<std::string> errors = testing::run_ranks(world, [&](int r) {
+    EngineAssignment a = testing::local_assignment(r, l.dp, l.pp, l.tp, local_world);
+    a.resume_from = resume;
+    if (use_committer)
+      a.commit_shard = [&](const checkpoint::ShardReport& rep) { return committer.report(rep); };
+    Engine e(spec, a);
+    while (e.next_step() < stop) losses[size_t(r)].push_back(e.step().loss);
+    if (!root.empty()) {
+      e.save_checkpoint(root);
+      e.wait_checkpoint();
+    }
+  });
   for (int r = 0; r < world; ++r) {
     INFO("layout " << str(l) << " rank " << r);
     REQUIRE(errors[size_t(r)] == "");

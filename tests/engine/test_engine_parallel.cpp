@@ -7,6 +7,7 @@
 #include "core/spec.hpp"
 #include "model/from_spec.hpp"
 #include "model/stage.hpp"
+#include "tests/support/local_ranks.hpp"
 #include "worker/engine.hpp"
 
 using namespace troupe;
@@ -29,31 +30,16 @@ std::vector<double> run_layout(const JobSpec& spec, int dp, int pp, int tp,
   const int world = dp * pp * tp;
   auto local_world = comm::make_local_world(world);
   std::vector<std::vector<double>> losses(static_cast<size_t>(world)), vals(static_cast<size_t>(world));
-  std::vector<std::string> errors(static_cast<size_t>(world));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        EngineAssignment a;
-        a.rank = r;
-        a.world = world;
-        a.dp = dp;
-        a.pp = pp;
-        a.tp = tp;
-        a.comm.backend = "local";
-        a.comm.local_world = local_world;
-        a.comm_timeout = std::chrono::milliseconds(60000);
-        Engine e(spec, a);
-        while (!e.done()) {
-          StepReport rep = e.step();
-          losses[size_t(r)].push_back(rep.loss);
-          if (rep.val_loss) vals[size_t(r)].push_back(*rep.val_loss);
-        }
-      } catch (const std::exception& ex) {
-        errors[size_t(r)] = ex.what();
-      }
-    });
-  for (auto& t : threads) t.join();
+  const std::vector<std::string> errors = testing::run_ranks(world, [&](int r) {
+    EngineAssignment a = testing::local_assignment(r, dp, pp, tp, local_world);
+    a.comm_timeout = std::chrono::milliseconds(60000);
+    Engine e(spec, a);
+    while (!e.done()) {
+      StepReport rep = e.step();
+      losses[size_t(r)].push_back(rep.loss);
+      if (rep.val_loss) vals[size_t(r)].push_back(*rep.val_loss);
+    }
+  });
   for (int r = 0; r < world; ++r) {
     INFO("rank " << r);
     REQUIRE(errors[size_t(r)] == "");
