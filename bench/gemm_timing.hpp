@@ -107,13 +107,65 @@ inline std::vector<kernels::cpu::GemmBackend> available_gemm_backends() {
 }
 
 // The single-core fp32 GEMM ceiling: the best median over every available
-// backend on the square shapes and the training shapes.
-inline double measure_peak_gflops(int repeats = 5) {
-  double best = 0.0;
+// backend on the square shapes and the training shapes, and where it was found.
+struct Peak {
+  double gflops = 0.0;
+  kernels::cpu::GemmBackend backend = kernels::cpu::GemmBackend::openblas;
+  GemmShape shape;
+};
+
+inline Peak measure_peak(int repeats = 5) {
+  Peak best;
   const auto backends = available_gemm_backends();
-  for (const auto& s : gemm_shapes())
-    for (const GemmRate& r : gemm_gflops(backends, s, repeats)) best = std::max(best, r.median);
+  for (const auto& s : gemm_shapes()) {
+    const auto rates = gemm_gflops(backends, s, repeats);
+    for (size_t k = 0; k < rates.size(); ++k)
+      if (rates[k].median > best.gflops) best = {rates[k].median, backends[k], s};
+  }
   return best;
 }
+
+inline double measure_peak_gflops(int repeats = 5) { return measure_peak(repeats).gflops; }
+
+// Re-measures the ceiling's own shape and backend on demand, for samples taken
+// between the timed pieces of a run: on a machine whose speed drifts (shared
+// hosts, frequency changes) a ratio against the ceiling measured next to each
+// piece is steadier than one against a ceiling measured once at the start.
+class PeakProbe {
+ public:
+  explicit PeakProbe(const Peak& p) : peak_(p) {
+    const GemmShape& s = peak_.shape;
+    A_.assign(size_t(s.ta ? s.K : s.M) * (s.ta ? s.M : s.K), 0.5f);
+    B_.assign(size_t(s.tb ? s.N : s.K) * (s.tb ? s.K : s.N), 0.25f);
+    C_.assign(size_t(s.M) * s.N, 0.0f);
+    run();
+  }
+
+  // GFLOP/s over at least `seconds` of thread CPU time and two products, after
+  // one untimed product: whatever ran before has left the operands out of cache,
+  // and a cold first product would understate the ceiling.
+  double sample(double seconds) {
+    const GemmShape& s = peak_.shape;
+    run();
+    const double t0 = thread_cpu_seconds();
+    double dt = 0.0;
+    int n = 0;
+    do {
+      run();
+      ++n;
+      dt = thread_cpu_seconds() - t0;
+    } while (dt < seconds || n < 2);
+    return 2.0 * s.M * s.N * double(s.K) * n / dt * 1e-9;
+  }
+
+ private:
+  void run() {
+    const GemmShape& s = peak_.shape;
+    kernels::cpu::gemm_with(peak_.backend, s.ta, s.tb, s.M, s.N, s.K, 1.0f, A_.data(), s.ta ? s.M : s.K,
+                            B_.data(), s.tb ? s.K : s.N, 0.0f, C_.data(), s.N);
+  }
+  Peak peak_;
+  std::vector<float> A_, B_, C_;
+};
 
 }  // namespace troupe::bench

@@ -18,6 +18,13 @@
 // gives; on an idle machine both agree. The PyTorch script reports the same
 // pair, so the ratio compares like with like. The GEMM ceiling is timed the
 // same way (bench/gemm_timing.hpp).
+//
+// The speed of a core on a shared host drifts by 20 % and more within seconds,
+// so a ceiling measured once at the start is a poor denominator for steps timed
+// a minute later. Each timed step is therefore bracketed by two short samples
+// of the ceiling's own shape and backend, and "paired MFU" is the median over
+// steps of step FLOP/s over the mean of its two samples. On a steady machine it
+// equals the plain figure.
 #include <time.h>
 
 #include <algorithm>
@@ -35,6 +42,9 @@
 #include "worker/engine.hpp"
 
 namespace {
+
+// Length of each ceiling sample around a timed step.
+constexpr double kProbeSeconds = 0.05;
 
 struct GptConfig {
   const char* name;
@@ -109,6 +119,7 @@ int main(int argc, char** argv) {
   int steps = 10, warmup = 2;
   bool run_torch = true;
   double peak = 0.0;
+  std::unique_ptr<troupe::bench::PeakProbe> probe;
   std::string only;
   std::vector<std::string> pos;
   for (int i = 1; i < argc; ++i) {
@@ -128,8 +139,11 @@ int main(int argc, char** argv) {
   if (peak <= 0.0) {
     std::printf("measuring the single-core GEMM ceiling...\n");
     std::fflush(stdout);
-    peak = troupe::bench::measure_peak_gflops(3);
-    std::printf("peak_gflops=%.1f (best median over backends and shapes, thread CPU time)\n\n", peak);
+    const troupe::bench::Peak p = troupe::bench::measure_peak(3);
+    peak = p.gflops;
+    probe = std::make_unique<troupe::bench::PeakProbe>(p);
+    std::printf("peak_gflops=%.1f (best median over backends and shapes, thread CPU time: %s, %s)\n\n", peak,
+                troupe::kernels::cpu::gemm_backend_name(p.backend), p.shape.name.c_str());
   } else {
     std::printf("peak_gflops=%.1f (given)\n\n", peak);
   }
@@ -145,14 +159,21 @@ int main(int argc, char** argv) {
     const double tokens = double(c.batch) * c.seq_len;
 
     for (int i = 0; i < warmup; ++i) engine.step();
-    std::vector<double> wall, cpu;
+    std::vector<double> wall, cpu, paired, samples;
     double loss = 0.0;
+    double before = probe ? probe->sample(kProbeSeconds) : 0.0;
     for (int i = 0; i < steps; ++i) {
       const double c0 = process_cpu_seconds();
       const auto w0 = std::chrono::steady_clock::now();
       loss = engine.step().loss;
       wall.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count());
       cpu.push_back(process_cpu_seconds() - c0);
+      if (probe) {
+        const double after = probe->sample(kProbeSeconds);
+        samples.push_back(after);
+        paired.push_back(tokens * flops_per_token * 1e-9 / cpu.back() / (0.5 * (before + after)));
+        before = after;
+      }
     }
     const Rates ours{tokens / median(wall), tokens / median(cpu)};
     const double mfu_wall = ours.wall * flops_per_token * 1e-9 / peak;
@@ -162,6 +183,11 @@ int main(int argc, char** argv) {
                 static_cast<long long>(n_no_wpe), flops_per_token, loss);
     std::printf("  troupe   tokens/s wall=%.0f cpu=%.0f   MFU wall=%.1f%% cpu=%.1f%%\n", ours.wall, ours.cpu,
                 100 * mfu_wall, 100 * mfu_cpu);
+    if (probe)
+      std::printf(
+          "  paired   MFU cpu=%.1f%% (median over steps; ceiling sampled before and after each: "
+          "median %.1f GFLOP/s)\n",
+          100 * median(paired), median(samples));
     if (run_torch) {
       const Rates t = torch_rates(c, std::max(3, steps / 2), std::max(1, warmup));
       if (t.cpu > 0)
@@ -170,8 +196,8 @@ int main(int argc, char** argv) {
       else
         std::printf("  pytorch  not available (python3 with torch)\n");
     }
-    std::printf("config_%s tokens_per_s=%.1f tokens_per_cpu_s=%.1f mfu=%.4f mfu_cpu=%.4f\n", c.name,
-                ours.wall, ours.cpu, mfu_wall, mfu_cpu);
+    std::printf("config_%s tokens_per_s=%.1f tokens_per_cpu_s=%.1f mfu=%.4f mfu_cpu=%.4f mfu_paired=%.4f\n",
+                c.name, ours.wall, ours.cpu, mfu_wall, mfu_cpu, probe ? median(paired) : 0.0);
     std::fflush(stdout);
   }
   return 0;

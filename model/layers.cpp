@@ -29,8 +29,8 @@ Linear Linear::bind(ParamStore& ps, const std::string& prefix) {
 
 void Linear::forward(float* y, const float* x, int N) const { k::linear_forward(y, x, w, b, N, in, out); }
 
-void Linear::backward(float* dx, const float* dy, const float* x, int N) const {
-  k::linear_backward(dx, dw, b ? db : nullptr, dy, x, w, N, in, out);
+void Linear::backward(float* dx, const float* dy, const float* x, int N, k::Out dx_mode) const {
+  k::linear_backward(dx, dw, b ? db : nullptr, dy, x, w, N, in, out, dx_mode);
 }
 
 LayerNorm LayerNorm::bind(ParamStore& ps, const std::string& prefix) {
@@ -59,7 +59,6 @@ Workspace::Workspace(const ModelConfig& cfg, int max_B, const TensorShard& shard
   dres = Tensor::zeros({N, D});
   tmp_d = Tensor::zeros({N, D});
   dh = Tensor::zeros({N, H});
-  dh_pre = Tensor::zeros({N, H});
   if (cfg.kind == ModelKind::gpt) {
     dqkv = Tensor::zeros({N, 3 * D / shard.size});
     datt = Tensor::zeros({int64_t{max_B}, shard.n_head(cfg), cfg.seq_len, cfg.seq_len});
@@ -124,16 +123,12 @@ void MlpSublayer::backward(int slot, float* dres, const float* x, int N, Workspa
   const int D = ln_2_.C;
   const int64_t nh = int64_t{N} * H_, nd = int64_t{N} * D;
   float* dh = ws.dh.f32();
-  float* dh_pre = ws.dh_pre.f32();
   float* dln = ws.tmp_d.f32();
   // The residual path passes dres through unchanged; the branch adds into it via ln_2.
   reduce_from_tensor_region_backward(tp_, dres, sz(nd));
-  std::fill(dh, dh + nh, 0.0f);
-  c_proj_.backward(dh, dres, a.h.f32(), N);
-  std::fill(dh_pre, dh_pre + nh, 0.0f);
-  k::gelu_backward(dh_pre, a.h_pre.f32(), dh, sz(nh));
-  std::fill(dln, dln + nd, 0.0f);
-  c_fc_.backward(dln, dh_pre, a.ln.f32(), N);
+  c_proj_.backward(dh, dres, a.h.f32(), N, k::Out::overwrite);
+  k::gelu_backward_inplace(dh, a.h_pre.f32(), sz(nh));
+  c_fc_.backward(dln, dh, a.ln.f32(), N, k::Out::overwrite);
   copy_to_tensor_region_backward(tp_, dln, sz(nd));
   ln_2_.backward(dres, dln, x, a.mean.f32(), a.rstd.f32(), N);
 }
@@ -188,13 +183,11 @@ void GptBlock::backward(int slot, float* dres, const float* x, int B, int T, Wor
   mlp_.backward(slot, dres, a.mid.f32(), N, ws);
   reduce_from_tensor_region_backward(tp_, dres, sz(nd));
   float* dtmp = ws.tmp_d.f32();
-  std::fill(dtmp, dtmp + na, 0.0f);  // datty (N, NH_*HS_)
-  c_proj_.backward(dtmp, dres, a.atty.f32(), N);
+  c_proj_.backward(dtmp, dres, a.atty.f32(), N, k::Out::overwrite);  // datty (N, NH_*HS_)
   float* dqkv = ws.dqkv.f32();
-  std::fill(dqkv, dqkv + 3 * na, 0.0f);
-  k::attention_backward(dqkv, ws.datt.f32(), dtmp, a.qkv.f32(), a.att.f32(), B, T, NH_, HS_);
-  std::fill(dtmp, dtmp + nd, 0.0f);  // dln_1
-  c_attn_.backward(dtmp, dqkv, a.ln.f32(), N);
+  k::attention_backward(dqkv, ws.datt.f32(), dtmp, a.qkv.f32(), a.att.f32(), B, T, NH_, HS_,
+                        k::Out::overwrite);
+  c_attn_.backward(dtmp, dqkv, a.ln.f32(), N, k::Out::overwrite);  // dln_1
   // The key bias shifts every score of a query by the same amount, which softmax
   // ignores: its gradient is exactly zero. Computed, it is rounding noise that AdamW
   // (dividing by its own running size) would turn into steps of size lr, different in

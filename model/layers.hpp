@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/tensor.hpp"
+#include "kernels/cpu/kernels.hpp"
 #include "model/config.hpp"
 #include "model/params.hpp"
 #include "model/tensor_parallel.hpp"
@@ -33,8 +34,9 @@ struct Linear {
 
   static Linear bind(ParamStore& ps, const std::string& prefix);  // prefix.weight, prefix.bias
   void forward(float* y, const float* x, int N) const;
-  // dx(N,in) += dy @ W (dx may be null); dW, db +=.
-  void backward(float* dx, const float* dy, const float* x, int N) const;
+  // dx(N,in) += dy @ W (= with Out::overwrite; dx may be null); dW, db +=.
+  void backward(float* dx, const float* dy, const float* x, int N,
+                kernels::cpu::Out dx_mode = kernels::cpu::Out::accumulate) const;
 };
 
 // Per-row LayerNorm over C with affine weight/bias; eps = 1e-5.
@@ -56,12 +58,11 @@ struct Workspace {
   Workspace() = default;
   // Sized for tensor shard `shard`: H = 4D/tp hidden units, NH/tp heads.
   Workspace(const ModelConfig& cfg, int max_B, const TensorShard& shard = {});
-  Tensor dres;    // (B,T,D)  gradient flowing down the residual stream
-  Tensor tmp_d;   // (B,T,D)  forward projection outputs; backward dln / datty
-  Tensor dqkv;    // (B,T,3D/tp)
-  Tensor dh;      // (B,T,H) gradient wrt the MLP hidden, after GELU
-  Tensor dh_pre;  // (B,T,H) gradient wrt the MLP hidden, before GELU
-  Tensor datt;    // (B,NH/tp,T,T) attention backward scratch (gpt)
+  Tensor dres;   // (B,T,D)  gradient flowing down the residual stream
+  Tensor tmp_d;  // (B,T,D)  forward projection outputs; backward dln / datty
+  Tensor dqkv;   // (B,T,3D/tp)
+  Tensor dh;     // (B,T,H) gradient wrt the MLP hidden, after GELU, then (in place) before it
+  Tensor datt;   // (B,NH/tp,T,T) attention backward scratch (gpt)
 };
 
 class Block {

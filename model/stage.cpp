@@ -141,8 +141,7 @@ void Stage::backward(int slot, const float* dout, float dloss, const ReadyFn& on
     std::fill(dlogits, dlogits + static_cast<size_t>(N) * V, 0.0f);
     k::cross_entropy(dlogits, s.logits.f32(), s.targets.i32(), N, V, dloss);
     float* dlnf = ws_.tmp_d.f32();
-    std::fill(dlnf, dlnf + nd, 0.0f);
-    head_.backward(dlnf, dlogits, s.lnf.f32(), N);
+    head_.backward(dlnf, dlogits, s.lnf.f32(), N, k::Out::overwrite);
     std::fill(dres, dres + nd, 0.0f);
     ln_f_.backward(dres, dlnf, s.resid.back().f32(), s.lnf_mean.f32(), s.lnf_rstd.f32(), N);
     // A full stage's wte (first in the buffer) still takes the embedding's gradient.

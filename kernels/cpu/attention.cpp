@@ -68,12 +68,14 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
 }
 
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att,
-                        int B, int T, int NH, int HS) {
+                        int B, int T, int NH, int HS, Out mode) {
   check_shapes(B, T, NH, HS);
   TROUPE_CHECK(dqkv && scratch && dout && qkv && att, "null tensor");
   TROUPE_CHECK(scratch != att, "scratch must not alias att");
   const int C = NH * HS, ld = 3 * C;
   const float scale = 1.0f / std::sqrt(float(HS));
+  // Each block of rows of dq, dk and dv is written by exactly one product below.
+  const float beta = mode == Out::overwrite ? 0.0f : 1.0f;
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < NH; ++h) {
       const size_t head = size_t(b) * T * ld + size_t(h) * HS;
@@ -95,16 +97,16 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
       for (int c0 = 0; c0 < T; c0 += kBlock) {
         const int c1 = c0 + kBlock < T ? c0 + kBlock : T;
         // Key s only meets queries t >= s: dv[c0:c1] += a[c0:T, c0:c1]^T g[c0:T]
-        gemm(true, false, c1 - c0, HS, T - c0, 1.0f, a + size_t(c0) * T + c0, T, g + size_t(c0) * C, C, 1.0f,
+        gemm(true, false, c1 - c0, HS, T - c0, 1.0f, a + size_t(c0) * T + c0, T, g + size_t(c0) * C, C, beta,
              dv + size_t(c0) * ld, ld);
         // dk[c0:c1] += d[c0:T, c0:c1]^T q[c0:T]
         gemm(true, false, c1 - c0, HS, T - c0, 1.0f, d + size_t(c0) * T + c0, T, q + size_t(c0) * ld, ld,
-             1.0f, dk + size_t(c0) * ld, ld);
+             beta, dk + size_t(c0) * ld, ld);
       }
       for (int r0 = 0; r0 < T; r0 += kBlock) {
         const int r1 = r0 + kBlock < T ? r0 + kBlock : T;
         // dq[r0:r1] += d[r0:r1, 0:r1] k[0:r1]
-        gemm(false, false, r1 - r0, HS, r1, 1.0f, d + size_t(r0) * T, T, k, ld, 1.0f, dq + size_t(r0) * ld,
+        gemm(false, false, r1 - r0, HS, r1, 1.0f, d + size_t(r0) * T, T, k, ld, beta, dq + size_t(r0) * ld,
              ld);
       }
     }

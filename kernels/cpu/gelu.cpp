@@ -31,18 +31,23 @@ TROUPE_VEC_CLONES void gelu_inplace_loop(float* y, size_t n) {
 // dgelu/dx = 0.5 (1 + tanh u) + 0.5 x sech^2(u) du/dx,  du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
 // sech^2 = 4E / (E + 1)^2 with E = e^(2u), not 1 - tanh^2: the latter keeps a float rounding
 // residue of ~1e-7 for large u, which the x^3 growth of x du/dx would blow up.
+inline float gelu_grad(float x) {
+  const float e = detail::exp_approx(2.0f * kSqrt2OverPi * (x + kCubic * x * x * x));
+  const float inv = 1.0f / (e + 1.0f);
+  const float th = 1.0f - 2.0f * inv;
+  const float sech2 = (e * inv) * (4.0f * inv);  // this order: 4e alone overflows at e = e^88
+  const float du = kSqrt2OverPi * (1.0f + 3.0f * kCubic * x * x);
+  return 0.5f * (1.0f + th) + 0.5f * x * sech2 * du;
+}
+
 TROUPE_VEC_CLONES void gelu_backward_loop(float* __restrict__ dinp, const float* __restrict__ inp,
                                           const float* __restrict__ dout, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    const float x = inp[i];
-    const float e = detail::exp_approx(2.0f * kSqrt2OverPi * (x + kCubic * x * x * x));
-    const float inv = 1.0f / (e + 1.0f);
-    const float th = 1.0f - 2.0f * inv;
-    const float sech2 = (e * inv) * (4.0f * inv);  // this order: 4e alone overflows at e = e^88
-    const float du = kSqrt2OverPi * (1.0f + 3.0f * kCubic * x * x);
-    const float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * du;
-    dinp[i] += grad * dout[i];
-  }
+  for (size_t i = 0; i < n; ++i) dinp[i] += gelu_grad(inp[i]) * dout[i];
+}
+
+TROUPE_VEC_CLONES void gelu_backward_inplace_loop(float* __restrict__ d, const float* __restrict__ inp,
+                                                  size_t n) {
+  for (size_t i = 0; i < n; ++i) d[i] = gelu_grad(inp[i]) * d[i];
 }
 
 }  // namespace
@@ -61,6 +66,13 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
   TROUPE_CHECK(n == 0 || (dinp && inp && dout), "null tensor");
   TROUPE_CHECK(n == 0 || (dinp != inp && dinp != dout), "dinp must not alias inp or dout");
   gelu_backward_loop(dinp, inp, dout, n);
+}
+
+// d(n) = gelu'(inp) * d.
+void gelu_backward_inplace(float* d, const float* inp, size_t n) {
+  TROUPE_CHECK(n == 0 || (d && inp), "null tensor");
+  TROUPE_CHECK(n == 0 || d != inp, "d must not alias inp");
+  gelu_backward_inplace_loop(d, inp, n);
 }
 
 }  // namespace troupe::kernels::cpu

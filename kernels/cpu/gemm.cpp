@@ -70,6 +70,19 @@ void scale_c(int M, int N, float beta, float* C, int ldc) {
   }
 }
 
+// C(M,N) rows = bias(N).
+void fill_rows(int M, int N, const float* bias, float* C, int ldc) {
+  for (int i = 0; i < M; ++i) std::memcpy(C + static_cast<long>(i) * ldc, bias, sizeof(float) * N);
+}
+
+void check_args(GemmBackend b, bool trans_a, bool trans_b, int M, int N, int K, int lda, int ldb, int ldc) {
+  TROUPE_CHECK(M >= 0 && N >= 0 && K >= 0, "M=", M, " N=", N, " K=", K);
+  TROUPE_CHECK(lda >= (trans_a ? (M > 0 ? M : 1) : (K > 0 ? K : 1)), "lda=", lda, " too small");
+  TROUPE_CHECK(ldb >= (trans_b ? (K > 0 ? K : 1) : (N > 0 ? N : 1)), "ldb=", ldb, " too small");
+  TROUPE_CHECK(ldc >= (N > 0 ? N : 1), "ldc=", ldc, " too small");
+  TROUPE_CHECK(gemm_backend_available(b), "GEMM backend ", gemm_backend_name(b), " is not available");
+}
+
 GemmBackend choose_backend() {
   const char* env = std::getenv("TROUPE_GEMM");
   if (env == nullptr || *env == '\0')
@@ -123,11 +136,7 @@ GemmBackend gemm_default_backend() {
 
 void gemm_with(GemmBackend b, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
                int lda, const float* B, int ldb, float beta, float* C, int ldc) {
-  TROUPE_CHECK(M >= 0 && N >= 0 && K >= 0, "M=", M, " N=", N, " K=", K);
-  TROUPE_CHECK(lda >= (trans_a ? (M > 0 ? M : 1) : (K > 0 ? K : 1)), "lda=", lda, " too small");
-  TROUPE_CHECK(ldb >= (trans_b ? (K > 0 ? K : 1) : (N > 0 ? N : 1)), "ldb=", ldb, " too small");
-  TROUPE_CHECK(ldc >= (N > 0 ? N : 1), "ldc=", ldc, " too small");
-  TROUPE_CHECK(gemm_backend_available(b), "GEMM backend ", gemm_backend_name(b), " is not available");
+  check_args(b, trans_a, trans_b, M, N, K, lda, ldb, ldc);
   if (M == 0 || N == 0) return;
   if (K == 0 || alpha == 0.0f) {
     scale_c(M, N, beta, C, ldc);
@@ -146,6 +155,25 @@ void gemm_with(GemmBackend b, bool trans_a, bool trans_b, int M, int N, int K, f
 #endif
       return;
   }
+}
+
+void gemm_bias_with(GemmBackend b, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                    const float* A, int lda, const float* B, int ldb, const float* bias, float* C, int ldc) {
+  check_args(b, trans_a, trans_b, M, N, K, lda, ldb, ldc);
+  TROUPE_CHECK(bias != nullptr || M == 0 || N == 0, "gemm_bias without a bias");
+  if (M == 0 || N == 0) return;
+  if (b == GemmBackend::avx512 && K > 0 && alpha != 0.0f) {
+    detail::gemm_avx512(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, 0.0f, C, ldc, bias);
+    return;
+  }
+  // The other backends take C as the bias rows and accumulate onto it.
+  fill_rows(M, N, bias, C, ldc);
+  gemm_with(b, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, 1.0f, C, ldc);
+}
+
+void gemm_bias(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+               const float* B, int ldb, const float* bias, float* C, int ldc) {
+  gemm_bias_with(gemm_default_backend(), trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, bias, C, ldc);
 }
 
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,

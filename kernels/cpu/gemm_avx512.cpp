@@ -129,14 +129,15 @@ void pack_transpose(const float* src, int ld, int valid, int kc, int W, float* d
   }
 }
 
-// C(R, n) = alpha * A(R, kc) Bp(kc, NR) + beta * C, n <= NR columns valid.
+// C(R, n) = alpha * A(R, kc) Bp(kc, NR) + beta * C, n <= NR columns valid; with
+// bias (n values, one per column; beta is then 0) C = alpha * A Bp + bias.
 // a: packed (kc, MR), or with kDirectA the operand itself, (R, kc) with row
 // stride lda (see direct_a in gemm_avx512). b: packed (kc, NR), 64-byte aligned.
 // Both forms sum the same products in the same order, so they give the same bits.
 // beta == 0 never reads C.
 template <int R, bool kDirectA>
 void micro_kernel(int kc, const float* __restrict a, long lda, const float* __restrict b, float* c, long ldc,
-                  float alpha, float beta, int n) {
+                  float alpha, float beta, const float* bias, int n) {
   __m512 acc[R][kNV];
 #pragma GCC unroll 16
   for (int i = 0; i < R; ++i)
@@ -176,7 +177,15 @@ void micro_kernel(int kc, const float* __restrict a, long lda, const float* __re
   __mmask16 mask[kNV];
   for (int v = 0; v < kNV; ++v) mask[v] = tail_mask(n - 16 * v);
   const __m512 va = _mm512_set1_ps(alpha);
-  if (beta == 0.0f) {
+  if (bias != nullptr) {
+    __m512 vbias[kNV];
+    for (int v = 0; v < kNV; ++v) vbias[v] = _mm512_maskz_loadu_ps(mask[v], bias + 16 * v);
+#pragma GCC unroll 16
+    for (int i = 0; i < R; ++i)
+#pragma GCC unroll 4
+      for (int v = 0; v < kNV; ++v)
+        _mm512_mask_storeu_ps(c + i * ldc + 16 * v, mask[v], _mm512_fmadd_ps(acc[i][v], va, vbias[v]));
+  } else if (beta == 0.0f) {
 #pragma GCC unroll 16
     for (int i = 0; i < R; ++i)
 #pragma GCC unroll 4
@@ -195,7 +204,8 @@ void micro_kernel(int kc, const float* __restrict a, long lda, const float* __re
   }
 }
 
-using MicroKernel = void (*)(int, const float*, long, const float*, float*, long, float, float, int);
+using MicroKernel = void (*)(int, const float*, long, const float*, float*, long, float, float, const float*,
+                             int);
 
 // kernels[h] handles a tile of h rows, 1 <= h <= MR.
 template <bool kDirectA, int... I>
@@ -238,7 +248,7 @@ struct PackBuffers {
 }  // namespace
 
 void gemm_avx512(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
-                 const float* B, int ldb, float beta, float* C, int ldc) {
+                 const float* B, int ldb, float beta, float* C, int ldc, const float* bias) {
   thread_local PackBuffers buf;
   float* const Ap = buf.a;
   float* const Bp = buf.b;
@@ -253,8 +263,10 @@ void gemm_avx512(bool trans_a, bool trans_b, int M, int N, int K, float alpha, c
     const int nc = min_int(kNC, N - jc);
     for (int pc = 0; pc < K; pc += kKC) {
       const int kc = min_int(kKC, K - pc);
-      // Later K blocks accumulate onto what the first one wrote.
+      // Later K blocks accumulate onto what the first one wrote; the bias joins
+      // the first, as it would if C were filled with it and beta were 1.
       const float beta_k = pc == 0 ? beta : 1.0f;
+      const float* bias_k = pc == 0 ? bias : nullptr;
       for (int jr = 0; jr < nc; jr += kNR) {
         const int w = min_int(kNR, nc - jr);
         if (!trans_b)  // B (K,N): element (k,n) at B[k*ldb + n]
@@ -270,7 +282,7 @@ void gemm_avx512(bool trans_a, bool trans_b, int M, int N, int K, float alpha, c
             const float* a = A + static_cast<long>(ic + ir) * lda + pc;
             for (int jr = 0; jr < nc; jr += kNR)
               kDirectKernels[h](kc, a, lda, Bp + jr * kc, C + static_cast<long>(ic + ir) * ldc + jc + jr, ldc,
-                                alpha, beta_k, min_int(kNR, nc - jr));
+                                alpha, beta_k, bias_k ? bias_k + jc + jr : nullptr, min_int(kNR, nc - jr));
           }
           continue;
         }
@@ -286,7 +298,8 @@ void gemm_avx512(bool trans_a, bool trans_b, int M, int N, int K, float alpha, c
           for (int jr = 0; jr < nc; jr += kNR) {
             const int n = min_int(kNR, nc - jr);
             kPackedKernels[h](kc, Ap + ir * kc, 0, Bp + jr * kc,
-                              C + static_cast<long>(ic + ir) * ldc + jc + jr, ldc, alpha, beta_k, n);
+                              C + static_cast<long>(ic + ir) * ldc + jc + jr, ldc, alpha, beta_k,
+                              bias_k ? bias_k + jc + jr : nullptr, n);
           }
         }
       }

@@ -21,11 +21,16 @@ GemmBackend gemm_default_backend();
 void gemm_with(GemmBackend b, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
                int lda, const float* B, int ldb, float beta, float* C, int ldc);
 
+// Same contract as gemm_bias(), through backend b.
+void gemm_bias_with(GemmBackend b, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                    const float* A, int lda, const float* B, int ldb, const float* bias, float* C, int ldc);
+
 namespace detail {
 // The AVX-512 path (gemm_avx512.cpp). Requires AVX-512F; expects M, N, K > 0 and
 // alpha != 0 (gemm_with handles the degenerate cases for every backend).
+// bias (N), when given, requires beta == 0: C = alpha * op(A) op(B) + bias per column.
 void gemm_avx512(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
-                 const float* B, int ldb, float beta, float* C, int ldc);
+                 const float* B, int ldb, float beta, float* C, int ldc, const float* bias = nullptr);
 }  // namespace detail
 
 }  // namespace troupe::kernels::cpu

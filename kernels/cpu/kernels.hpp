@@ -5,7 +5,9 @@
 //    (B,T,C) means B*T*C contiguous floats, C fastest.
 //  * Backward functions ACCUMULATE (+=) into every gradient they write, both
 //    parameter and input gradients; the caller zeroes them. This makes micro-batch
-//    gradient accumulation and residual branches free.
+//    gradient accumulation and residual branches free. Where an input gradient is
+//    usually a fresh buffer, an Out::overwrite argument writes it (=) instead,
+//    which spares the caller a pass to zero it.
 //  * Deterministic: the same inputs give the same bits, whatever else runs.
 //  * Preconditions (sizes > 0 where required, non-null pointers) are checked
 //    with TROUPE_CHECK.
@@ -16,6 +18,9 @@
 
 namespace troupe::kernels::cpu {
 
+// How a backward kernel writes an input gradient: += onto what is there, or = .
+enum class Out { accumulate, overwrite };
+
 // ---------------------------------------------------------------- GEMM
 // Row-major C(M,N) = alpha * op(A) * op(B) + beta * C, op(X) = X or X^T.
 // A is (M,K) or, transposed, (K,M); B is (K,N) or, transposed, (N,K).
@@ -24,6 +29,12 @@ namespace troupe::kernels::cpu {
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
           const float* B, int ldb, float beta, float* C, int ldc);
 
+// C(M,N) = alpha * op(A) * op(B) + bias(N) broadcast over rows; C is only written.
+// The same bits as filling C's rows with bias and calling gemm() with beta = 1, in
+// one pass over C instead of two.
+void gemm_bias(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+               const float* B, int ldb, const float* bias, float* C, int ldc);
+
 // Name of the GEMM path in use, e.g. "avx512" or "openblas" (for benchmarks and logs).
 const char* gemm_backend();
 
@@ -31,10 +42,10 @@ const char* gemm_backend();
 // out(N,OC) = inp(N,IC) @ weight(OC,IC)^T + bias(OC). bias may be null.
 void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int IC,
                     int OC);
-// dinp(N,IC) += dout @ weight;  dweight(OC,IC) += dout^T @ inp;  dbias(OC) += sum_n dout.
-// Any of dinp, dweight, dbias may be null (not needed).
+// dinp(N,IC) += dout @ weight (= with Out::overwrite);  dweight(OC,IC) += dout^T @ inp;
+// dbias(OC) += sum_n dout. Any of dinp, dweight, dbias may be null (not needed).
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int IC, int OC);
+                     const float* weight, int N, int IC, int OC, Out dinp_mode = Out::accumulate);
 
 // ---------------------------------------------------------------- embedding
 // out(B,T,C) = wte[tokens[b,t]] + wpe[t]. tokens in [0,V). wpe may be null (MLP model).
@@ -57,18 +68,21 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 // out(B,T,NH*HS); att(B,NH,T,T) saves the softmax probabilities (upper triangle zero).
 // scale = 1/sqrt(HS).
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int HS);
-// dqkv(B,T,3*NH*HS) +=; scratch(B,NH,T,T) is workspace the kernel may overwrite.
+// dqkv(B,T,3*NH*HS) += (= with Out::overwrite); scratch(B,NH,T,T) is workspace the
+// kernel may overwrite.
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att,
-                        int B, int T, int NH, int HS);
+                        int B, int T, int NH, int HS, Out mode = Out::accumulate);
 
 // ---------------------------------------------------------------- GELU (tanh form)
 void gelu_forward(float* out, const float* inp, size_t n);
-void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);  // dinp += gelu'(inp) * dout
+// d(n) = gelu'(inp) * d: the gradient after GELU becomes the one before it, in place.
+void gelu_backward_inplace(float* d, const float* inp, size_t n);
 
 // ---------------------------------------------------------------- element-wise
 void residual_forward(float* out, const float* a, const float* b, size_t n);  // out = a + b
-void add_inplace(float* y, const float* x, size_t n);                           // y += x
-void scale_inplace(float* y, float s, size_t n);                                // y *= s
+void add_inplace(float* y, const float* x, size_t n);                         // y += x
+void scale_inplace(float* y, float s, size_t n);                              // y *= s
 
 // ---------------------------------------------------------------- loss
 // Softmax cross-entropy over logits(N,V) with targets(N) in [0,V).

@@ -7,14 +7,6 @@ namespace troupe::kernels::cpu {
 
 namespace {
 
-// out(N,OC) = bias broadcast over rows, so the product can then accumulate (beta = 1).
-void fill_rows(float* __restrict__ out, const float* __restrict__ bias, int N, int OC) {
-  for (int n = 0; n < N; ++n) {
-    float* __restrict__ row = out + size_t(n) * OC;
-    for (int o = 0; o < OC; ++o) row[o] = bias[o];
-  }
-}
-
 // dbias(OC) += sum over rows of dout(N,OC); rows outer so the inner loop is contiguous.
 void sum_rows(float* __restrict__ dbias, const float* __restrict__ dout, int N, int OC) {
   for (int n = 0; n < N; ++n) {
@@ -29,21 +21,21 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
                     int OC) {
   TROUPE_CHECK(N > 0 && IC > 0 && OC > 0, "N=", N, " IC=", IC, " OC=", OC);
   TROUPE_CHECK(out && inp && weight, "null tensor");
-  float beta = 0.0f;
-  if (bias) {
-    fill_rows(out, bias, N, OC);
-    beta = 1.0f;
-  }
-  // (N,IC) x (OC,IC)^T -> (N,OC)
-  gemm(false, true, N, OC, IC, 1.0f, inp, IC, weight, IC, beta, out, OC);
+  // (N,IC) x (OC,IC)^T -> (N,OC), the bias added as each tile is stored
+  if (bias)
+    gemm_bias(false, true, N, OC, IC, 1.0f, inp, IC, weight, IC, bias, out, OC);
+  else
+    gemm(false, true, N, OC, IC, 1.0f, inp, IC, weight, IC, 0.0f, out, OC);
 }
 
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int IC, int OC) {
+                     const float* weight, int N, int IC, int OC, Out dinp_mode) {
   TROUPE_CHECK(N > 0 && IC > 0 && OC > 0, "N=", N, " IC=", IC, " OC=", OC);
   TROUPE_CHECK(dout && inp && weight, "null tensor");
-  // dinp(N,IC) += dout(N,OC) x weight(OC,IC)
-  if (dinp) gemm(false, false, N, IC, OC, 1.0f, dout, OC, weight, IC, 1.0f, dinp, IC);
+  // dinp(N,IC) (+)= dout(N,OC) x weight(OC,IC)
+  if (dinp)
+    gemm(false, false, N, IC, OC, 1.0f, dout, OC, weight, IC, dinp_mode == Out::overwrite ? 0.0f : 1.0f, dinp,
+         IC);
   // dweight(OC,IC) += dout(N,OC)^T x inp(N,IC)
   if (dweight) gemm(true, false, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);
   if (dbias) sum_rows(dbias, dout, N, OC);

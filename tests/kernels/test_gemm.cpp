@@ -197,3 +197,30 @@ TEST_CASE("gemm is deterministic: same inputs give the same bits", "[kernels][ge
       REQUIRE(std::memcmp(C1.data(), C2.data(), sizeof(float) * C1.size()) == 0);
     }
 }
+
+TEST_CASE("gemm_bias gives the bits of bias rows plus a beta = 1 gemm and never reads C", "[kernels][gemm]") {
+  // Sizes around the micro-tile (14 x 32), the K block (384) and the N block (512).
+  const int shapes[][3] = {{1, 1, 1}, {13, 31, 17}, {14, 32, 384}, {29, 65, 385}, {45, 530, 800}, {7, 3, 1}};
+  for (GemmBackend b : available_backends())
+    for (const auto& s : shapes)
+      for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+          const int M = s[0], N = s[1], K = s[2], ldc = N + 3;
+          INFO("backend=" << k::gemm_backend_name(b) << " M=" << M << " N=" << N << " K=" << K << " ta=" << ta
+                          << " tb=" << tb);
+          const auto A = random_vec(size_t(M) * K, 21u + M), B = random_vec(size_t(K) * N, 22u + N);
+          const auto bias = random_vec(size_t(N), 23u + K);
+          const float sentinel = 12345.0f;
+          std::vector<float> want(size_t(M) * ldc, sentinel), got(size_t(M) * ldc, sentinel);
+          for (int i = 0; i < M; ++i) {
+            std::copy(bias.begin(), bias.end(), want.begin() + size_t(i) * ldc);
+            std::fill(got.begin() + size_t(i) * ldc, got.begin() + size_t(i) * ldc + N,
+                      std::numeric_limits<float>::quiet_NaN());
+          }
+          k::gemm_with(b, ta, tb, M, N, K, 0.5f, A.data(), ta ? M : K, B.data(), tb ? K : N, 1.0f,
+                       want.data(), ldc);
+          k::gemm_bias_with(b, ta, tb, M, N, K, 0.5f, A.data(), ta ? M : K, B.data(), tb ? K : N, bias.data(),
+                            got.data(), ldc);
+          REQUIRE(std::memcmp(want.data(), got.data(), sizeof(float) * want.size()) == 0);
+        }
+}
