@@ -189,11 +189,19 @@ int main(int argc, char** argv) {
           "median %.1f GFLOP/s)\n",
           100 * median(paired), median(samples));
     if (run_torch) {
+      const double p0 = probe ? probe->sample(kProbeSeconds) : 0.0;
       const Rates t = torch_rates(c, std::max(3, steps / 2), std::max(1, warmup));
-      if (t.cpu > 0)
+      const double p1 = probe ? probe->sample(kProbeSeconds) : 0.0;
+      if (t.cpu > 0) {
         std::printf("  pytorch  tokens/s wall=%.0f cpu=%.0f   ratio troupe/pytorch wall=%.2f cpu=%.2f\n",
                     t.wall, t.cpu, ours.wall / t.wall, ours.cpu / t.cpu);
-      else
+        // Both sides as a fraction of the ceiling measured next to them.
+        if (probe) {
+          const double torch_mfu = t.cpu * flops_per_token * 1e-9 / (0.5 * (p0 + p1));
+          std::printf("  pytorch  paired MFU cpu=%.1f%%   paired ratio troupe/pytorch=%.2f\n",
+                      100 * torch_mfu, median(paired) / torch_mfu);
+        }
+      } else
         std::printf("  pytorch  not available (python3 with torch)\n");
     }
     std::printf("config_%s tokens_per_s=%.1f tokens_per_cpu_s=%.1f mfu=%.4f mfu_cpu=%.4f mfu_paired=%.4f\n",
