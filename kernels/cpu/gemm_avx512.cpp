@@ -12,6 +12,10 @@
 //           for jr in NC step NR     B panels stream from L2, prefetched ahead
 //             micro-kernel: C(MR,NR) (+)= Ap(MR,KC) Bp(KC,NR) in 28 zmm accumulators
 //
+// When A is packed and N spans several NC blocks, the first two loops swap
+// (pc outer, jc inner) and all of A's rows for the K block are packed once, so
+// that A is not repacked for every column block.
+//
 // The micro-kernel is 14 rows x 32 columns: 28 accumulators, 2 zmm for the B row,
 // A values come as embedded broadcasts, so each k step is 2 loads + 28 FMAs and
 // the two FMA ports stay busy. Packing pads edges with zeros, so the micro-kernel
@@ -229,17 +233,29 @@ bool l1_set_conflict(long ld) {
   return worst > 4;
 }
 
+// Rows of A packed at once, all column blocks reusing them (see gemm_avx512):
+// (kMaxWholeRows, KC) is 6 MiB.
+constexpr int kMaxWholeRows = 4096;
+
 // Per-thread packing buffers, allocated on first use and kept: a training step
 // calls GEMM hundreds of times with the same block sizes.
 struct PackBuffers {
-  float* a = nullptr;  // (MC, KC)
+  float* a = nullptr;  // (rows, KC), rows >= MC
   float* b = nullptr;  // (KC, NC)
-  PackBuffers()
-      : a(static_cast<float*>(std::aligned_alloc(64, sizeof(float) * kMC * kKC))),
-        b(static_cast<float*>(std::aligned_alloc(64, sizeof(float) * kKC * kNC))) {}
+  int a_rows = 0;
+  PackBuffers() : b(static_cast<float*>(std::aligned_alloc(64, sizeof(float) * kKC * kNC))) {
+    reserve_a(kMC);
+  }
   ~PackBuffers() {
     std::free(a);
     std::free(b);
+  }
+  // Room for `rows` packed rows of A (a multiple of MR).
+  void reserve_a(int rows) {
+    if (rows <= a_rows && a != nullptr) return;
+    std::free(a);
+    a = static_cast<float*>(std::aligned_alloc(64, sizeof(float) * static_cast<long>(rows) * kKC));
+    a_rows = a != nullptr ? rows : 0;
   }
   PackBuffers(const PackBuffers&) = delete;
   PackBuffers& operator=(const PackBuffers&) = delete;
@@ -250,58 +266,87 @@ struct PackBuffers {
 void gemm_avx512(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
                  const float* B, int ldb, float beta, float* C, int ldc, const float* bias) {
   thread_local PackBuffers buf;
-  float* const Ap = buf.a;
-  float* const Bp = buf.b;
-  if (Ap == nullptr || Bp == nullptr) throw std::bad_alloc();
   // A not transposed is read in place: its rows are what the micro-kernel
   // broadcasts from, and packing would cost a 16x16 transpose per 256 elements
   // (measured: 10-15 % on products with N <= 128, a few % on wide ones), unless
   // its row stride makes the 14 rows fight over a few L1 sets. A transposed
   // would put each k step on a new cache line, so it is packed (a plain copy).
   const bool direct_a = !trans_a && !l1_set_conflict(lda);
+  // Packed A is the same for every column block: with more than one, all of A's
+  // rows for a K block are packed once and every column block reuses them,
+  // instead of repacking MC rows per column block (N / NC times in all).
+  const bool whole_a = !direct_a && N > kNC && M <= kMaxWholeRows;
+  const int mc_max = whole_a ? (M + kMR - 1) / kMR * kMR : kMC;
+  buf.reserve_a(mc_max);
+  float* const Ap = buf.a;
+  float* const Bp = buf.b;
+  if (Ap == nullptr || Bp == nullptr) throw std::bad_alloc();
+
+  // Ap(mc, kc) in MR-tall panels <- rows [ic, ic + mc) of op(A), columns [pc, pc + kc).
+  auto pack_a = [&](int ic, int mc, int pc, int kc) {
+    for (int ir = 0; ir < mc; ir += kMR) {
+      const int h = min_int(kMR, mc - ir);
+      if (!trans_a)  // A (M,K): element (m,k) at A[m*lda + k]
+        pack_transpose(A + static_cast<long>(ic + ir) * lda + pc, lda, h, kc, kMR, Ap + ir * kc);
+      else  // A (K,M): element (m,k) at A[k*lda + m]
+        pack_copy(A + static_cast<long>(pc) * lda + ic + ir, lda, kc, h, kMR, Ap + ir * kc);
+    }
+  };
+  // Bp(kc, nc) in NR-wide panels <- rows [pc, pc + kc), columns [jc, jc + nc) of op(B).
+  auto pack_b = [&](int jc, int nc, int pc, int kc) {
+    for (int jr = 0; jr < nc; jr += kNR) {
+      const int w = min_int(kNR, nc - jr);
+      if (!trans_b)  // B (K,N): element (k,n) at B[k*ldb + n]
+        pack_copy(B + static_cast<long>(pc) * ldb + jc + jr, ldb, kc, w, kNR, Bp + jr * kc);
+      else  // B (N,K): element (k,n) at B[n*ldb + k]
+        pack_transpose(B + static_cast<long>(jc + jr) * ldb + pc, ldb, w, kc, kNR, Bp + jr * kc);
+    }
+  };
+  // C[ic:ic+mc, jc:jc+nc] (+)= the K block at pc; rows of A from Ap (packed) or in place.
+  auto multiply = [&](int ic, int mc, int jc, int nc, int pc, int kc) {
+    // Later K blocks accumulate onto what the first one wrote; the bias joins
+    // the first, as it would if C were filled with it and beta were 1.
+    const float beta_k = pc == 0 ? beta : 1.0f;
+    const float* bias_k = pc == 0 && bias != nullptr ? bias + jc : nullptr;
+    for (int ir = 0; ir < mc; ir += kMR) {
+      const int h = min_int(kMR, mc - ir);
+      float* c = C + static_cast<long>(ic + ir) * ldc + jc;
+      if (direct_a) {  // A (M,K): element (m,k) at A[m*lda + k]
+        const float* a = A + static_cast<long>(ic + ir) * lda + pc;
+        for (int jr = 0; jr < nc; jr += kNR)
+          kDirectKernels[h](kc, a, lda, Bp + jr * kc, c + jr, ldc, alpha, beta_k,
+                            bias_k ? bias_k + jr : nullptr, min_int(kNR, nc - jr));
+      } else {
+        for (int jr = 0; jr < nc; jr += kNR)
+          kPackedKernels[h](kc, Ap + ir * kc, 0, Bp + jr * kc, c + jr, ldc, alpha, beta_k,
+                            bias_k ? bias_k + jr : nullptr, min_int(kNR, nc - jr));
+      }
+    }
+  };
+
+  // Every C element sums its K blocks in order pc = 0, 1, ... in both loop
+  // orders, so they give the same bits.
+  if (whole_a) {
+    for (int pc = 0; pc < K; pc += kKC) {
+      const int kc = min_int(kKC, K - pc);
+      pack_a(0, M, pc, kc);
+      for (int jc = 0; jc < N; jc += kNC) {
+        const int nc = min_int(kNC, N - jc);
+        pack_b(jc, nc, pc, kc);
+        multiply(0, M, jc, nc, pc, kc);
+      }
+    }
+    return;
+  }
   for (int jc = 0; jc < N; jc += kNC) {
     const int nc = min_int(kNC, N - jc);
     for (int pc = 0; pc < K; pc += kKC) {
       const int kc = min_int(kKC, K - pc);
-      // Later K blocks accumulate onto what the first one wrote; the bias joins
-      // the first, as it would if C were filled with it and beta were 1.
-      const float beta_k = pc == 0 ? beta : 1.0f;
-      const float* bias_k = pc == 0 ? bias : nullptr;
-      for (int jr = 0; jr < nc; jr += kNR) {
-        const int w = min_int(kNR, nc - jr);
-        if (!trans_b)  // B (K,N): element (k,n) at B[k*ldb + n]
-          pack_copy(B + static_cast<long>(pc) * ldb + jc + jr, ldb, kc, w, kNR, Bp + jr * kc);
-        else  // B (N,K): element (k,n) at B[n*ldb + k]
-          pack_transpose(B + static_cast<long>(jc + jr) * ldb + pc, ldb, w, kc, kNR, Bp + jr * kc);
-      }
+      pack_b(jc, nc, pc, kc);
       for (int ic = 0; ic < M; ic += kMC) {
         const int mc = min_int(kMC, M - ic);
-        if (direct_a) {  // A (M,K): element (m,k) at A[m*lda + k]
-          for (int ir = 0; ir < mc; ir += kMR) {
-            const int h = min_int(kMR, mc - ir);
-            const float* a = A + static_cast<long>(ic + ir) * lda + pc;
-            for (int jr = 0; jr < nc; jr += kNR)
-              kDirectKernels[h](kc, a, lda, Bp + jr * kc, C + static_cast<long>(ic + ir) * ldc + jc + jr, ldc,
-                                alpha, beta_k, bias_k ? bias_k + jc + jr : nullptr, min_int(kNR, nc - jr));
-          }
-          continue;
-        }
-        for (int ir = 0; ir < mc; ir += kMR) {
-          const int h = min_int(kMR, mc - ir);
-          if (!trans_a)  // A (M,K): element (m,k) at A[m*lda + k]
-            pack_transpose(A + static_cast<long>(ic + ir) * lda + pc, lda, h, kc, kMR, Ap + ir * kc);
-          else  // A (K,M): element (m,k) at A[k*lda + m]
-            pack_copy(A + static_cast<long>(pc) * lda + ic + ir, lda, kc, h, kMR, Ap + ir * kc);
-        }
-        for (int ir = 0; ir < mc; ir += kMR) {
-          const int h = min_int(kMR, mc - ir);
-          for (int jr = 0; jr < nc; jr += kNR) {
-            const int n = min_int(kNR, nc - jr);
-            kPackedKernels[h](kc, Ap + ir * kc, 0, Bp + jr * kc,
-                              C + static_cast<long>(ic + ir) * ldc + jc + jr, ldc, alpha, beta_k,
-                              bias_k ? bias_k + jc + jr : nullptr, n);
-          }
-        }
+        if (!direct_a) pack_a(ic, mc, pc, kc);
+        multiply(ic, mc, jc, nc, pc, kc);
       }
     }
   }

@@ -139,11 +139,20 @@ TEST_CASE("gemm backends handle K blocks, row/column blocks and padded strides",
   // the 512-column B block twice. lda = 1024 (K = 300 + 724 padding) and 2048
   // take the path that packs a non-transposed A (row strides that crowd L1 sets).
   const Case cases[] = {
-      {false, false, 257, 33, 777, 3, 5, 7, 1.0f, 0.0f},   {false, true, 31, 257, 600, 1, 2, 3, 0.5f, 1.0f},
-      {true, false, 350, 65, 129, 17, 0, 1, -1.5f, 0.25f}, {true, true, 65, 129, 257, 0, 9, 0, 2.0f, -1.0f},
-      {false, true, 17, 1030, 31, 4, 4, 4, 1.0f, 1.0f},    {false, false, 1, 1, 1, 0, 0, 0, 3.0f, 0.0f},
-      {true, true, 3, 1, 517, 2, 0, 0, 1.0f, 0.5f},        {false, false, 129, 96, 64, 0, 0, 32, 1.0f, 0.0f},
-      {false, false, 45, 70, 300, 724, 0, 0, 1.0f, 0.0f},  {false, true, 31, 33, 400, 1648, 1, 0, 0.5f, 2.0f},
+      {false, false, 257, 33, 777, 3, 5, 7, 1.0f, 0.0f},
+      {false, true, 31, 257, 600, 1, 2, 3, 0.5f, 1.0f},
+      {true, false, 350, 65, 129, 17, 0, 1, -1.5f, 0.25f},
+      {true, true, 65, 129, 257, 0, 9, 0, 2.0f, -1.0f},
+      {false, true, 17, 1030, 31, 4, 4, 4, 1.0f, 1.0f},
+      {false, false, 1, 1, 1, 0, 0, 0, 3.0f, 0.0f},
+      {true, true, 3, 1, 517, 2, 0, 0, 1.0f, 0.5f},
+      {false, false, 129, 96, 64, 0, 0, 32, 1.0f, 0.0f},
+      {false, false, 45, 70, 300, 724, 0, 0, 1.0f, 0.0f},
+      {false, true, 31, 33, 400, 1648, 1, 0, 0.5f, 2.0f},
+      // Packed A with N over one column block: A is packed once per K block for all of them.
+      {true, false, 350, 530, 390, 3, 0, 2, 1.0f, 0.5f},
+      {false, true, 30, 600, 500, 524, 0, 0, 1.0f, 0.0f},
+      {true, true, 29, 1030, 400, 0, 1, 0, -0.5f, 1.0f},
   };
   for (GemmBackend b : available_backends())
     for (const Case& c : cases) check_case(b, c);
