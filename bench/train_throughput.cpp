@@ -16,7 +16,8 @@
 // time (all threads, as the PyTorch script's time.process_time()). On a machine
 // shared with other work the CPU-time figure is what one uncontended core
 // gives; on an idle machine both agree. The PyTorch script reports the same
-// pair, so the ratio compares like with like. The GEMM ceiling is timed the
+// pair, so the ratio compares like with like. PyTorch's OpenBLAS kernel follows
+// the caller's OPENBLAS_CORETYPE (README, Performance). The GEMM ceiling is timed the
 // same way (bench/gemm_timing.hpp).
 //
 // The speed of a core on a shared host drifts by 20 % and more within seconds,
