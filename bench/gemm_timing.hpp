@@ -51,22 +51,38 @@ struct GemmRate {
   double median = 0.0, best = 0.0;  // GFLOP/s over the repeats
 };
 
+// Random operands of one shape, and C = op(A) op(B) through a given backend.
+class GemmOperands {
+ public:
+  explicit GemmOperands(const GemmShape& s) : s_(s) {
+    A_.resize(size_t(s.ta ? s.K : s.M) * lda());
+    B_.resize(size_t(s.tb ? s.N : s.K) * ldb());
+    C_.resize(size_t(s.M) * s.N);
+    std::mt19937 gen(1);
+    std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+    for (auto& x : A_) x = d(gen);
+    for (auto& x : B_) x = d(gen);
+  }
+  void run(kernels::cpu::GemmBackend b) {
+    kernels::cpu::gemm_with(b, s_.ta, s_.tb, s_.M, s_.N, s_.K, 1.0f, A_.data(), lda(), B_.data(), ldb(), 0.0f,
+                            C_.data(), s_.N);
+  }
+  double flops() const { return 2.0 * s_.M * s_.N * double(s_.K); }
+
+ private:
+  int lda() const { return s_.ta ? s_.M : s_.K; }
+  int ldb() const { return s_.tb ? s_.K : s_.N; }
+  GemmShape s_;
+  std::vector<float> A_, B_, C_;
+};
+
 // GFLOP/s of shape s through each backend: after a warm-up, `repeats` rounds in
 // which every backend runs once for about `min_seconds`, so that load from
 // other processes that comes and goes falls on all backends alike.
 inline std::vector<GemmRate> gemm_gflops(const std::vector<kernels::cpu::GemmBackend>& backends,
                                          const GemmShape& s, int repeats = 5, double min_seconds = 0.05) {
-  const int a_rows = s.ta ? s.K : s.M, a_cols = s.ta ? s.M : s.K;
-  const int b_rows = s.tb ? s.N : s.K, b_cols = s.tb ? s.K : s.N;
-  std::vector<float> A(size_t(a_rows) * a_cols), B(size_t(b_rows) * b_cols), C(size_t(s.M) * s.N);
-  std::mt19937 gen(1);
-  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-  for (auto& x : A) x = d(gen);
-  for (auto& x : B) x = d(gen);
-  auto run = [&](kernels::cpu::GemmBackend b) {
-    kernels::cpu::gemm_with(b, s.ta, s.tb, s.M, s.N, s.K, 1.0f, A.data(), a_cols, B.data(), b_cols, 0.0f,
-                            C.data(), s.N);
-  };
+  GemmOperands ops(s);
+  auto run = [&](kernels::cpu::GemmBackend b) { ops.run(b); };
   const size_t nb = backends.size();
   // Warm-up (packing buffers, page faults, lazy library init), and an iteration
   // count per backend calibrated from it.
@@ -87,7 +103,7 @@ inline std::vector<GemmRate> gemm_gflops(const std::vector<kernels::cpu::GemmBac
       const double t0 = thread_cpu_seconds();
       for (int i = 0; i < iters[k]; ++i) run(backends[k]);
       const double dt = thread_cpu_seconds() - t0;
-      rates[k].push_back(2.0 * s.M * s.N * double(s.K) * iters[k] / dt * 1e-9);
+      rates[k].push_back(ops.flops() * iters[k] / dt * 1e-9);
     }
   std::vector<GemmRate> out(nb);
   for (size_t k = 0; k < nb; ++k) {
@@ -133,39 +149,27 @@ inline double measure_peak_gflops(int repeats = 5) { return measure_peak(repeats
 // piece is steadier than one against a ceiling measured once at the start.
 class PeakProbe {
  public:
-  explicit PeakProbe(const Peak& p) : peak_(p) {
-    const GemmShape& s = peak_.shape;
-    A_.assign(size_t(s.ta ? s.K : s.M) * (s.ta ? s.M : s.K), 0.5f);
-    B_.assign(size_t(s.tb ? s.N : s.K) * (s.tb ? s.K : s.N), 0.25f);
-    C_.assign(size_t(s.M) * s.N, 0.0f);
-    run();
-  }
+  explicit PeakProbe(const Peak& p) : backend_(p.backend), ops_(p.shape) { ops_.run(backend_); }
 
   // GFLOP/s over at least `seconds` of thread CPU time and two products, after
   // one untimed product: whatever ran before has left the operands out of cache,
   // and a cold first product would understate the ceiling.
   double sample(double seconds) {
-    const GemmShape& s = peak_.shape;
-    run();
+    ops_.run(backend_);
     const double t0 = thread_cpu_seconds();
     double dt = 0.0;
     int n = 0;
     do {
-      run();
+      ops_.run(backend_);
       ++n;
       dt = thread_cpu_seconds() - t0;
     } while (dt < seconds || n < 2);
-    return 2.0 * s.M * s.N * double(s.K) * n / dt * 1e-9;
+    return ops_.flops() * n / dt * 1e-9;
   }
 
  private:
-  void run() {
-    const GemmShape& s = peak_.shape;
-    kernels::cpu::gemm_with(peak_.backend, s.ta, s.tb, s.M, s.N, s.K, 1.0f, A_.data(), s.ta ? s.M : s.K,
-                            B_.data(), s.tb ? s.K : s.N, 0.0f, C_.data(), s.N);
-  }
-  Peak peak_;
-  std::vector<float> A_, B_, C_;
+  kernels::cpu::GemmBackend backend_;
+  GemmOperands ops_;
 };
 
 }  // namespace troupe::bench
