@@ -17,13 +17,15 @@ namespace {
 
 std::vector<float> nans(size_t n) { return std::vector<float>(n, std::numeric_limits<float>::quiet_NaN()); }
 
-// Equal bits, except that +0 and -0 count as equal (0 + -0 is +0, a store of -0 is -0).
+// Equal bits, except that +0 and -0 count as equal (0 + -0 is +0, a store of -0 is -0),
+// and so do any two NaNs.
 bool same_values(const std::vector<float>& a, const std::vector<float>& b) {
   if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (!(a[i] == b[i] || (std::isnan(a[i]) && std::isnan(b[i])))) return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (a[i] != 0.0f && std::memcmp(&a[i], &b[i], sizeof(float)) != 0) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const bool both_zero = a[i] == 0.0f && b[i] == 0.0f;
+    const bool both_nan = std::isnan(a[i]) && std::isnan(b[i]);
+    if (!both_zero && !both_nan && std::memcmp(&a[i], &b[i], sizeof(float)) != 0) return false;
+  }
   return true;
 }
 
