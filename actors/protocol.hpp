@@ -77,6 +77,9 @@ struct LaunchRequest {
   int32_t rank = 0;
   std::string device;    // "cpu:3"
   std::string log_path;  // stdout+stderr of the worker; "" = inherit
+  // Random, one per launch: the worker shows it when it registers, so that only
+  // the process this agent started can speak for (job, generation, rank).
+  std::string token;
 };
 
 // A worker process ended (reaped by its agent with waitpid).
@@ -97,6 +100,7 @@ struct WorkerHello {
   int32_t rank = 0;
   int32_t pid = 0;
   std::string host;
+  std::string token;  // LaunchRequest::token of this launch
 };
 
 // What one rank runs. Rank order puts tensor parallelism fastest, then data,
@@ -194,7 +198,8 @@ typename Inspector::result_type inspect(Inspector& f, Welcome& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, LaunchRequest& x) {
-  return f(caf::meta::type_name("LaunchRequest"), x.job_id, x.generation, x.rank, x.device, x.log_path);
+  return f(caf::meta::type_name("LaunchRequest"), x.job_id, x.generation, x.rank, x.device, x.log_path,
+           x.token);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, WorkerExit& x) {
@@ -202,7 +207,8 @@ typename Inspector::result_type inspect(Inspector& f, WorkerExit& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, WorkerHello& x) {
-  return f(caf::meta::type_name("WorkerHello"), x.protocol, x.job_id, x.generation, x.rank, x.pid, x.host);
+  return f(caf::meta::type_name("WorkerHello"), x.protocol, x.job_id, x.generation, x.rank, x.pid, x.host,
+           x.token);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, Assignment& x) {

@@ -7,7 +7,7 @@
 
 namespace troupe::actors {
 
-NodeConfig::NodeConfig() {
+NodeConfig::NodeConfig(const std::string& secret_file) {
   add_message_type<AgentHello>("troupe::AgentHello");
   add_message_type<Welcome>("troupe::Welcome");
   add_message_type<LaunchRequest>("troupe::LaunchRequest");
@@ -23,6 +23,11 @@ NodeConfig::NodeConfig() {
   add_message_type<CkptCommitted>("troupe::CkptCommitted");
   add_message_type<std::vector<std::string>>("std::vector<std::string>");
   load<caf::io::middleman>();
+  load<caf::openssl::manager>();
+  // One file is this node's certificate, its key and the only authority it trusts.
+  openssl_certificate = secret_file;
+  openssl_key = secret_file;
+  openssl_cafile = secret_file;
   set("middleman.heartbeat-interval", caf::timespan{kHeartbeatInterval});
   set("middleman.connection-timeout", caf::timespan{kConnectionTimeout});
   // Control traffic is light; two scheduler threads leave the cores to the engine.

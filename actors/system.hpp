@@ -1,11 +1,14 @@
 // The actor-system configuration every troupe node (coordinator, agent,
 // worker) starts from: all protocol types registered, the middleman loaded and
-// heartbeats on with the same settings everywhere. Set in code on purpose: a
-// caf-application.ini in the working directory must not change them.
+// heartbeats on with the same settings everywhere, and the middleman's
+// connections authenticated by mutual TLS on the cluster secret
+// (actors/secret.hpp). Set in code on purpose: a caf-application.ini in the
+// working directory must not change them.
 #pragma once
 
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
+#include <caf/openssl/all.hpp>
 #include <string>
 
 namespace troupe::actors {
@@ -17,8 +20,24 @@ constexpr auto kConnectionTimeout = std::chrono::milliseconds(2000);
 
 class NodeConfig : public caf::actor_system_config {
  public:
-  NodeConfig();
+  // `secret_file` must have passed check_secret(): every connection this node
+  // makes or accepts presents its certificate and requires the peer's to be the same.
+  explicit NodeConfig(const std::string& secret_file);
 };
+
+// Publishes an actor on host:port (0 = any free port) for peers that hold the
+// cluster secret; returns the bound port. Never the plain middleman: a peer
+// without the secret fails the TLS handshake before a BASP byte is read.
+template <class Handle>
+caf::expected<uint16_t> publish(const Handle& actor, uint16_t port, const std::string& host) {
+  return caf::openssl::publish(actor, port, host.c_str(), true);
+}
+
+// Connects to an actor published with publish() (the peer must hold the same secret).
+template <class Handle>
+caf::expected<Handle> connect(caf::actor_system& sys, const std::string& host, uint16_t port) {
+  return caf::openssl::remote_actor<Handle>(sys, host, port);
+}
 
 // "host:port" -> (host, port); throws troupe::Error on a malformed address.
 std::pair<std::string, uint16_t> parse_host_port(const std::string& address);

@@ -6,6 +6,6 @@
 
 namespace troupe::actors {
 
-constexpr int32_t kProtocolVersion = 2;
+constexpr int32_t kProtocolVersion = 3;
 
 }  // namespace troupe::actors

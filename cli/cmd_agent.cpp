@@ -1,5 +1,6 @@
 #include <CLI/CLI.hpp>
 
+#include "actors/secret.hpp"
 #include "cli/commands.hpp"
 #include "worker/node.hpp"
 
@@ -10,8 +11,11 @@ void add_agent_command(CLI::App& app, int* exit_code) {
   static worker::AgentOptions o;
   cmd->add_option("--coordinator", o.coordinator, "HOST:PORT of the coordinator (its --listen)")->required();
   cmd->add_option("--devices", o.devices, "cpu:N, cuda:all or cuda:0,1")->capture_default_str();
+  cmd->add_option("--secret-file", o.secret_file, "The cluster secret: the same file as the coordinator's")
+      ->envname(actors::kSecretEnv);
   cmd->add_option("--reconnect-timeout", o.reconnect_timeout_s,
-                  "Seconds to keep reconnecting after the coordinator goes away (its workers are stopped)")
+                  "Seconds to keep trying to reach the coordinator, at start and after it goes away (its "
+                  "workers are stopped)")
       ->capture_default_str();
   cmd->add_option("--protocol-version-override", o.protocol_override)->group("");
   cmd->add_option("--worker-protocol-version-override", o.worker_protocol_override)->group("");
@@ -28,6 +32,7 @@ void add_worker_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--generation", o.generation)->required();
   cmd->add_option("--rank", o.rank)->required();
   cmd->add_option("--device", o.device)->required();
+  cmd->add_option("--secret-file", o.secret_file)->required();
   cmd->add_option("--protocol-version-override", o.protocol_override);
   cmd->callback([exit_code] { *exit_code = worker::run_worker(o); });
 }

@@ -22,5 +22,6 @@ void add_agent_command(CLI::App& app, int* exit_code);
 void add_worker_command(CLI::App& app, int* exit_code);
 void add_client_commands(CLI::App& app, int* exit_code);  // submit, status, list, watch, cancel
 void add_ckpt_command(CLI::App& app, int* exit_code);     // ls, inspect, verify, export
+void add_secret_command(CLI::App& app, int* exit_code);   // init
 
 }  // namespace troupe::cli

@@ -1,8 +1,9 @@
 # FindCAF: the C++ Actor Framework (Debian's libcaf-dev ships no CMake config).
-# Defines CAF_FOUND, CAF_VERSION and the imported targets CAF::core and CAF::io.
+# Defines CAF_FOUND, CAF_VERSION and the imported targets CAF::core, CAF::io and CAF::openssl.
 find_path(CAF_INCLUDE_DIR caf/all.hpp)
 find_library(CAF_CORE_LIBRARY caf_core)
 find_library(CAF_IO_LIBRARY caf_io)
+find_library(CAF_OPENSSL_LIBRARY caf_openssl)
 if(CAF_INCLUDE_DIR AND EXISTS "${CAF_INCLUDE_DIR}/caf/config.hpp")
   file(STRINGS "${CAF_INCLUDE_DIR}/caf/config.hpp" _caf_ver REGEX "#define CAF_VERSION [0-9]+")
   string(REGEX MATCH "[0-9]+" _caf_num "${_caf_ver}")
@@ -14,7 +15,7 @@ if(CAF_INCLUDE_DIR AND EXISTS "${CAF_INCLUDE_DIR}/caf/config.hpp")
   endif()
 endif()
 include(FindPackageHandleStandardArgs)
-find_package_handle_standard_args(CAF REQUIRED_VARS CAF_CORE_LIBRARY CAF_IO_LIBRARY CAF_INCLUDE_DIR
+find_package_handle_standard_args(CAF REQUIRED_VARS CAF_CORE_LIBRARY CAF_IO_LIBRARY CAF_OPENSSL_LIBRARY CAF_INCLUDE_DIR
                                   VERSION_VAR CAF_VERSION)
 if(CAF_FOUND AND NOT TARGET CAF::core)
   add_library(CAF::core UNKNOWN IMPORTED)
@@ -23,5 +24,9 @@ if(CAF_FOUND AND NOT TARGET CAF::core)
   add_library(CAF::io UNKNOWN IMPORTED)
   set_target_properties(CAF::io PROPERTIES IMPORTED_LOCATION "${CAF_IO_LIBRARY}"
                                            INTERFACE_LINK_LIBRARIES CAF::core)
+  # TLS for the middleman (libcaf_openssl, in libcaf-dev): the authenticated control plane.
+  add_library(CAF::openssl UNKNOWN IMPORTED)
+  set_target_properties(CAF::openssl PROPERTIES IMPORTED_LOCATION "${CAF_OPENSSL_LIBRARY}"
+                                                INTERFACE_LINK_LIBRARIES CAF::io)
 endif()
-mark_as_advanced(CAF_INCLUDE_DIR CAF_CORE_LIBRARY CAF_IO_LIBRARY)
+mark_as_advanced(CAF_INCLUDE_DIR CAF_CORE_LIBRARY CAF_IO_LIBRARY CAF_OPENSSL_LIBRARY)

@@ -5,6 +5,7 @@
 
 #include "coordinator/api.hpp"
 #include "core/error.hpp"
+#include "core/text.hpp"
 
 namespace troupe::coord {
 
@@ -89,22 +90,25 @@ void ApiServer::publish(std::string event_json) {
 }
 
 std::string ApiServer::answer(const std::string& payload) {
+  // Checked before parsing: nothing of an ill-formed request is echoed back.
+  if (auto bad = invalid_utf8_at(payload); bad != std::string::npos)
+    return json_text(api_error("bad_request", "the request is not valid UTF-8 (byte " + std::to_string(bad) + ")"));
   nlohmann::json req;
   try {
     req = nlohmann::json::parse(payload);
   } catch (const nlohmann::json::exception& e) {
-    return api_error("bad_json", std::string("the request is not JSON: ") + e.what()).dump();
+    return json_text(api_error("bad_json", std::string("the request is not JSON: ") + e.what()));
   }
-  if (!req.is_object()) return api_error("bad_request", "a request is a JSON object").dump();
+  if (!req.is_object()) return json_text(api_error("bad_request", "a request is a JSON object"));
   if (!opt_.token.empty()) {
     auto t = req.find("token");
-    if (t == req.end() || !t->is_string() || t->get<std::string>() != opt_.token)
-      return api_error("unauthorized", "this API requires a valid \"token\" field").dump();
+    if (t == req.end() || !t->is_string() || !constant_time_equal(t->get_ref<const std::string&>(), opt_.token))
+      return json_text(api_error("unauthorized", "this API requires a valid \"token\" field"));
   }
   auto op = req.find("op");
   if (op == req.end() || !op->is_string())
-    return api_error("bad_request", "missing string field 'op'").dump();
-  if (*op == "info") return nlohmann::json{{"ok", true}, {"api", endpoint_}, {"pub", pub_endpoint_}}.dump();
+    return json_text(api_error("bad_request", "missing string field 'op'"));
+  if (*op == "info") return json_text(nlohmann::json{{"ok", true}, {"api", endpoint_}, {"pub", pub_endpoint_}});
   return handler_(payload);
 }
 
@@ -127,11 +131,21 @@ void ApiServer::loop() {
       }
       if (frames.size() >= 2) {
         ++requests_;
-        std::string reply = answer(frames.back().to_string());
-        for (size_t i = 0; i + 1 < frames.size(); ++i)
-          router.send(zmq::buffer(frames[i].data(), frames[i].size()),
-                      zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-        router.send(zmq::buffer(reply), zmq::send_flags::dontwait);
+        std::string reply;
+        try {
+          reply = answer(frames.back().to_string());
+        } catch (const std::exception& e) {
+          // A request that trips anything below still gets an answer; the thread serves on.
+          reply = json_text(api_error("internal", e.what()));
+        }
+        try {
+          for (size_t i = 0; i + 1 < frames.size(); ++i)
+            router.send(zmq::buffer(frames[i].data(), frames[i].size()),
+                        zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+          router.send(zmq::buffer(reply), zmq::send_flags::dontwait);
+        } catch (const zmq::error_t&) {
+          // The client went away: its reply is dropped.
+        }
       }
     }
     std::deque<std::string> out;

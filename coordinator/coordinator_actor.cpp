@@ -2,15 +2,18 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
 #include <tuple>
 
+#include "actors/validate.hpp"
 #include "checkpoint/commit.hpp"
 #include "coordinator/api.hpp"
 #include "coordinator/state.hpp"
 #include "core/run_dir.hpp"
+#include "core/text.hpp"
 
 namespace troupe::coord {
 
@@ -24,8 +27,18 @@ struct WorkerRef {
   int32_t rank = 0;
 };
 
+using RankKey = std::tuple<std::string, int32_t, int32_t>;  // (job, generation, rank)
+
 struct CoordActorState {
   std::unique_ptr<CoordinatorState> st;
+  // Who may speak for what (every peer already holds the cluster secret; these
+  // keep one from speaking for another). A node is a process: CAF names it on
+  // the connection, the sender cannot choose it.
+  std::map<std::string, caf::node_id> agent_nodes;  // agent id -> its process
+  std::map<RankKey, std::string> launch_tokens;     // issued with a launch, spent by the registration
+  std::map<RankKey, std::string> launch_agents;     // the agent that was asked to start the rank
+  std::map<RankKey, caf::node_id> worker_nodes;     // the process that registered as the rank
+  uint64_t refused = 0;                             // messages refused so far (logged, rate-limited)
   CoordinatorActorOptions opt;
   std::map<std::string, agent_actor> agents;  // agent id -> handle
   std::map<caf::actor_addr, std::string> agent_ids;
@@ -47,6 +60,73 @@ struct CoordActorState {
 };
 
 using self_ptr = coordinator_actor::stateful_pointer<CoordActorState>;
+
+// A refused message is logged (the first 20, then every 1000th: a flood does not fill the disk).
+void refuse(self_ptr self, const char* what, const std::string& why) {
+  auto n = ++self->state.refused;
+  if (n <= 20 || n % 1000 == 0) {
+    auto sender = self->current_sender();
+    std::cerr << "troupe coordinator: refused " << what << " from "
+              << (sender ? caf::to_string(sender->node()) : std::string("an anonymous sender")) << ": "
+              << sanitize_utf8(why, 512) << " (" << n << " refused so far)" << std::endl;
+  }
+}
+
+// A handler that threw: the actor lives on (an exception would end it), the cause is logged.
+void internal_error(const char* what, const std::exception& e) {
+  std::cerr << "troupe coordinator: internal error in " << what << ": " << sanitize_utf8(e.what(), 4096)
+            << std::endl;
+}
+
+bool from_node(self_ptr self, const caf::node_id& node) {
+  auto sender = self->current_sender();
+  return sender && node && sender->node() == node;
+}
+
+// The API arrives from this process's own API thread, never over the network.
+bool from_local(self_ptr self) { return from_node(self, self->node()); }
+
+// The process that registered as (job, generation, rank). This process itself
+// (`troupe run`, tests) may speak for any rank: it is the coordinator.
+bool from_worker(self_ptr self, const std::string& job, int32_t generation, int32_t rank) {
+  auto it = self->state.worker_nodes.find({job, generation, rank});
+  return (it != self->state.worker_nodes.end() && from_node(self, it->second)) || from_local(self);
+}
+
+// Any process that registered as a rank of (job, generation).
+bool from_job_worker(self_ptr self, const std::string& job, int32_t generation) {
+  if (from_local(self)) return true;
+  auto& w = self->state.worker_nodes;
+  for (auto it = w.lower_bound({job, generation, 0});
+       it != w.end() && std::get<0>(it->first) == job && std::get<1>(it->first) == generation; ++it)
+    if (from_node(self, it->second)) return true;
+  return false;
+}
+
+// The agent that was asked to start (job, generation, rank).
+bool from_launching_agent(self_ptr self, const std::string& job, int32_t generation, int32_t rank) {
+  auto& s = self->state;
+  auto a = s.launch_agents.find({job, generation, rank});
+  if (a == s.launch_agents.end()) return false;
+  auto n = s.agent_nodes.find(a->second);
+  return n != s.agent_nodes.end() && from_node(self, n->second);
+}
+
+// 128 random bits, hex.
+std::string new_launch_token() {
+  unsigned char b[16];
+  std::ifstream ur("/dev/urandom", std::ios::binary);
+  ur.read(reinterpret_cast<char*>(b), sizeof b);
+  TROUPE_CHECK(ur.gcount() == static_cast<std::streamsize>(sizeof b), "cannot read /dev/urandom");
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : b) {
+    out += hex[c >> 4];
+    out += hex[c & 15];
+  }
+  return out;
+}
+
 
 // The recovery clock and the step watchdog run every kTick; ranks are asked
 // "where are you" every kWhereEveryTicks ticks.
@@ -101,9 +181,10 @@ void record_event(self_ptr self, nlohmann::json e) {
     // A full disk must not take the coordinator down; the event still goes out.
     e["run_dir_error"] = ex.what();
   }
-  if (s.opt.on_event) s.opt.on_event(e.dump());
-  if (kind == "state" && (e["state"] == "succeeded" || e["state"] == "failed" || e["state"] == "cancelled"))
+  if (s.opt.on_event) s.opt.on_event(json_text(e));
+  if (kind == "state" && (e["state"] == "succeeded" || e["state"] == "failed" || e["state"] == "cancelled")) {
     s.run_dirs.erase(job);
+  }
 }
 
 // A generation that ends commits nothing more: its ranks waiting on a checkpoint hear why.
@@ -188,7 +269,9 @@ void apply(self_ptr self, Actions&& a) {
       apply(self, std::move(more));
       continue;
     }
-    LaunchRequest req{l.job_id, l.generation, l.rank, l.device, l.log_path};
+    LaunchRequest req{l.job_id, l.generation, l.rank, l.device, l.log_path, new_launch_token()};
+    s.launch_tokens[{l.job_id, l.generation, l.rank}] = req.token;
+    s.launch_agents[{l.job_id, l.generation, l.rank}] = l.agent_id;
     self->request(it->second, std::chrono::seconds(30), launch_atom::value, req)
         .then(
             [=](int32_t pid) {
@@ -233,6 +316,26 @@ void wake_waiters(self_ptr self, const std::vector<uint64_t>& ids) {
     it->second.promise.deliver(StoreValue{true, v ? *v : std::string(), ""});
     s.waiters.erase(it);
   }
+}
+
+// "" when a store request may be served: a well-formed key, a bounded value,
+// from a registered rank of a current generation.
+std::string store_refusal(self_ptr self, const StoreKey& k, size_t value_bytes) {
+  if (auto why = check(k); !why.empty()) {
+    refuse(self, "a store request", why);
+    return why;
+  }
+  if (value_bytes > kMaxStoreValue) {
+    refuse(self, "a store request", "value of " + std::to_string(value_bytes) + " bytes");
+    return "store value too large";
+  }
+  std::string refusal = self->state.st->store_refusal(k.job_id, k.generation);
+  if (!refusal.empty()) return refusal;
+  if (!from_job_worker(self, k.job_id, k.generation)) {
+    refuse(self, "a store request", "not from a registered rank of job " + k.job_id);
+    return "not a registered rank of this job generation";
+  }
+  return "";
 }
 
 coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorOptions opt) {
@@ -283,102 +386,201 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
     }
   });
 
+  // Every handler checks what it was sent (actors/validate.hpp) and who sent it
+  // before the state sees it, and none lets an exception out: an exception
+  // would end the actor and leave the process serving nothing.
   return {
       [=](reg_agent_atom, const AgentHello& h) -> Welcome {
-        Actions a;
-        auto r = self->state.st->register_agent(h.protocol, h.host, h.pid, h.devices, &a);
-        if (r.accepted) {
-          auto handle = caf::actor_cast<agent_actor>(self->current_sender());
-          self->monitor(handle);
-          self->state.agents[r.message] = handle;
-          self->state.agent_ids[handle.address()] = r.message;
+        auto& s = self->state;
+        if (auto why = check(h); !why.empty()) {
+          refuse(self, "an agent registration", why);
+          return Welcome{false, "refused: " + why, s.opt.protocol};
         }
-        apply(self, std::move(a));
-        return Welcome{r.accepted, r.message, self->state.opt.protocol};
+        auto sender = self->current_sender();
+        if (!sender) return Welcome{false, "refused: anonymous registration", s.opt.protocol};
+        try {
+          Actions a;
+          auto r = s.st->register_agent(h.protocol, h.host, h.pid, h.devices, &a);
+          if (r.accepted) {
+            auto handle = caf::actor_cast<agent_actor>(sender);
+            self->monitor(handle);
+            s.agents[r.message] = handle;
+            s.agent_ids[handle.address()] = r.message;
+            s.agent_nodes[r.message] = sender->node();
+          }
+          apply(self, std::move(a));
+          return Welcome{r.accepted, r.message, s.opt.protocol};
+        } catch (const std::exception& e) {
+          internal_error("agent registration", e);
+          return Welcome{false, "refused: internal error", s.opt.protocol};
+        }
       },
       [=](reg_worker_atom, const WorkerHello& h) -> Assignment {
-        Actions a;
-        auto w =
-            self->state.st->register_worker(h.protocol, h.job_id, h.generation, h.rank, h.host, h.pid, &a);
+        auto& s = self->state;
         Assignment out;
-        out.refused = w.refused;
-        if (w.refused.empty()) {
-          const Job& j = *w.job;
-          auto handle = caf::actor_cast<worker_actor>(self->current_sender());
-          self->monitor(handle);
-          self->state.workers[{h.job_id, h.generation, h.rank}] = handle;
-          self->state.worker_refs[handle.address()] = WorkerRef{h.job_id, h.generation, h.rank};
-          const auto& l = j.layout;
-          out.job_id = j.id;
-          out.generation = j.generation;
-          out.rank = w.rank;
-          out.world = l.world();
-          out.dp = l.dp;
-          out.pp = l.pp;
-          out.tp = l.tp;
-          out.dp_index = w.coords.dp_index;
-          out.pp_index = w.coords.pp_index;
-          out.tp_index = w.coords.tp_index;
-          out.first_layer = w.coords.first_layer;
-          out.last_layer = w.coords.last_layer;
-          out.device = j.ranks[w.rank].device.device;
-          out.spec_yaml = j.request.spec_yaml;
-          out.resume_from = j.resume_from;
-          out.run_dir = j.run_dir;
+        if (auto why = check(h); !why.empty()) {
+          refuse(self, "a worker registration", why);
+          out.refused = why;
+          return out;
         }
-        apply(self, std::move(a));
+        // Only the process its agent started holds the launch's token; it is spent here.
+        const RankKey key{h.job_id, h.generation, h.rank};
+        auto tok = s.launch_tokens.find(key);
+        auto sender = self->current_sender();
+        if (tok == s.launch_tokens.end() || !sender || !constant_time_equal(tok->second, h.token)) {
+          out.refused = "job " + h.job_id + " generation " + std::to_string(h.generation) + " rank " +
+                        std::to_string(h.rank) + " was not launched with this token";
+          if (s.st->current(h.job_id, h.generation)) refuse(self, "a worker registration", out.refused);
+          return out;
+        }
+        try {
+          Actions a;
+          auto w =
+              s.st->register_worker(h.protocol, h.job_id, h.generation, h.rank, h.host, h.pid, &a);
+          out.refused = w.refused;
+          if (w.refused.empty()) {
+            s.launch_tokens.erase(tok);
+            const Job& j = *w.job;
+            auto handle = caf::actor_cast<worker_actor>(sender);
+            self->monitor(handle);
+            s.workers[key] = handle;
+            s.worker_refs[handle.address()] = WorkerRef{h.job_id, h.generation, h.rank};
+            s.worker_nodes[key] = sender->node();
+            const auto& l = j.layout;
+            out.job_id = j.id;
+            out.generation = j.generation;
+            out.rank = w.rank;
+            out.world = l.world();
+            out.dp = l.dp;
+            out.pp = l.pp;
+            out.tp = l.tp;
+            out.dp_index = w.coords.dp_index;
+            out.pp_index = w.coords.pp_index;
+            out.tp_index = w.coords.tp_index;
+            out.first_layer = w.coords.first_layer;
+            out.last_layer = w.coords.last_layer;
+            out.device = j.ranks[w.rank].device.device;
+            out.spec_yaml = j.request.spec_yaml;
+            out.resume_from = j.resume_from;
+            out.run_dir = j.run_dir;
+          }
+          apply(self, std::move(a));
+        } catch (const std::exception& e) {
+          internal_error("worker registration", e);
+          out = Assignment{};
+          out.refused = "internal error";
+        }
         return out;
       },
       [=](worker_exit_atom, const WorkerExit& x) {
-        Actions a;
-        self->state.st->worker_exited(x.job_id, x.generation, x.rank, x.pid, x.exit_code, x.signal, &a);
-        apply(self, std::move(a));
+        if (auto why = check(x); !why.empty()) return refuse(self, "a worker exit report", why);
+        if (!from_launching_agent(self, x.job_id, x.generation, x.rank))
+          return refuse(self, "a worker exit report",
+                        "not from the agent that launched job " + x.job_id + " rank " + std::to_string(x.rank));
+        try {
+          Actions a;
+          self->state.st->worker_exited(x.job_id, x.generation, x.rank, x.pid, x.exit_code, x.signal, &a);
+          apply(self, std::move(a));
+        } catch (const std::exception& e) {
+          internal_error("worker exit", e);
+        }
       },
       [=](step_atom, const StepMetrics& m) {
-        StepSample s{m.rank, m.step, m.loss, m.lr, m.tokens, m.step_ms, m.grad_norm, std::nullopt};
-        if (m.has_val_loss) s.val_loss = m.val_loss;
-        s.compute_ms = m.compute_ms;
-        s.comm_ms = m.comm_ms;
-        s.bubble_ms = m.bubble_ms;
-        Actions a;
-        self->state.st->step(m.job_id, m.generation, s, &a);
-        apply(self, std::move(a));
+        if (auto why = check(m); !why.empty()) return refuse(self, "step metrics", why);
+        if (!from_worker(self, m.job_id, m.generation, m.rank)) {
+          if (self->state.st->current(m.job_id, m.generation))
+            refuse(self, "step metrics", "not from the process registered as rank " + std::to_string(m.rank));
+          return;
+        }
+        try {
+          StepSample s{m.rank, m.step, m.loss, m.lr, m.tokens, m.step_ms, m.grad_norm, std::nullopt};
+          if (m.has_val_loss) s.val_loss = m.val_loss;
+          s.compute_ms = m.compute_ms;
+          s.comm_ms = m.comm_ms;
+          s.bubble_ms = m.bubble_ms;
+          Actions a;
+          self->state.st->step(m.job_id, m.generation, s, &a);
+          apply(self, std::move(a));
+        } catch (const std::exception& e) {
+          internal_error("step metrics", e);
+        }
       },
-      [=](worker_done_atom, const WorkerResult& r) -> bool {
-        Actions a;
-        self->state.st->worker_done(r.job_id, r.generation, r.rank, r.ok, r.error_name, r.message, &a);
-        apply(self, std::move(a));
+      [=](worker_done_atom, WorkerResult r) -> bool {
+        if (auto why = check(r); !why.empty()) {
+          refuse(self, "a worker result", why);
+          return false;
+        }
+        if (!from_worker(self, r.job_id, r.generation, r.rank)) {
+          if (self->state.st->current(r.job_id, r.generation))
+            refuse(self, "a worker result", "not from the process registered as rank " + std::to_string(r.rank));
+          return false;
+        }
+        try {
+          Actions a;
+          self->state.st->worker_done(r.job_id, r.generation, r.rank, r.ok, r.error_name, r.message, &a);
+          apply(self, std::move(a));
+        } catch (const std::exception& e) {
+          internal_error("worker result", e);
+        }
         return true;
       },
-      [=](ckpt_shard_atom, const CkptShard& r) -> caf::typed_response_promise<CkptCommitted> {
+      [=](ckpt_shard_atom, CkptShard r) -> caf::typed_response_promise<CkptCommitted> {
+        auto& s = self->state;
+        std::string why = check(r);
+        if (why.empty() && !from_worker(self, r.job_id, r.generation, r.rank))
+          why = "not from the process registered as rank " + std::to_string(r.rank);
+        if (why.empty()) {
+          // A rank commits only into its own job's checkpoint directory, with the job's own keep.
+          const Job* j = s.st->job(r.job_id);
+          if (!j || j->generation != r.generation) {
+            why = "generation " + std::to_string(r.generation) + " of job " + r.job_id + " is not running";
+          } else if (std::filesystem::path(r.root).lexically_normal() !=
+                     std::filesystem::path(s.st->checkpoint_root(*j)).lexically_normal()) {
+            why = "checkpoint root " + r.root + " is not the job's (" + s.st->checkpoint_root(*j) + ")";
+          } else if (r.world != j->layout.world()) {
+            why = "world " + std::to_string(r.world) + " is not the job's " + std::to_string(j->layout.world());
+          } else {
+            r.keep = j->request.checkpoint_keep;
+          }
+        }
+        if (!why.empty()) refuse(self, "a checkpoint report", why);
+        // Made after the checks: making it takes the sender out of the current message.
         auto rp = self->make_response_promise<CkptCommitted>();
-        take_shard(self, r, rp);
+        if (!why.empty()) {
+          rp.deliver(CkptCommitted{false, "", "refused: " + why});
+          return rp;
+        }
+        try {
+          take_shard(self, r, rp);
+        } catch (const std::exception& e) {
+          internal_error("checkpoint report", e);
+          if (rp.pending()) rp.deliver(CkptCommitted{false, "", "internal error"});
+        }
         return rp;
       },
       [=](store_set_atom, const StoreKey& k, const std::string& value) -> StoreValue {
+        if (auto why = store_refusal(self, k, value.size()); !why.empty()) return StoreValue{false, "", why};
         auto& st = *self->state.st;
-        std::string refusal = st.store_refusal(k.job_id, k.generation);
-        if (!refusal.empty()) return StoreValue{false, "", refusal};
         auto woken = st.store().set(store_namespace(k.job_id, k.generation, k.group), k.key, value);
         wake_waiters(self, woken);
         return StoreValue{true, "", ""};
       },
       [=](store_add_atom, const StoreKey& k, int64_t delta) -> StoreValue {
+        if (auto why = store_refusal(self, k, 0); !why.empty()) return StoreValue{false, "", why};
         auto& st = *self->state.st;
-        std::string refusal = st.store_refusal(k.job_id, k.generation);
-        if (!refusal.empty()) return StoreValue{false, "", refusal};
         auto [v, woken] = st.store().add(store_namespace(k.job_id, k.generation, k.group), k.key, delta);
         wake_waiters(self, woken);
         return StoreValue{true, std::to_string(v), ""};
       },
       [=](store_get_atom, const StoreKey& k, int64_t timeout_ms) -> caf::typed_response_promise<StoreValue> {
+        // Checked before the promise is made: making it takes the sender out of the current message.
+        std::string why = store_refusal(self, k, 0);
         auto rp = self->make_response_promise<StoreValue>();
-        auto& st = *self->state.st;
-        std::string refusal = st.store_refusal(k.job_id, k.generation);
-        if (!refusal.empty()) {
-          rp.deliver(StoreValue{false, "", refusal});
+        if (!why.empty()) {
+          rp.deliver(StoreValue{false, "", why});
           return rp;
         }
+        auto& st = *self->state.st;
         std::string ns = store_namespace(k.job_id, k.generation, k.group);
         if (auto v = st.store().get(ns, k.key)) {
           rp.deliver(StoreValue{true, *v, ""});
@@ -386,7 +588,8 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
         }
         uint64_t id = st.store().add_waiter(ns, k.key);
         self->state.waiters[id] = CoordActorState::Waiter{rp, ns, k.key};
-        self->delayed_send(self, std::chrono::milliseconds(std::max<int64_t>(timeout_ms, 0)),
+        // A wait is bounded whatever the peer asks for.
+        self->delayed_send(self, std::chrono::milliseconds(std::clamp<int64_t>(timeout_ms, 0, 3600 * 1000)),
                            store_expire_atom::value, id);
         return rp;
       },
@@ -395,15 +598,21 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
         auto it = s.waiters.find(id);
         if (it == s.waiters.end() || !s.st->store().remove_waiter(id)) return;
         it->second.promise.deliver(
-            StoreValue{false, "", "timed out waiting for key '" + it->second.key + "'"});
+            StoreValue{false, "", "timed out waiting for key '" + sanitize_utf8(it->second.key, 256) + "'"});
         s.waiters.erase(it);
       },
       [=](api_atom, const std::string& text) -> std::string {
+        if (!from_local(self)) {
+          refuse(self, "an API request", "the API is served to this process's API thread only");
+          return json_text(api_error("unauthorized", "API requests go to the ZeroMQ endpoint"));
+        }
+        if (auto bad = invalid_utf8_at(text); bad != std::string::npos)
+          return json_text(api_error("bad_request", "the request is not valid UTF-8 (byte " + std::to_string(bad) + ")"));
         nlohmann::json req;
         try {
           req = nlohmann::json::parse(text);
         } catch (const nlohmann::json::exception& e) {
-          return api_error("bad_json", e.what()).dump();
+          return json_text(api_error("bad_json", e.what()));
         }
         Actions a;
         nlohmann::json reply;
@@ -412,25 +621,39 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
         } catch (const std::exception& e) {
           reply = api_error("internal", e.what());
         }
-        apply(self, std::move(a));
-        return reply.dump();
+        try {
+          apply(self, std::move(a));
+        } catch (const std::exception& e) {
+          internal_error("API request", e);
+        }
+        return json_text(reply);
       },
       [=](lost_atom, const std::string& job, int32_t generation, int32_t rank) {
+        if (!from_local(self)) return refuse(self, "a lost-rank timer", "not sent by this coordinator");
         auto& s = self->state;
         std::string why = "connection lost";
         if (auto it = s.lost_reasons.find({job, generation, rank}); it != s.lost_reasons.end()) {
           why = it->second;
           s.lost_reasons.erase(it);
         }
-        Actions a;
-        s.st->worker_lost(job, generation, rank, why, &a);
-        apply(self, std::move(a));
+        try {
+          Actions a;
+          s.st->worker_lost(job, generation, rank, why, &a);
+          apply(self, std::move(a));
+        } catch (const std::exception& e) {
+          internal_error("lost rank", e);
+        }
       },
       [=](tick_atom) {
+        if (!from_local(self)) return refuse(self, "a tick", "not sent by this coordinator");
         auto& s = self->state;
-        Actions a;
-        s.st->tick(now_ms(), &a);
-        apply(self, std::move(a));
+        try {
+          Actions a;
+          s.st->tick(now_ms(), &a);
+          apply(self, std::move(a));
+        } catch (const std::exception& e) {
+          internal_error("tick", e);
+        }
         // Ask every live rank where it is, so a rank that hangs later is
         // reported with the op it was in (a stopped process cannot answer).
         if (++s.ticks % kWhereEveryTicks == 0)
@@ -438,8 +661,11 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
             auto [job, generation, rank] = key;
             if (!s.st->current(job, generation)) continue;
             self->request(handle, std::chrono::seconds(1), where_atom::value)
-                .then([=](const std::string& w) { self->state.st->worker_where(job, generation, rank, w); },
-                      [](caf::error&) {});
+                .then(
+                    [=](const std::string& w) {
+                      self->state.st->worker_where(job, generation, rank, sanitize_utf8(w, kMaxText));
+                    },
+                    [](caf::error&) {});
           }
         self->delayed_send(self, kTick, tick_atom::value);
       },

@@ -3,18 +3,21 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "actors/secret.hpp"
 #include "actors/system.hpp"
 #include "coordinator/api.hpp"
 #include "coordinator/api_server.hpp"
 #include "coordinator/coordinator_actor.hpp"
 #include "coordinator/state.hpp"
 #include "core/error.hpp"
+#include "core/text.hpp"
 
 namespace troupe::coord {
 
@@ -37,6 +40,7 @@ int run_coordinator(const CoordinatorOptions& o) {
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
+  actors::check_secret(o.secret_file);
   std::string token;
   if (!o.api_token_file.empty()) token = read_token_file(o.api_token_file);
   auto [host, port] = actors::parse_host_port(o.listen);
@@ -53,7 +57,7 @@ int run_coordinator(const CoordinatorOptions& o) {
     }
   }
 
-  actors::NodeConfig cfg;
+  actors::NodeConfig cfg(o.secret_file);
   caf::actor_system sys{cfg};
 
   std::mutex api_mu;
@@ -67,13 +71,19 @@ int run_coordinator(const CoordinatorOptions& o) {
     if (api_ptr) api_ptr->publish(e);
   };
   auto coord = spawn_coordinator(sys, copt);
+  caf::actor_cast<caf::abstract_actor*>(coord)->attach_functor([&sys](const caf::error& reason) {
+    if (reason == caf::exit_reason::user_shutdown) return;
+    std::cerr << "troupe coordinator: the coordinator actor failed (" << sys.render(reason)
+              << "); exiting so that a supervisor can restart it" << std::endl;
+    std::_Exit(70);
+  });
 
   auto ask = [&](const std::string& req) {
     caf::scoped_actor self{sys};
     std::string out;
     self->request(coord, std::chrono::seconds(10), actors::api_atom::value, req)
         .receive([&](std::string& r) { out = std::move(r); },
-                 [&](caf::error& e) { out = api_error("internal", sys.render(e)).dump(); });
+                 [&](caf::error& e) { out = json_text(api_error("internal", sys.render(e))); });
     return out;
   };
 
@@ -93,7 +103,7 @@ int run_coordinator(const CoordinatorOptions& o) {
     std::lock_guard<std::mutex> lock(api_mu);
     api_ptr = api.get();
   }
-  auto published = sys.middleman().publish(coord, port, host.c_str(), true);
+  auto published = actors::publish(coord, port, host);
   if (!published) {
     std::cerr << "troupe coordinator: cannot listen on " << o.listen << ": " << sys.render(published.error())
               << "\n";

@@ -11,6 +11,7 @@ struct CoordinatorOptions {
   std::string api = "tcp://127.0.0.1:5555";  // ROUTER; port 0 = ephemeral
   std::string api_pub;                       // PUB; "" = next port
   std::string api_token_file;                // required when the API binds a non-loopback address
+  std::string secret_file;                   // the cluster secret (actors/secret.hpp); required
   std::string runs_dir = "runs";
   std::string state_dir;   // "" = the job table is not persisted; else saved and reloaded here
   std::string ready_file;  // written once serving: {"listen":"host:port","api":...,"pub":...,"pid":...}
@@ -18,7 +19,10 @@ struct CoordinatorOptions {
 };
 
 // Serves until SIGINT or SIGTERM, then cancels the running jobs (their workers
-// are killed by their agents) and returns the process exit code.
+// are killed by their agents) and returns the process exit code. If the
+// coordinator actor itself ever fails, the process exits at once (70) with
+// the cause on stderr, so that a supervisor restarts it (with --state-dir its
+// jobs continue) instead of it serving errors.
 int run_coordinator(const CoordinatorOptions& options);
 
 // Reads a token file: its first line, surrounding whitespace removed. Throws troupe::Error.

@@ -12,6 +12,7 @@ JobRequest job_request(const JobSpec& spec) {
   r.n_layers = spec.model.n_layers > 0 ? spec.model.n_layers : 1;
   r.total_steps = spec.train.steps;
   r.checkpoint_dir = spec.checkpoint.dir;
+  r.checkpoint_keep = spec.checkpoint.keep;
   r.max_restarts = spec.fault.max_restarts;
   r.step_timeout_ms = static_cast<double>(spec.fault.step_timeout.count());
   r.min_devices = spec.elastic.min_devices;

@@ -702,6 +702,7 @@ nlohmann::json request_json(const JobRequest& r) {
           {"total_steps", r.total_steps},
           {"resume_from", r.resume_from},
           {"checkpoint_dir", r.checkpoint_dir},
+          {"checkpoint_keep", r.checkpoint_keep},
           {"max_restarts", r.max_restarts},
           {"restart_backoff_ms", r.restart_backoff_ms},
           {"step_timeout_ms", r.step_timeout_ms},
@@ -722,6 +723,7 @@ JobRequest request_from(const nlohmann::json& x) {
   r.total_steps = x.at("total_steps").get<int64_t>();
   r.resume_from = x.at("resume_from").get<std::string>();
   r.checkpoint_dir = x.at("checkpoint_dir").get<std::string>();
+  r.checkpoint_keep = x.value("checkpoint_keep", 0);
   r.max_restarts = x.at("max_restarts").get<int>();
   r.restart_backoff_ms = x.at("restart_backoff_ms").get<double>();
   r.step_timeout_ms = x.at("step_timeout_ms").get<double>();

@@ -31,6 +31,7 @@ struct JobRequest {
   std::string resume_from;  // checkpoint directory every rank resumes from ("" = fresh)
   // Failure handling and elasticity (spec keys fault.*, elastic.*, checkpoint.dir).
   std::string checkpoint_dir;  // "" = <run dir>/ckpt
+  int checkpoint_keep = 0;     // checkpoint.keep: committed steps kept (0 = all)
   int max_restarts = 0;
   double restart_backoff_ms = 250;        // before the first relaunch; doubles with each restart, at most 8 s
   double step_timeout_ms = 0;             // 0 = max(10 s, 20 x the median step time)

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <filesystem>
 #include <map>
@@ -37,15 +38,31 @@ using self_ptr = agent_actor::stateful_pointer<AgentState>;
 
 constexpr auto kReapEvery = std::chrono::milliseconds(20);
 
-// fork + exec one worker. Returns its pid, or -errno.
+extern "C" char** environ;
+
+// A job id or launch token as the coordinator makes them: short, [A-Za-z0-9._-].
+bool plain_word(const std::string& s, size_t max) {
+  return !s.empty() && s.size() <= max && std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+           c == '-';
+  });
+}
+
+// fork + exec one worker. Returns its pid, or -errno (-EINVAL for a request
+// that names a device this agent does not offer, or a malformed id).
 int32_t start_worker(self_ptr self, const LaunchRequest& r) {
   auto& o = self->state.opt;
+  if (std::find(o.devices.begin(), o.devices.end(), r.device) == o.devices.end() || !plain_word(r.job_id, 128) ||
+      !plain_word(r.token, 128) || r.generation < 0 || r.rank < 0 || r.log_path.size() > 4096 ||
+      r.log_path.find('\0') != std::string::npos)
+    return -EINVAL;
   std::vector<std::string> args = {o.worker_binary, "worker",
                                    "--coordinator", o.coordinator_address,
                                    "--job",         r.job_id,
                                    "--generation",  std::to_string(r.generation),
                                    "--rank",        std::to_string(r.rank),
-                                   "--device",      r.device};
+                                   "--device",      r.device,
+                                   "--secret-file", o.secret_file};
   if (o.worker_protocol_override) {
     args.push_back("--protocol-version-override");
     args.push_back(std::to_string(o.worker_protocol_override));
@@ -53,6 +70,15 @@ int32_t start_worker(self_ptr self, const LaunchRequest& r) {
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  // The launch token goes through the environment, which only this user can
+  // read (/proc/PID/environ), not the command line, which everyone can.
+  std::vector<std::string> env;
+  for (char** e = environ; e && *e; ++e)
+    if (std::string(*e).rfind(std::string(kLaunchTokenEnv) + "=", 0) != 0) env.emplace_back(*e);
+  env.push_back(std::string(kLaunchTokenEnv) + "=" + r.token);
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
   int logfd = -1;
   if (!r.log_path.empty()) {
     std::error_code ec;
@@ -84,7 +110,7 @@ int32_t start_worker(self_ptr self, const LaunchRequest& r) {
     if (syscall(SYS_close_range, 3u, ~0u, 0u) != 0)
 #endif
       for (int fd = 3; fd < 4096; ++fd) ::close(fd);
-    execv(argv[0], argv.data());
+    execve(argv[0], argv.data(), envp.data());
     _exit(127);
   }
   if (logfd >= 0) ::close(logfd);

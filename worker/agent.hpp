@@ -17,10 +17,14 @@ namespace troupe::worker {
 // registration): the workers are killed and reaped; the process may reconnect.
 constexpr int kAgentLostCoordinator = 3;
 
+// The environment variable that carries LaunchRequest::token to the worker process.
+constexpr const char* kLaunchTokenEnv = "TROUPE_LAUNCH_TOKEN";
+
 struct AgentActorOptions {
   std::string coordinator_address;   // "host:port" handed to the workers
   std::vector<std::string> devices;  // "cpu:0", ...
   std::string worker_binary = "/proc/self/exe";
+  std::string secret_file;  // the cluster secret, handed to every worker it starts
   int protocol = actors::kProtocolVersion;
   int worker_protocol_override = 0;  // tests: start workers that claim another version
   // Called once when the agent stops: a code (0 shut down, 1 refused, kAgentLostCoordinator) and why.

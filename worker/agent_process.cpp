@@ -8,6 +8,7 @@
 #include <iostream>
 #include <mutex>
 
+#include "actors/secret.hpp"
 #include "actors/system.hpp"
 #include "core/error.hpp"
 #include "worker/agent.hpp"
@@ -72,9 +73,9 @@ struct Session {
 Session serve(const AgentOptions& o, const std::vector<std::string>& devices,
               const std::pair<std::string, uint16_t>& addr, const sigset_t& sigs, bool again) {
   Session out;
-  actors::NodeConfig cfg;
+  actors::NodeConfig cfg(o.secret_file);
   caf::actor_system sys{cfg};
-  auto coord = sys.middleman().remote_actor<actors::coordinator_actor>(addr.first, addr.second);
+  auto coord = actors::connect<actors::coordinator_actor>(sys, addr.first, addr.second);
   if (!coord) {
     out.unreachable = sys.render(coord.error());
     return out;
@@ -85,6 +86,7 @@ Session serve(const AgentOptions& o, const std::vector<std::string>& devices,
   aopt.coordinator_address = o.coordinator;
   aopt.devices = devices;
   aopt.worker_binary = o.worker_binary;
+  aopt.secret_file = o.secret_file;
   if (o.protocol_override) aopt.protocol = o.protocol_override;
   aopt.worker_protocol_override = o.worker_protocol_override;
   aopt.on_stop = [&](int c, const std::string& w) {
@@ -130,6 +132,7 @@ int run_agent(const AgentOptions& o) {
   try {
     devices = expand_devices(o.devices);
     addr = actors::parse_host_port(o.coordinator);
+    actors::check_secret(o.secret_file);
   } catch (const Error& e) {
     std::cerr << "troupe agent: " << e.what() << "\n";
     return 2;
@@ -141,15 +144,17 @@ int run_agent(const AgentOptions& o) {
                  kMaxBackoff = std::chrono::milliseconds(2000);
   bool connected_once = false;
   std::string lost_why;
-  clock::time_point lost_at;
+  // An agent may start before its coordinator listens: the first connection is
+  // retried like a lost one, from the start of the process.
+  clock::time_point lost_at = clock::now();
   auto backoff = kFirstBackoff;
   for (;;) {
     Session s = serve(o, devices, addr, sigs, connected_once);
     if (s.end == SessionEnd::signalled) return s.sig == SIGINT ? 130 : 0;
-    if (s.end == SessionEnd::unreachable && !connected_once) {
-      std::cerr << "troupe agent: cannot reach the coordinator at " << o.coordinator << ": " << s.unreachable
-                << "\n";
-      return 1;
+    if (s.end == SessionEnd::unreachable && lost_why.empty()) {
+      lost_why = "cannot reach the coordinator at " + o.coordinator + ": " + s.unreachable;
+      std::cerr << "troupe agent: " << lost_why << "; retrying for up to " << o.reconnect_timeout_s << " s"
+                << std::endl;
     }
     if (s.end == SessionEnd::stopped) {
       connected_once = true;

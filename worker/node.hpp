@@ -10,6 +10,7 @@ struct AgentOptions {
   std::string coordinator;        // "host:port"
   std::string devices = "cpu:1";  // "cpu:N", "cuda:all", "cuda:0,1" or a list "cpu:0,cpu:1"
   std::string worker_binary = "/proc/self/exe";
+  std::string secret_file;           // the cluster secret (actors/secret.hpp); required
   int protocol_override = 0;         // hidden: test a refused registration
   int worker_protocol_override = 0;  // hidden: start workers that claim another version
   // After losing the coordinator, how long to keep reconnecting (backoff 100 ms doubling to 2 s).
@@ -25,7 +26,10 @@ std::vector<std::string> expand_devices(const std::string& spec);
 // killed and reaped (their generation is dead), and the agent reconnects to the
 // same address and registers again; after reconnect_timeout_s without a
 // coordinator it exits (1). The first connection is not retried: a wrong
-// address fails at once (1).
+// address is retried with the same backoff for up to reconnect_timeout_s, so an
+// agent may start before its coordinator listens. A secret that does not pass
+// check_secret() is a usage error (2); a coordinator that refuses the TLS
+// handshake (another secret) looks like one that is not there.
 int run_agent(const AgentOptions& options);
 
 struct WorkerOptions {
@@ -34,6 +38,7 @@ struct WorkerOptions {
   int generation = 0;
   int rank = 0;
   std::string device;
+  std::string secret_file;
   int protocol_override = 0;
 };
 

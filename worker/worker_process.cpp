@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <filesystem>
 #include <future>
 #include <iostream>
@@ -14,6 +15,8 @@
 #include "comm/error.hpp"
 #include "core/error.hpp"
 #include "core/spec.hpp"
+#include "actors/secret.hpp"
+#include "worker/agent.hpp"
 #include "worker/coordinator_store.hpp"
 #include "worker/engine.hpp"
 #include "worker/node.hpp"
@@ -79,8 +82,8 @@ worker_actor::behavior_type worker_fn(worker_actor::stateful_pointer<WorkerState
   };
 }
 
-WorkerResult train(const Assignment& a, const coordinator_actor& coord, Control& control,
-                   std::shared_ptr<comm::Store> store, const std::string& comm_host) {
+WorkerResult train(const Assignment& a, const coordinator_actor& coord, const worker_actor& me,
+                   Control& control, std::shared_ptr<comm::Store> store, const std::string& comm_host) {
   WorkerResult res{a.job_id, a.generation, a.rank, false, "", ""};
   try {
     JobSpec spec = parse_spec(a.spec_yaml, a.run_dir + "/spec.yaml");
@@ -145,7 +148,8 @@ WorkerResult train(const Assignment& a, const coordinator_actor& coord, Control&
                       r.compute_ms,
                       r.comm_ms,
                       r.bubble_ms};
-        caf::anon_send(coord, step_atom::value, m);
+        // Sent as the worker actor: the coordinator takes steps only from the rank that registered.
+        caf::send_as(me, coord, step_atom::value, m);
         std::cout << "step " << r.step << " loss " << r.loss << " step_ms " << r.step_ms << std::endl;
         bool saved = spec.checkpoint.every > 0 && (r.step + 1) % spec.checkpoint.every == 0;
         if (saved) std::cout << "checkpoint " << engine.save_checkpoint(ckpt_dir) << std::endl;
@@ -207,9 +211,19 @@ int run_worker(const WorkerOptions& o) {
     std::cerr << "troupe worker: " << e.what() << "\n";
     return 2;
   }
-  NodeConfig cfg;
+  // The agent hands the launch token over in the environment; it goes no further.
+  const char* tok = std::getenv(kLaunchTokenEnv);
+  std::string token = tok ? tok : "";
+  ::unsetenv(kLaunchTokenEnv);
+  try {
+    check_secret(o.secret_file);
+  } catch (const Error& e) {
+    std::cerr << "troupe worker: " << e.what() << "\n";
+    return 2;
+  }
+  NodeConfig cfg(o.secret_file);
   caf::actor_system sys{cfg};
-  auto coord = sys.middleman().remote_actor<coordinator_actor>(addr.first, addr.second);
+  auto coord = connect<coordinator_actor>(sys, addr.first, addr.second);
   if (!coord) {
     std::cerr << "troupe worker: cannot reach the coordinator at " << o.coordinator << ": "
               << sys.render(coord.error()) << "\n";
@@ -221,7 +235,8 @@ int run_worker(const WorkerOptions& o) {
                     o.generation,
                     o.rank,
                     static_cast<int32_t>(getpid()),
-                    host_name()};
+                    host_name(),
+                    token};
   auto self_actor = sys.spawn(worker_fn, *coord, hello, control);
   Assignment a = control->assignment.get_future().get();
   if (!a.refused.empty()) {
@@ -238,7 +253,7 @@ int run_worker(const WorkerOptions& o) {
   bool loopback = addr.first == "localhost" || addr.first.rfind("127.", 0) == 0;
   auto store = make_coordinator_store(sys, *coord, a.job_id, a.generation);
   std::thread engine_thread(
-      [&] { result = train(a, *coord, *control, store, loopback ? "127.0.0.1" : host_name()); });
+      [&] { result = train(a, *coord, self_actor, *control, store, loopback ? "127.0.0.1" : host_name()); });
   engine_thread.join();
   if (!result.ok) std::cerr << "troupe worker: " << result.error_name << ": " << result.message << std::endl;
 

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 
+#include "actors/secret.hpp"
 #include "actors/system.hpp"
 #include "coordinator/coordinator_actor.hpp"
 #include "coordinator/spec_request.hpp"
@@ -51,8 +52,16 @@ int run_job_embedded(const JobSpec& spec, const RunOptions& o) {
     return 2;
   }
 
+  // The run's own workers hold a secret made for this run alone (removed at the end).
+  std::unique_ptr<actors::EphemeralSecret> secret;
+  try {
+    secret = std::make_unique<actors::EphemeralSecret>();
+  } catch (const std::exception& e) {
+    std::cerr << "troupe run: " << e.what() << "\n";
+    return 1;
+  }
   auto inbox = std::make_shared<Inbox>();
-  actors::NodeConfig cfg;
+  actors::NodeConfig cfg(secret->path());
   caf::actor_system sys{cfg};
   coord::CoordinatorActorOptions copt;
   copt.runs_dir = o.runs_dir;
@@ -62,7 +71,7 @@ int run_job_embedded(const JobSpec& spec, const RunOptions& o) {
     inbox->cv.notify_all();
   };
   auto coordinator = coord::spawn_coordinator(sys, copt);
-  auto published = sys.middleman().publish(coordinator, 0, "127.0.0.1", true);
+  auto published = actors::publish(coordinator, 0, "127.0.0.1");
   if (!published) {
     std::cerr << "troupe run: cannot listen on 127.0.0.1: " << sys.render(published.error()) << "\n";
     caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
@@ -72,6 +81,7 @@ int run_job_embedded(const JobSpec& spec, const RunOptions& o) {
   aopt.coordinator_address = "127.0.0.1:" + std::to_string(*published);
   aopt.devices = devices;
   aopt.worker_binary = o.worker_binary;
+  aopt.secret_file = secret->path();
   aopt.on_stop = [inbox](int code, const std::string& why) {
     std::lock_guard<std::mutex> lock(inbox->mu);
     inbox->agent_stopped = true;

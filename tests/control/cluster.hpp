@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "actors/secret.hpp"
 #include "coordinator/client.hpp"
 
 namespace troupe::test {
@@ -106,16 +107,18 @@ class Proc {
   int code_ = -1;
 };
 
-// A coordinator process and its agents, in a fresh temporary directory.
+// A coordinator process and its agents, in a fresh temporary directory, all
+// holding the same new cluster secret (secret()).
 class Cluster {
  public:
   explicit Cluster(std::vector<std::string> coordinator_extra = {},
                    const std::string& api = "tcp://127.0.0.1:0") {
     char tmpl[] = "/tmp/troupe-control-XXXXXX";
     dir_ = mkdtemp(tmpl);
-    std::vector<std::string> args = {
-        troupe_binary(), "coordinator",  "--listen",     "127.0.0.1:0",       "--api", api,
-        "--runs-dir",    dir_ + "/runs", "--ready-file", dir_ + "/ready.json"};
+    actors::write_secret(secret());
+    std::vector<std::string> args = {troupe_binary(), "coordinator",  "--listen",      "127.0.0.1:0",
+                                     "--api",         api,            "--runs-dir",    dir_ + "/runs",
+                                     "--ready-file",  dir_ + "/ready.json", "--secret-file", secret()};
     for (auto& a : coordinator_extra) args.push_back(a);
     coordinator_ = std::make_unique<Proc>(args, dir_ + "/coordinator.log");
     wait_until([&] { return std::filesystem::exists(dir_ + "/ready.json"); }, std::chrono::seconds(30));
@@ -135,11 +138,12 @@ class Cluster {
   std::string pub() const { return ready_.value("pub", ""); }
   int coordinator_pid() const { return ready_.value("pid", 0); }
   const std::string& dir() const { return dir_; }
+  std::string secret() const { return dir_ + "/secret.pem"; }
   Proc& coordinator() { return *coordinator_; }
 
   Proc& add_agent(const std::string& devices, std::vector<std::string> extra = {}) {
-    std::vector<std::string> args = {troupe_binary(), "agent",     "--coordinator",
-                                     listen(),        "--devices", devices};
+    std::vector<std::string> args = {troupe_binary(), "agent",     "--coordinator",   listen(),
+                                     "--devices",     devices,     "--secret-file", secret()};
     for (auto& a : extra) args.push_back(a);
     agents_.push_back(
         std::make_unique<Proc>(args, dir_ + "/agent" + std::to_string(agents_.size()) + ".log"));

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <thread>
 
+#include "actors/secret.hpp"
 #include "actors/system.hpp"
 #include "comm/error.hpp"
 #include "coordinator/coordinator_actor.hpp"
@@ -21,17 +22,19 @@ TEST_CASE("the coordinator's rendezvous store: set, blocking get, add, wait, tim
   char tmpl[] = "/tmp/troupe-store-XXXXXX";
   std::string dir = mkdtemp(tmpl);
   {
-    actors::NodeConfig cfg;
+    actors::EphemeralSecret secret;
+    actors::NodeConfig cfg(secret.path());
     caf::actor_system sys{cfg};
     coord::CoordinatorActorOptions copt;
     copt.runs_dir = dir + "/runs";
     auto coordinator = coord::spawn_coordinator(sys, copt);
-    auto port = sys.middleman().publish(coordinator, 0, "127.0.0.1", true);
+    auto port = actors::publish(coordinator, 0, "127.0.0.1");
     REQUIRE(port);
     worker::AgentActorOptions aopt;
     aopt.coordinator_address = "127.0.0.1:" + std::to_string(*port);
     aopt.devices = {"cpu:0"};
     aopt.worker_binary = test::troupe_binary();
+    aopt.secret_file = secret.path();
     auto agent = worker::spawn_agent(sys, coordinator, aopt);
     auto ask = [&](const json& r) {
       caf::scoped_actor self{sys};
