@@ -76,6 +76,7 @@ int run_job(const RunOptions& opt) {
   JobSpec spec;
   try {
     spec = load_spec(opt.spec_path);
+    require_runnable(spec);
   } catch (const SpecError& e) {
     std::cerr << e.what();
     return kUsage;

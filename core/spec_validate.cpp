@@ -243,6 +243,11 @@ class Ctx {
     }
   }
   void set_loc(const std::string& path, Loc l) { where_[path] = l; }
+  std::map<std::string, SourcePos> positions() const {
+    std::map<std::string, SourcePos> out;
+    for (const auto& [path, l] : where_) out.emplace(path, SourcePos{l.line, l.col});
+    return out;
+  }
   bool present(const std::string& path) const { return where_.count(path) > 0; }
   // The value's position, or the closest enclosing section's when the key was not written.
   Loc loc(std::string path) const {
@@ -914,6 +919,7 @@ JobSpec build_spec(const YAML::Node& root_node, const std::string& file, std::ve
                   "data x pipeline x tensor must lie within [min_devices, max_devices]");
     }
   }
+  spec.positions = ctx.positions();
   return spec;
 }
 
