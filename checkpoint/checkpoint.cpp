@@ -543,4 +543,33 @@ std::string resolve(const std::string& dir) {
   return *found;
 }
 
+std::string resolve_verified(const std::string& dir, std::vector<std::string>* skipped) {
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) throw CheckpointError(dir + ": no such directory");
+  if (!fs::is_directory(dir, ec)) throw CheckpointError(dir + ": not a directory");
+  fs::path name = fs::path(dir).lexically_normal();
+  if (name.filename().empty()) name = name.parent_path();  // "ckpt/step_000010/"
+  if (fs::exists(dir + "/" + kManifest, ec) || parse_step_dir(name.filename().string()) >= 0) {
+    verify(dir);  // throws, naming the missing manifest or the bad file
+    return dir;
+  }
+  const auto found = list(dir);
+  if (found.empty()) {
+    if (fs::is_directory(dir + "/ckpt", ec))
+      throw CheckpointError(dir + ": a run directory, not a checkpoint; its checkpoints are in " + dir +
+                            "/ckpt");
+    throw CheckpointError(dir +
+                          ": not a checkpoint directory (no manifest.json, and no step_N checkpoints in it)");
+  }
+  std::vector<std::string> bad;
+  auto good = latest_valid(dir, &bad);
+  if (!good) {
+    std::string why = dir + ": no valid checkpoint";
+    for (const auto& s : bad) why += "\n  skipped " + s;
+    throw CheckpointError(why);
+  }
+  if (skipped) skipped->insert(skipped->end(), bad.begin(), bad.end());
+  return *good;
+}
+
 }  // namespace troupe::checkpoint

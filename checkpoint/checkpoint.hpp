@@ -170,5 +170,12 @@ bool is_checkpoint_dir(const std::string& path);
 // `dir` itself when it holds a manifest, else the newest valid checkpoint under it.
 // Throws CheckpointError when there is none.
 std::string resolve(const std::string& dir);
+// resolve() for a job about to resume, so that a damaged checkpoint is refused before anything
+// starts: `dir` itself when it holds a manifest, verified (every file present with its size and
+// checksum); a step_N directory without one is damaged, not a root; else the newest valid
+// checkpoint under `dir`, each one skipped reported through `skipped` ("<dir>: <reason>").
+// Throws CheckpointError naming the damage: which file is missing, truncated or corrupt, or that
+// the manifest is missing or unreadable.
+std::string resolve_verified(const std::string& dir, std::vector<std::string>* skipped = nullptr);
 
 }  // namespace troupe::checkpoint

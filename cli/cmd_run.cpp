@@ -76,6 +76,7 @@ int run_job(const RunOptions& opt) {
   JobSpec spec;
   try {
     spec = load_spec(opt.spec_path);
+    require_runnable(spec);
   } catch (const SpecError& e) {
     std::cerr << e.what();
     return kUsage;
@@ -87,12 +88,16 @@ int run_job(const RunOptions& opt) {
   }
   std::string resume_from;
   if (!opt.resume.empty()) {
+    // Checked here, not by the workers: a damaged checkpoint would fail every launch of the job.
+    std::vector<std::string> skipped;
     try {
-      resume_from = checkpoint::resolve(opt.resume);
+      resume_from = checkpoint::resolve_verified(opt.resume, &skipped);
     } catch (const std::exception& e) {
-      std::cerr << "troupe run: --resume " << opt.resume << ": " << e.what() << "\n";
+      std::cerr << "troupe run: --resume: " << e.what() << "\n";
       return kUsage;
     }
+    for (const auto& s : skipped) std::cerr << "troupe run: --resume: skipped " << s << "\n";
+    if (!skipped.empty()) std::cerr << "troupe run: --resume: resuming from " << resume_from << "\n";
   }
   if (!opt.in_process) return run_workers(spec, opt, resume_from);
   if (*layout_devices(spec.parallel) != 1) {

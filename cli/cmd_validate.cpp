@@ -18,6 +18,7 @@ void add_validate_command(CLI::App& app, int* exit_code) {
     for (size_t i = 0; i < files.size(); ++i) {
       try {
         JobSpec spec = load_spec(files[i]);
+        require_runnable(spec);
         if (quiet) continue;
         if (files.size() > 1) std::cout << (i ? "---\n" : "") << "# " << files[i] << "\n";
         std::cout << to_yaml(spec);

@@ -23,7 +23,9 @@ JobRequest job_request(const JobSpec& spec) {
 }
 
 JobRequest job_request_from_yaml(const std::string& yaml_text, const std::string& filename) {
-  return job_request(parse_spec(yaml_text, filename));
+  JobSpec spec = parse_spec(yaml_text, filename);
+  require_runnable(spec);  // a job no worker can start is refused at submit, not retried
+  return job_request(spec);
 }
 
 }  // namespace troupe::coord

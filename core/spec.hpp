@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -118,9 +119,18 @@ struct ElasticSpec {
   int max_devices = 0;  // 0 = the planned layout's size
 };
 
+// Where a value was written: 1-based line and column.
+struct SourcePos {
+  int line = 0, col = 0;
+};
+
 struct JobSpec {
   std::string name;
   std::string source_file;  // where it was read from; not part of the spec's content
+  // Where each key that was written stands, by dotted path ("train.precision"; "" is the
+  // document, "train" a section): what later checks point at. Filled by parse_spec, empty for
+  // a spec built in code; not part of the spec's content.
+  std::map<std::string, SourcePos> positions;
   ModelSpec model;
   DataSpec data;
   TrainSpec train;
@@ -131,7 +141,8 @@ struct JobSpec {
   ElasticSpec elastic;
 };
 
-// Field-by-field equality; JobSpec's ignores source_file, so a spec equals its own to_yaml round trip.
+// Field-by-field equality; JobSpec's ignores source_file and positions, so a spec equals its own
+// to_yaml round trip.
 bool operator==(const ModelSpec&, const ModelSpec&);
 bool operator==(const DataSpec&, const DataSpec&);
 bool operator==(const OptimizerSpec&, const OptimizerSpec&);
@@ -152,6 +163,15 @@ inline constexpr uint64_t kMaxSpecBytes = 1 << 20;
 JobSpec load_spec(const std::string& path);
 // Parses and validates YAML text; `filename` is used in diagnostics and stored as source_file.
 JobSpec parse_spec(const std::string& yaml_text, const std::string& filename);
+
+// What this build cannot run although the spec is valid: a precision other than fp32, device
+// cuda (the engine trains on the CPU). One Diagnostic per problem, at the key's position in
+// source_file, with a hint. parse_spec accepts such specs (a spec is also data: a checkpoint's,
+// one written for another build); troupe validate, troupe run and the coordinator's submit
+// refuse them, so a job that cannot start is never launched and retried.
+std::vector<Diagnostic> runnable_issues(const JobSpec& spec);
+// Throws SpecError with runnable_issues(spec) when there are any.
+void require_runnable(const JobSpec& spec);
 
 // The resolved spec as YAML: every key with its value, defaults filled in, "auto" where a parallel
 // degree or micro_batch is left to the planner. parse_spec(to_yaml(s), f) == s.

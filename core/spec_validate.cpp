@@ -2,6 +2,7 @@
 // against its type and range, then the rules that tie fields together. Nothing stops at the first
 // problem; each one becomes a Diagnostic and the walk goes on, so a user fixes a file in one pass.
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -55,7 +56,7 @@ const std::map<std::string, std::vector<std::string>>& schema() {
       {"train",
        {"steps", "global_batch", "micro_batch", "optimizer", "lr_schedule", "warmup_steps", "min_lr",
         "grad_clip", "precision", "recompute", "seed", "eval_every", "eval_batches", "log_every"}},
-      {"train.optimizer", {"type", "lr", "beta1", "beta2", "eps", "weight_decay"}},
+      {"train.optimizer", {"type", "lr", "beta1", "beta2", "betas", "eps", "weight_decay"}},
       {"parallel", {"data", "pipeline", "tensor", "schedule", "virtual_stages"}},
       {"resources", {"device", "threads_per_worker", "memory_per_device"}},
       {"checkpoint", {"dir", "every", "keep", "async"}},
@@ -75,7 +76,6 @@ const std::map<std::string, std::string>& synonyms() {
       {"adam_eps", "train.optimizer.eps"},
       {"adam_beta1", "train.optimizer.beta1"},
       {"adam_beta2", "train.optimizer.beta2"},
-      {"betas", "train.optimizer.beta1"},
       {"batch_size", "train.global_batch"},
       {"train_batch_size", "train.global_batch"},
       {"micro_batch_size", "train.micro_batch"},
@@ -243,6 +243,11 @@ class Ctx {
     }
   }
   void set_loc(const std::string& path, Loc l) { where_[path] = l; }
+  std::map<std::string, SourcePos> positions() const {
+    std::map<std::string, SourcePos> out;
+    for (const auto& [path, l] : where_) out.emplace(path, SourcePos{l.line, l.col});
+    return out;
+  }
   bool present(const std::string& path) const { return where_.count(path) > 0; }
   // The value's position, or the closest enclosing section's when the key was not written.
   Loc loc(std::string path) const {
@@ -272,7 +277,6 @@ std::string suggest_key(const std::string& section, const std::string& key) {
     const std::string& target = syn->second;
     std::string sec = target.substr(0, target.rfind('.'));
     std::string leaf = target.substr(target.rfind('.') + 1);
-    if (key == "betas") return "troupe takes train.optimizer.beta1 and beta2 as two keys";
     if (sec == section) return "did you mean '" + leaf + "'?";
     return "did you mean '" + target + "'? (it belongs in " + sec + ")";
   }
@@ -430,6 +434,39 @@ class Section {
                         interval_text(lo, lo_incl, hi, hi_incl),
                     hint.empty() ? "give a value in " + interval_text(lo, lo_incl, hi, hi_incl) : hint);
     out = x;
+  }
+
+  // A list of two numbers, each in [lo, hi), read into `a` and `b` (`betas: [0.9, 0.95]`, the
+  // PyTorch and DeepSpeed spelling of beta1 and beta2); `names` say which is which in messages.
+  void real_pair(const std::string& key, double& a, double& b, double lo, double hi,
+                 const std::array<const char*, 2>& names, const std::string& hint) {
+    const YAML::Node* v = value(key, false, "a list of two numbers");
+    if (!v) return;
+    const std::string what = "'" + child(path_, key) + "'";
+    if (!v->IsSequence() || v->size() != 2)
+      return reject(key,
+                    what + " must be a list of two numbers, got " +
+                        (v->IsSequence() ? "a list of " + std::to_string(v->size()) : describe(*v)),
+                    hint);
+    double x[2] = {0, 0};
+    bool good = true;
+    for (size_t i = 0; i < 2; ++i) {
+      const YAML::Node e = (*v)[i];
+      const Loc at = loc_of(e.Mark());
+      if (!e.IsScalar() || is_quoted(e) || !parse_real(e.Scalar(), x[i])) {
+        ctx_.error(at, what + " must be two numbers, but its " + names[i] + " is " + describe(e), hint);
+        good = false;
+      } else if (!std::isfinite(x[i]) || x[i] < lo || x[i] >= hi) {
+        ctx_.error(at,
+                   what + " is out of range: " + names[i] + " " + shown(e.Scalar()) + " is not in " +
+                       interval_text(lo, true, hi, false),
+                   hint);
+        good = false;
+      }
+    }
+    if (!good) return ctx_.mark_bad(child(path_, key));
+    a = x[0];
+    b = x[1];
   }
 
   void boolean(const std::string& key, bool& out) {
@@ -706,6 +743,19 @@ JobSpec build_spec(const YAML::Node& root_node, const std::string& file, std::ve
   opt.real("beta1", o.beta1, 0.0, true, 1.0, false, "beta1 is in [0, 1); PyTorch's default is 0.9");
   opt.real("beta2", o.beta2, 0.0, true, 1.0, false,
            "beta2 is in [0, 1); GPT training uses 0.95, PyTorch 0.999");
+  opt.real_pair(
+      "betas", o.beta1, o.beta2, 0.0, 1.0, {"beta1", "beta2"},
+      "betas is [beta1, beta2], each in [0, 1); GPT training uses [0.9, 0.95], PyTorch [0.9, 0.999]");
+  if (opt.has("betas") && (opt.has("beta1") || opt.has("beta2"))) {
+    const std::string both = opt.has("beta1") && opt.has("beta2") ? "'beta1' and 'beta2'"
+                             : opt.has("beta1")                   ? "'beta1'"
+                                                                  : "'beta2'";
+    ctx.error(
+        ctx.loc("train.optimizer.betas"),
+        "'train.optimizer.betas' is given together with " + both + ": both spellings set the same values",
+        "keep one spelling: delete betas, or delete " + both + " and write betas: [beta1, beta2]");
+    ctx.mark_bad("train.optimizer.betas");
+  }
   opt.real("eps", o.eps, 0.0, false, 1.0, true, "eps is > 0; the usual value is 1e-8");
   opt.real("weight_decay", o.weight_decay, 0.0, true, 1e9, true, "weight_decay is >= 0, e.g. 0.1 (0 = off)");
   train.enumeration("lr_schedule", t.lr_schedule);
@@ -869,6 +919,7 @@ JobSpec build_spec(const YAML::Node& root_node, const std::string& file, std::ve
                   "data x pipeline x tensor must lie within [min_devices, max_devices]");
     }
   }
+  spec.positions = ctx.positions();
   return spec;
 }
 

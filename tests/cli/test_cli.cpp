@@ -11,7 +11,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
+#include "checkpoint/checkpoint.hpp"
 #include "tests/support/support.hpp"
 
 namespace fs = std::filesystem;
@@ -86,6 +88,112 @@ TEST_CASE("cli: an invalid spec exits 2 with file:line:col and starts nothing", 
   Result missing = cli("run " + dir + "/nope.yaml");
   CHECK(missing.code == 2);
   CHECK(missing.out.find("nope.yaml") != std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("cli: validate and run refuse bf16 and cuda at file:line:col and start nothing", "[cli]") {
+  const std::string dir = temp_dir("unrunnable");
+  const std::string base =
+      "name: tiny\nmodel: {type: gpt, seq_len: 16, d_model: 32, n_layers: 2, n_heads: 2}\n"
+      "data: {source: synthetic}\n"
+      "train:\n  steps: 2\n  global_batch: 4\n";
+  const std::string bf16 = write_file(dir, "bf16.yaml", base + "  precision: bf16\n");
+  const std::string cuda = write_file(dir, "cuda.yaml", base + "resources:\n  device: cuda\n");
+  for (const auto& [spec, where, what] :
+       {std::tuple<std::string, std::string, std::string>{
+            bf16, "bf16.yaml:7:14: error: ", "train.precision: bf16 is not supported by this build yet"},
+        {cuda,
+         "cuda.yaml:8:11: error: ", "resources.device: cuda: this build's engine trains on CPU only"}}) {
+    Result v = cli("validate " + spec);
+    INFO(v.out);
+    CHECK(v.code == 2);
+    CHECK(v.out.find(where + what) != std::string::npos);
+    CHECK(v.out.find("hint: use ") != std::string::npos);
+    CHECK(v.out.find("name: \"tiny\"") == std::string::npos);  // no resolved spec printed
+    Result r = cli("run " + spec + " --runs-dir " + dir + "/runs");
+    INFO(r.out);
+    CHECK(r.code == 2);
+    CHECK(r.out.find(where + what) != std::string::npos);
+    CHECK_FALSE(fs::exists(dir + "/runs"));
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("cli: run --resume refuses a damaged or missing checkpoint before anything starts", "[cli]") {
+  namespace ck = troupe::checkpoint;
+  const std::string dir = temp_dir("resume_damaged");
+  const std::string config = "configs/layouts/tiny_dp1_pp1_tp1.yaml";
+  Result made = cli("run -q " + config + " --runs-dir " + dir + "/runs");
+  INFO(made.out);
+  REQUIRE(made.code == 0);
+  const std::string root = only_subdir(dir + "/runs") + "/ckpt";
+  REQUIRE(fs::is_symlink(root + "/latest"));
+  const auto committed = ck::list(root);
+  REQUIRE(committed.size() == 1);
+  const ck::Manifest m = ck::verify(committed[0]);
+  REQUIRE_FALSE(m.files.empty());
+  const std::string step = fs::path(committed[0]).filename().string();
+  const std::string shard = m.files[0].name;
+
+  // Each damaged copy is a whole checkpoint root, `latest` included.
+  auto damaged_copy = [&](const std::string& name) {
+    const std::string copy = dir + "/" + name;
+    fs::copy(root, copy, fs::copy_options::recursive | fs::copy_options::copy_symlinks);
+    REQUIRE(fs::is_symlink(copy + "/latest"));
+    return copy;
+  };
+  const std::string runs = dir + "/runs2";
+  auto resume = [&](const std::string& from) {
+    return cli("run " + config + " --runs-dir " + runs + " --resume " + from);
+  };
+  auto refused = [&](const std::string& from, const std::string& why) {
+    Result r = resume(from);
+    INFO("--resume " << from << ":\n" << r.out);
+    CHECK(r.code == 2);
+    CHECK(r.out.find(why) != std::string::npos);
+    CHECK_FALSE(fs::exists(runs));
+  };
+
+  const std::string truncated = damaged_copy("truncated");
+  const uint64_t size = fs::file_size(truncated + "/" + step + "/" + shard);
+  fs::resize_file(truncated + "/" + step + "/" + shard, size / 2);
+  const std::string short_file = "file " + shard + " has " + std::to_string(size / 2) +
+                                 " bytes, the manifest says " + std::to_string(size);
+  refused(truncated + "/" + step, short_file);
+  refused(truncated, short_file);  // the root: its only checkpoint is skipped, and why is said
+  refused(truncated, "no valid checkpoint");
+
+  const std::string flipped = damaged_copy("flipped");
+  {
+    std::fstream f(flipped + "/" + step + "/" + shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(size - 1));
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x5a);
+    f.seekp(static_cast<std::streamoff>(size - 1));
+    f.write(&c, 1);
+  }
+  refused(flipped + "/" + step, "file " + shard + " checksum");
+
+  const std::string no_shard = damaged_copy("no_shard");
+  fs::remove(no_shard + "/" + step + "/" + shard);
+  refused(no_shard + "/" + step, "file " + shard + " is missing");
+
+  const std::string no_manifest = damaged_copy("no_manifest");
+  fs::remove(no_manifest + "/" + step + "/manifest.json");
+  refused(no_manifest + "/" + step, "manifest.json is missing");
+  refused(no_manifest, "manifest.json is missing");
+
+  const std::string garbled = damaged_copy("garbled");
+  std::ofstream(garbled + "/" + step + "/manifest.json") << "{\"format_version\": 1, \"fi";
+  refused(garbled + "/" + step, "manifest.json is not valid JSON");
+
+  refused(dir + "/nowhere", dir + "/nowhere: no such directory");
+  refused(only_subdir(dir + "/runs"), "a run directory, not a checkpoint; its checkpoints are in");
+
+  // The undamaged checkpoint still passes the check (and the run resumes at its last step).
+  CHECK(ck::resolve_verified(root) == committed[0]);
+  CHECK(ck::resolve_verified(committed[0]) == committed[0]);
   fs::remove_all(dir);
 }
 

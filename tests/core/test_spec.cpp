@@ -333,6 +333,49 @@ TEST_CASE("unknown keys get a did-you-mean from the right map", "[core][spec]") 
         std::string::npos);
 }
 
+TEST_CASE("optimizer betas: a list of beta1 and beta2, read as the two keys and resolved to them",
+          "[core][spec]") {
+  auto with = [](const std::string& opt) { return std::string(kMinimal) + "  optimizer:\n" + opt; };
+  JobSpec s = parse_spec(with("    betas: [0.8, 0.99]\n"), "a.yaml");
+  CHECK(s.train.optimizer.beta1 == 0.8);
+  CHECK(s.train.optimizer.beta2 == 0.99);
+  CHECK(parse_spec(with("    betas:\n      - 0.8\n      - 0.99\n"), "a.yaml") == s);
+  CHECK(parse_spec(with("    beta1: 0.8\n    beta2: 0.99\n"), "a.yaml") == s);
+  // The resolved form keeps the two keys, and reads back the same.
+  const std::string y = troupe::to_yaml(s);
+  CHECK(y.find("    beta1: 0.8\n    beta2: 0.99\n") != std::string::npos);
+  CHECK(y.find("betas") == std::string::npos);
+  CHECK(parse_spec(y, "resolved.yaml") == s);
+}
+
+TEST_CASE("optimizer betas: with beta1 or beta2, or not two numbers from 0 up to 1, is an error at it",
+          "[core][spec]") {
+  // kMinimal has 12 lines; "  optimizer:" is line 13.
+  auto with = [](const std::string& opt) { return std::string(kMinimal) + "  optimizer:\n" + opt; };
+  auto both = errors_of(with("    beta1: 0.9\n    betas: [0.9, 0.95]\n"));
+  REQUIRE(both.size() == 1);
+  CHECK(has_error(both, 15, 5, "'train.optimizer.betas' is given together with 'beta1'"));
+  CHECK(both[0].hint.find("keep one spelling") != std::string::npos);
+  CHECK(has_error(errors_of(with("    betas: [0.9, 0.95]\n    beta1: 0.9\n    beta2: 0.95\n")), 14, 5,
+                  "together with 'beta1' and 'beta2'"));
+  CHECK(has_error(errors_of(with("    betas: [0.9]\n")), 14, 5,
+                  "must be a list of two numbers, got a list of 1"));
+  CHECK(has_error(errors_of(with("    betas: [0.9, 0.95, 0.999]\n")), 14, 5, "got a list of 3"));
+  CHECK(has_error(errors_of(with("    betas: 0.9\n")), 14, 12, "must be a list of two numbers, got '0.9'"));
+  CHECK(has_error(errors_of(with("    betas: {a: 1}\n")), 14, 5, "got a mapping"));
+  auto range = errors_of(with("    betas: [-0.1, 1.0]\n"));
+  CHECK(has_error(range, 14, 13, "out of range: beta1 -0.1 is not in [0, 1)"));
+  CHECK(has_error(range, 14, 19, "out of range: beta2 1.0 is not in [0, 1)"));
+  for (const auto& d : range) CHECK(d.hint.find("[0.9, 0.95]") != std::string::npos);
+  CHECK(
+      has_error(errors_of(with("    betas: [\"0.9\", 0.95]\n")), 14, 13, "its beta1 is the string \"0.9\""));
+  CHECK(has_error(errors_of(with("    betas: [0.9, [0.95]]\n")), 14, 18, "its beta2 is a list"));
+  // Under train (not train.optimizer) it is an unknown key that points to where it belongs.
+  auto misplaced = errors_of(std::string(kMinimal) + "  betas: [0.9, 0.95]\n");
+  REQUIRE(misplaced.size() == 1);
+  CHECK(misplaced[0].hint.find("'train.optimizer.betas'") != std::string::npos);
+}
+
 TEST_CASE("null sections take their defaults, but required keys are still required", "[core][spec]") {
   JobSpec s = parse_spec(std::string(kMinimal) + "parallel:\ncheckpoint:\n", "a.yaml");
   CHECK(s.parallel.data == 1);

@@ -1,0 +1,46 @@
+// The client API's submit, answered from the coordinator's state without actors or sockets.
+#include <catch2/catch.hpp>
+#include <filesystem>
+
+#include "coordinator/api.hpp"
+#include "coordinator/state.hpp"
+
+using namespace troupe::coord;
+
+namespace {
+
+const char* kSpec =
+    "name: tiny\nmodel: {type: gpt, seq_len: 16, d_model: 32, n_layers: 2, n_heads: 2}\n"
+    "data: {source: synthetic}\n"
+    "train:\n  steps: 2\n  global_batch: 4\n";
+
+nlohmann::json submit(CoordinatorState& st, const std::string& spec, Actions* a) {
+  return handle_api_request(st, {{"op", "submit"}, {"spec", spec}, {"filename", "job.yaml"}}, a);
+}
+
+}  // namespace
+
+TEST_CASE("api submit: what this build cannot run is invalid_spec at file:line:col, nothing queued",
+          "[api][spec]") {
+  CoordinatorState st((std::filesystem::temp_directory_path() / "troupe-api-test").string(), 7);
+  Actions a;
+  auto bf16 = submit(st, std::string(kSpec) + "  precision: bf16\n", &a);
+  CHECK(bf16["ok"] == false);
+  CHECK(bf16["error"] == "invalid_spec");
+  CHECK(bf16["message"].get<std::string>().find(
+            "job.yaml:7:14: error: train.precision: bf16 is not supported by this build yet") !=
+        std::string::npos);
+  REQUIRE(bf16["diagnostics"].size() == 1);
+  auto cuda = submit(st, std::string(kSpec) + "resources:\n  device: cuda\n", &a);
+  CHECK(cuda["error"] == "invalid_spec");
+  CHECK(cuda["message"].get<std::string>().find(
+            "job.yaml:8:11: error: resources.device: cuda: this build's engine trains on CPU only") !=
+        std::string::npos);
+  CHECK(a.events.empty());
+  CHECK(st.list_json()["jobs"].empty());
+
+  // The same spec in fp32 on the CPU is queued.
+  auto ok = submit(st, kSpec, &a);
+  CHECK(ok["ok"] == true);
+  CHECK(st.list_json()["jobs"].size() == 1);
+}

@@ -1,0 +1,89 @@
+// What a valid spec asks that this build cannot run: reported at the key, with a hint.
+#include <catch2/catch.hpp>
+#include <filesystem>
+
+#include "core/spec.hpp"
+
+namespace fs = std::filesystem;
+using troupe::JobSpec;
+using troupe::parse_spec;
+
+namespace {
+
+const char* kSpec = R"(name: tiny
+model:
+  type: gpt
+  seq_len: 32
+  d_model: 64
+  n_layers: 2
+  n_heads: 4
+data:
+  source: synthetic
+train:
+  steps: 10
+  global_batch: 8
+)";
+
+}  // namespace
+
+TEST_CASE("runnable: bf16, fp16 and cuda parse, and are refused at their key with a hint", "[core][spec]") {
+  const std::string text = std::string(kSpec) + "  precision: bf16\nresources:\n  device: cuda\n";
+  const JobSpec s = parse_spec(text, "job.yaml");  // a valid spec: it is data as well as a job
+  const auto issues = troupe::runnable_issues(s);
+  REQUIRE(issues.size() == 2);
+  CHECK(issues[0].str() ==
+        "job.yaml:13:14: error: train.precision: bf16 is not supported by this build yet\n"
+        "  hint: use fp32 (precision: fp32, or delete the key: fp32 is the default)");
+  CHECK(issues[1].str() ==
+        "job.yaml:15:11: error: resources.device: cuda: this build's engine trains on CPU only\n"
+        "  hint: use device: cpu (or delete the key: cpu is the default)");
+  try {
+    troupe::require_runnable(s);
+    FAIL("require_runnable accepted bf16 on cuda");
+  } catch (const troupe::SpecError& e) {
+    REQUIRE(e.diagnostics.size() == 2);
+    CHECK(std::string(e.what()).find("job.yaml:13:14:") != std::string::npos);
+  }
+
+  const JobSpec fp16 = parse_spec(std::string(kSpec) + "  precision: fp16\n", "fp16.yaml");
+  const auto one = troupe::runnable_issues(fp16);
+  REQUIRE(one.size() == 1);
+  CHECK(one[0].line == 13);
+  CHECK(one[0].message == "train.precision: fp16 is not supported by this build yet");
+
+  // A flow mapping points at the value too.
+  const JobSpec flow = parse_spec(std::string(kSpec) + "resources: {device: cuda}\n", "flow.yaml");
+  REQUIRE(troupe::runnable_issues(flow).size() == 1);
+  CHECK(troupe::runnable_issues(flow)[0].line == 13);
+  CHECK(troupe::runnable_issues(flow)[0].col == 21);
+}
+
+TEST_CASE("runnable: fp32 on cpu, and every shipped config, has no issues", "[core][spec]") {
+  const JobSpec s =
+      parse_spec(std::string(kSpec) + "  precision: fp32\nresources: {device: cpu}\n", "a.yaml");
+  CHECK(troupe::runnable_issues(s).empty());
+  CHECK_NOTHROW(troupe::require_runnable(s));
+  CHECK(troupe::runnable_issues(parse_spec(kSpec, "b.yaml")).empty());
+  for (const auto& e : fs::recursive_directory_iterator(fs::path(TROUPE_SOURCE_DIR) / "configs"))
+    if (e.path().extension() == ".yaml") {
+      INFO(e.path().string());
+      CHECK(troupe::runnable_issues(troupe::load_spec(e.path().string())).empty());
+    }
+}
+
+TEST_CASE("runnable: a spec built in code is refused for the file as a whole", "[core][spec]") {
+  JobSpec s = parse_spec(kSpec, "a.yaml");
+  s.positions.clear();
+  s.source_file.clear();
+  s.resources.device = troupe::DeviceKind::cuda;
+  const auto issues = troupe::runnable_issues(s);
+  REQUIRE(issues.size() == 1);
+  CHECK(issues[0].line == 0);
+  CHECK(issues[0].str().rfind("<job spec>: error: resources.device: cuda", 0) == 0);
+  // The resolved form of a parsed spec points into the resolved text.
+  s.source_file = "a.yaml";
+  const JobSpec back = parse_spec(troupe::to_yaml(s), "spec.yaml");
+  REQUIRE(troupe::runnable_issues(back).size() == 1);
+  CHECK(troupe::runnable_issues(back)[0].file == "spec.yaml");
+  CHECK(troupe::runnable_issues(back)[0].line > 1);
+}
