@@ -84,25 +84,26 @@ std::map<int64_t, double> whole_curve(const std::string& run_dir) {
   return curve;
 }
 
-// What a resized job keeps of the uninterrupted run, as docs/fault-tolerance.md
-// ("Elastic resizing") promises it: every loss up to kSameSteps steps past the first
-// step trained at a new size within kSameMargin of the uninterrupted run's; after that,
+// What a resized job keeps of the uninterrupted run, as docs/fault-tolerance.md ("What a
+// resize keeps of the loss curve") promises it: every loss before the first resize and in
+// the kSameSteps steps after it within kSameMargin of the uninterrupted run's; after that,
 // the mean loss of every whole window of kWindow steps within kWindowRel of its mean.
 //
 // The numbers. Each step trains on the same global batch at any size; only float
 // summation order changes, and training can amplify that. Measured on the tiny GPT of
 // these tests (OpenBLAS and oneDNN GEMMs; shrinks 2 -> 1 and grows 1 -> 2 after steps
 // 50 to 250, through the coordinator and through `troupe run --resume`): every loss stayed
-// within 7e-8 of the uninterrupted run for up to 560 steps after the resize. On another
-// machine a shrink 2 -> 1 has drifted to 3e-2 (1.3 % of a loss of ~2.3) some 130 steps
-// after it. So the exact comparison covers the first 20 steps, where an error of the resize
-// itself (a wrong checkpoint, step, batch or optimizer state) shows at once and where a
-// drift growing geometrically to that 3e-2 would still be below 1e-6; later steps are held to the
-// window means, 2 % being above the worst drift measured even if it were systematic.
+// within 7e-8 of the uninterrupted run, followed for up to 560 steps after the resize. On
+// another machine a shrink 2 -> 1 had drifted to 3e-2 by step 200 (about 1.5 % of the
+// loss there). So the exact comparison covers the first 20 steps, where an error of the resize
+// itself (a wrong checkpoint, step, batch or optimizer state) shows at once, and where a
+// difference growing geometrically from 1e-7 to 3e-2 within 100 steps would still be about
+// 1e-6, a hundredth of the bound. Later steps are held to window means within 3 %, twice
+// that worst drift even if it were the same sign at every step of a window.
 constexpr int64_t kSameSteps = 20;
 constexpr double kSameMargin = 1e-4;
 constexpr int64_t kWindow = 20;
-constexpr double kWindowRel = 0.02;
+constexpr double kWindowRel = 0.03;
 
 // Checks `curve` against the uninterrupted `ref` (same steps) for a job whose first step at
 // a new size was `first`; returns the largest differences seen, for the log.
