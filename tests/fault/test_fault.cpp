@@ -5,9 +5,10 @@
 // The jobs a test kills, stops, resizes or cancels are endless (kEndlessSteps): however
 // fast the machine, none can end before the test acts on it, and the test waits for
 // what it needs to see (a step, a generation, a layout) rather than for a time. Their
-// loss curves are compared with an uninterrupted run of the same spec, itself endless
-// and cancelled once it has trained as many steps: the loss of step s does not depend on
-// how many steps the job would have run.
+// loss curves are compared with an uninterrupted run of the same model, data and seed,
+// itself endless and cancelled once it has trained as many steps: with the same
+// train.steps (and so the same learning rate at every step), the loss of step s does not
+// depend on when either job is cancelled.
 #include <catch2/catch.hpp>
 #include <random>
 
