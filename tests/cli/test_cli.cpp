@@ -251,10 +251,12 @@ TEST_CASE("cli: run writes the run directory, and sample and resume use its chec
 
 TEST_CASE("cli: SIGINT stops a run with exit code 130", "[cli]") {
   const std::string dir = temp_dir("sigint");
+  // Endless: the run is still training whenever the signal comes.
   std::string spec =
       write_file(dir, "long.yaml",
                  "name: long\nmodel: {type: gpt, seq_len: 32, d_model: 64, n_layers: 2, n_heads: 2}\n"
-                 "data: {source: synthetic}\ntrain: {steps: 100000, global_batch: 8}\n");
+                 "data: {source: synthetic}\ntrain: {steps: " +
+                     std::to_string(troupe::testing::kEndlessSteps) + ", global_batch: 8}\n");
   pid_t pid = fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
@@ -276,8 +278,19 @@ TEST_CASE("cli: SIGINT stops a run with exit code 130", "[cli]") {
   }
   CHECK(started);
   ::kill(pid, SIGINT);
+  // Bounded: a run that ignores the signal is killed and fails the test.
   int st = 0;
-  REQUIRE(::waitpid(pid, &st, 0) == pid);
+  pid_t got = 0;
+  for (int i = 0; i < 600 && got == 0; ++i) {
+    got = ::waitpid(pid, &st, WNOHANG);
+    if (got == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (got == 0) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &st, 0);
+    FAIL("troupe run was still running 60 s after SIGINT");
+  }
+  REQUIRE(got == pid);
   REQUIRE(WIFEXITED(st));
   CHECK(WEXITSTATUS(st) == 130);
   fs::remove_all(dir);

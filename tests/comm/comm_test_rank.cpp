@@ -34,17 +34,15 @@ int run(std::string scenario, const std::string& dir, int rank, int size, std::c
   } else if (scenario == "grid") {
     testing::check_grid(*c, 2, 2, 2);
   } else if (scenario == "kill") {
-    // Allreduce until a peer is killed; the first completed one announces
-    // that this rank is in the loop.
+    // Allreduce until a peer is killed (only an error ends the loop, however fast the
+    // machine); the first completed one announces that this rank is in the loop.
     Options opt;
     opt.timeout = timeout;
     std::vector<float> x(1 << 18, 1.f);
-    for (int it = 0; it < 1000000; ++it) {
+    for (int64_t it = 0;; ++it) {
       c->allreduce(x.data(), x.size(), ReduceOp::avg, opt);
       if (it == 0) std::ofstream(dir + "/ready." + std::to_string(rank)) << "1";
     }
-    std::cerr << "rank " << rank << ": allreduce loop ended without an error\n";
-    return 1;
   } else {
     std::cerr << "unknown scenario " << scenario << "\n";
     return 2;

@@ -1,13 +1,16 @@
 // The control plane end to end: a coordinator and agents as separate processes
-// of the built `troupe` binary, on loopback with ephemeral ports.
+// of the built `troupe` binary, on loopback with ephemeral ports. Jobs that a test
+// cancels, kills or interrupts are endless (kEndlessSteps), so none ends first.
 #include <catch2/catch.hpp>
 #include <zmq.hpp>
 
 #include "actors/version.hpp"
 #include "tests/control/cluster.hpp"
+#include "tests/support/support.hpp"
 
 using namespace troupe::test;
 using nlohmann::json;
+using troupe::testing::kEndlessSteps;
 using namespace std::chrono_literals;
 
 TEST_CASE("a job submitted through the API trains on worker processes, list and status tell the truth",
@@ -67,7 +70,7 @@ TEST_CASE("cancel mid-run stops every worker process", "[control][multiprocess]"
   REQUIRE(c.ready());
   c.add_agent("cpu:1");
   REQUIRE(c.wait_devices(1));
-  std::string job = c.call({{"op", "submit"}, {"spec", tiny_spec("long", 1000000)}})["job"];
+  std::string job = c.call({{"op", "submit"}, {"spec", tiny_spec("long", kEndlessSteps)}})["job"];
   REQUIRE(c.wait_state(job, [](const json& s) { return s["state"] == "running" && s["steps_done"] > 0; }));
   auto pids = worker_pids(c.status(job));
   REQUIRE(pids.size() == 1);
@@ -88,7 +91,7 @@ TEST_CASE("a SIGKILLed worker is reported as a named failure", "[control][multip
   c.add_agent("cpu:1");
   REQUIRE(c.wait_devices(1));
   // Without restarts a failure ends the job (tests/fault covers recovery).
-  std::string spec = tiny_spec("victim", 1000000) + "\nfault:\n  max_restarts: 0\n";
+  std::string spec = tiny_spec("victim", kEndlessSteps) + "\nfault:\n  max_restarts: 0\n";
   std::string job = c.call({{"op", "submit"}, {"spec", spec}})["job"];
   REQUIRE(c.wait_state(job, [](const json& s) { return s["state"] == "running" && s["steps_done"] > 0; }));
   int pid = worker_pids(c.status(job))[0];
@@ -112,9 +115,9 @@ TEST_CASE("two jobs that fit run at once, a third waits with its reason", "[cont
   c.add_agent("cpu:1");
   c.add_agent("cpu:1");
   REQUIRE(c.wait_devices(2));
-  std::string a = c.call({{"op", "submit"}, {"spec", tiny_spec("a", 1000000)}})["job"];
-  std::string b = c.call({{"op", "submit"}, {"spec", tiny_spec("b", 1000000)}})["job"];
-  std::string w = c.call({{"op", "submit"}, {"spec", tiny_spec("w", 1000000)}})["job"];
+  std::string a = c.call({{"op", "submit"}, {"spec", tiny_spec("a", kEndlessSteps)}})["job"];
+  std::string b = c.call({{"op", "submit"}, {"spec", tiny_spec("b", kEndlessSteps)}})["job"];
+  std::string w = c.call({{"op", "submit"}, {"spec", tiny_spec("w", kEndlessSteps)}})["job"];
   REQUIRE(c.wait_state(a, [](const json& s) { return s["steps_done"] > 0; }));
   REQUIRE(c.wait_state(b, [](const json& s) { return s["steps_done"] > 0; }));
   CHECK(c.status(a)["state"] == "running");
@@ -255,7 +258,7 @@ TEST_CASE("Ctrl-C stops the coordinator, agents and workers follow, no orphans",
   // The agent waits a second for a coordinator to come back, then gives up.
   Proc& agent = c.add_agent("cpu:1", {"--reconnect-timeout", "1"});
   REQUIRE(c.wait_devices(1));
-  std::string job = c.call({{"op", "submit"}, {"spec", tiny_spec("sigint", 1000000)}})["job"];
+  std::string job = c.call({{"op", "submit"}, {"spec", tiny_spec("sigint", kEndlessSteps)}})["job"];
   REQUIRE(c.wait_state(job, [](const json& s) { return s["steps_done"] > 0; }));
   int worker = worker_pids(c.status(job))[0];
   c.coordinator().signal(SIGINT);

@@ -10,6 +10,7 @@
 #include "coordinator/coordinator_actor.hpp"
 #include "coordinator/embedded/embedded.hpp"
 #include "tests/control/cluster.hpp"
+#include "tests/support/support.hpp"
 #include "worker/agent.hpp"
 #include "worker/coordinator_store.hpp"
 
@@ -44,7 +45,8 @@ TEST_CASE("the coordinator's rendezvous store: set, blocking get, add, wait, tim
       return out;
     };
     REQUIRE(test::wait_until([&] { return ask({{"op", "list"}})["devices"]["cpu"]["total"] == 1; }, 10s));
-    std::string job = ask({{"op", "submit"}, {"spec", test::tiny_spec("store", 1000000)}})["job"];
+    std::string job =
+        ask({{"op", "submit"}, {"spec", test::tiny_spec("store", testing::kEndlessSteps)}})["job"];
     REQUIRE(!job.empty());
 
     auto a = worker::make_coordinator_store(sys, coordinator, job, 0);

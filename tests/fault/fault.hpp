@@ -6,12 +6,13 @@
 #include <set>
 
 #include "tests/control/cluster.hpp"
+#include "tests/support/support.hpp"
 
 namespace troupe::test {
 
 // The tiny GPT of configs/layouts with `dp` data ranks, `steps` steps, a
 // checkpoint every `every` steps, and extra YAML sections appended.
-inline std::string fault_spec(const std::string& name, int dp, int steps, int every,
+inline std::string fault_spec(const std::string& name, int dp, int64_t steps, int every,
                               const std::string& extra) {
   std::string s = read_file(std::string(TROUPE_SOURCE_DIR) + "/configs/layouts/tiny_dp2_pp1_tp1.yaml");
   auto replace = [&](const std::string& from, const std::string& to) {
@@ -33,6 +34,14 @@ inline std::map<int64_t, double> loss_curve(const std::string& run_dir) {
     if (m.is_object() && m.contains("loss")) curve[m["step"].get<int64_t>()] = m["loss"].get<double>();
   }
   return curve;
+}
+
+// The step a generation's status says it resumed from: N of its resume_from ".../step_<N>",
+// 0 when it started from scratch.
+inline int64_t resume_step(const nlohmann::json& status) {
+  const std::string from = status.value("resume_from", "");
+  const auto p = from.rfind("step_");
+  return p == std::string::npos ? 0 : std::stoll(from.substr(p + 5));
 }
 
 // Remembers every worker pid a job's status has shown.

@@ -1,6 +1,14 @@
 // Failure detection, recovery and elasticity end to end: worker, agent and
 // hang faults against real processes; resize through the API and the CLI.
 // Every test ends with no worker process left and no .tmp checkpoint loaded.
+//
+// The jobs a test kills, stops, resizes or cancels are endless (kEndlessSteps): however
+// fast the machine, none can end before the test acts on it, and the test waits for
+// what it needs to see (a step, a generation, a layout) rather than for a time. Their
+// loss curves are compared with an uninterrupted run of the same model, data and seed,
+// itself endless and cancelled once it has trained as many steps: with the same
+// train.steps (and so the same learning rate at every step), the loss of step s does not
+// depend on when either job is cancelled.
 #include <catch2/catch.hpp>
 #include <random>
 
@@ -8,6 +16,7 @@
 
 using namespace troupe::test;
 using nlohmann::json;
+using troupe::testing::kEndlessSteps;
 using namespace std::chrono_literals;
 
 namespace {
@@ -27,20 +36,108 @@ std::string wait_end(Cluster& c, const std::string& job, PidLog& pids,
   return state;
 }
 
-// Runs a spec to completion (the uninterrupted reference).
-std::map<int64_t, double> reference(Cluster& c, const std::string& spec) {
-  std::string job = c.call({{"op", "submit"}, {"spec", spec}})["job"];
-  PidLog pids;
-  REQUIRE(wait_end(c, job, pids) == "succeeded");
-  return loss_curve(c.status(job)["run_dir"]);
+// Waits until the job runs `generation` (any generation when -1) and `pred` holds for its status.
+bool wait_running(Cluster& c, const std::string& job, int generation, PidLog& pids,
+                  const std::function<bool(const json&)>& pred, std::chrono::milliseconds limit = 120s) {
+  return c.wait_state(
+      job,
+      [&](const json& s) {
+        pids.add(s);
+        return s["state"] == "running" && (generation < 0 || s["generation"] == generation) && pred(s);
+      },
+      limit);
 }
 
-// Waits until the job has completed at least `steps` steps in its current generation.
-bool wait_steps(Cluster& c, const std::string& job, int64_t steps, PidLog& pids) {
-  return c.wait_state(job, [&](const json& s) {
-    pids.add(s);
-    return s["state"] == "running" && s["steps_done"].get<int64_t>() >= steps;
-  });
+// Waits until the job runs and has reported `steps` steps. steps_done counts the highest
+// step reported, by this generation or an earlier one.
+bool wait_steps(Cluster& c, const std::string& job, int64_t steps, PidLog& pids, int generation = -1) {
+  return wait_running(c, job, generation, pids,
+                      [&](const json& s) { return s["steps_done"].get<int64_t>() >= steps; });
+}
+
+// Cancels a running job and waits until it is cancelled and its workers are gone.
+void cancel(Cluster& c, const std::string& job, PidLog& pids) {
+  REQUIRE(c.call({{"op", "cancel"}, {"job", job}})["ok"] == true);
+  REQUIRE(wait_end(c, job, pids) == "cancelled");
+  CHECK(wait_until([&] { return pids.all_gone(); }, 15s));
+}
+
+// The losses of steps 0 .. steps-1 of an uninterrupted run of `spec` (an endless job):
+// it trains until it has reported them, then is cancelled.
+std::map<int64_t, double> reference(Cluster& c, const std::string& spec, int64_t steps) {
+  std::string job = c.call({{"op", "submit"}, {"spec", spec}})["job"];
+  PidLog pids;
+  REQUIRE(wait_steps(c, job, steps, pids));
+  std::string run_dir = c.status(job)["run_dir"];
+  cancel(c, job, pids);
+  auto curve = loss_curve(run_dir);
+  curve.erase(curve.lower_bound(steps), curve.end());
+  REQUIRE(curve.size() == static_cast<size_t>(steps));
+  return curve;
+}
+
+// The curve of a cancelled job: every step from 0 to its last, each once.
+std::map<int64_t, double> whole_curve(const std::string& run_dir) {
+  auto curve = loss_curve(run_dir);
+  REQUIRE(!curve.empty());
+  REQUIRE(curve.begin()->first == 0);
+  REQUIRE(curve.rbegin()->first + 1 == static_cast<int64_t>(curve.size()));
+  return curve;
+}
+
+// What a resized job keeps of the uninterrupted run, as docs/fault-tolerance.md ("What a
+// resize keeps of the loss curve") promises it: every loss before the first resize and in
+// the kSameSteps steps after it within kSameMargin of the uninterrupted run's; after that,
+// the mean loss of every whole window of kWindow steps within kWindowRel of its mean.
+//
+// The numbers. Each step trains on the same global batch at any size; only float
+// summation order changes, and training can amplify that. Measured on the tiny GPT of
+// these tests (OpenBLAS and oneDNN GEMMs; shrinks 2 -> 1 and grows 1 -> 2 after steps
+// 50 to 250, through the coordinator and through `troupe run --resume`): every loss stayed
+// within 7e-8 of the uninterrupted run, followed for up to 560 steps after the resize. On
+// another machine a shrink 2 -> 1 had drifted to 3e-2 by step 200 (about 1.5 % of the
+// loss there). So the exact comparison covers the first 20 steps, where an error of the resize
+// itself (a wrong checkpoint, step, batch or optimizer state) shows at once, and where a
+// difference growing geometrically from 1e-7 to 3e-2 within 100 steps would still be about
+// 1e-6, a hundredth of the bound. Later steps are held to window means within 3 %, twice
+// that worst drift even if it were the same sign at every step of a window.
+constexpr int64_t kSameSteps = 20;
+constexpr double kSameMargin = 1e-4;
+constexpr int64_t kWindow = 20;
+constexpr double kWindowRel = 0.03;
+
+// Checks `curve` against the uninterrupted `ref` (same steps) for a job whose first step at
+// a new size was `first`; returns the largest differences seen, for the log.
+struct Drift {
+  double same = 0;    // largest |loss - ref| up to first + kSameSteps
+  double window = 0;  // largest relative difference of window means after that
+  int windows = 0;
+};
+Drift check_resized_curve(const std::map<int64_t, double>& curve, const std::map<int64_t, double>& ref,
+                          int64_t first) {
+  REQUIRE(curve.size() == ref.size());
+  const int64_t end = static_cast<int64_t>(curve.size());
+  REQUIRE(end >= first + kSameSteps + kWindow);
+  Drift d;
+  for (int64_t s = 0; s < first + kSameSteps; ++s) {
+    INFO("step " << s << " (first step at the new size: " << first << ")");
+    CHECK(curve.at(s) == Approx(ref.at(s)).margin(kSameMargin));
+    d.same = std::max(d.same, std::abs(curve.at(s) - ref.at(s)));
+  }
+  for (int64_t w = first + kSameSteps; w + kWindow <= end; w += kWindow) {
+    double a = 0, b = 0;
+    for (int64_t s = w; s < w + kWindow; ++s) {
+      a += curve.at(s);
+      b += ref.at(s);
+    }
+    const double rel = std::abs(a - b) / b;
+    INFO("steps " << w << " .. " << w + kWindow - 1 << ": mean loss " << a / kWindow << ", uninterrupted "
+                  << b / kWindow);
+    CHECK(rel <= kWindowRel);
+    d.window = std::max(d.window, rel);
+    ++d.windows;
+  }
+  return d;
 }
 
 void check_no_tmp_loaded(const std::string& run_dir) {
@@ -50,30 +147,32 @@ void check_no_tmp_loaded(const std::string& run_dir) {
 
 }  // namespace
 
-TEST_CASE("a worker SIGKILLed at a random step: the job recovers and ends with the uninterrupted loss",
-          "[fault][multiprocess]") {
+TEST_CASE(
+    "a worker SIGKILLed at a random step: the job recovers and continues on the uninterrupted loss curve",
+    "[fault][multiprocess]") {
   Cluster c;
   REQUIRE(c.ready());
   c.add_agent("cpu:2");
   REQUIRE(c.wait_devices(2));
   const std::string extra = "fault:\n  max_restarts: 3\n";
-  auto ref = reference(c, fault_spec("ref", 2, 60, 5, extra));
-  REQUIRE(ref.size() == 60);
-
-  std::string job = c.call({{"op", "submit"}, {"spec", fault_spec("kill", 2, 60, 5, extra)}})["job"];
+  std::string job =
+      c.call({{"op", "submit"}, {"spec", fault_spec("kill", 2, kEndlessSteps, 5, extra)}})["job"];
   std::mt19937 rng(std::random_device{}());
   int at = std::uniform_int_distribution<int>(3, 40)(rng);
   int victim_rank = std::uniform_int_distribution<int>(0, 1)(rng);
   INFO("SIGKILL rank " << victim_rank << " after step " << at);
   PidLog pids;
-  REQUIRE(wait_steps(c, job, at, pids));
+  REQUIRE(wait_steps(c, job, at, pids, 0));
   int victim = worker_pids(c.status(job))[victim_rank];
   REQUIRE(::kill(victim, SIGKILL) == 0);
-  REQUIRE(wait_end(c, job, pids) == "succeeded");
+  // The relaunched generation trains on past the step the failure interrupted.
+  REQUIRE(wait_running(c, job, 1, pids, [](const json& s) {
+    return !s["failures"].empty() &&
+           s["steps_done"].get<int64_t>() >= s["failures"][0]["step"].get<int64_t>() + 10;
+  }));
 
   auto st = c.status(job);
   CHECK(st["restarts"] == 1);
-  CHECK(st["generation"] == 1);
   CHECK(st["layout"] == "2x1x1");
   REQUIRE(st["failures"].size() == 1);
   const auto& f = st["failures"][0];
@@ -83,15 +182,15 @@ TEST_CASE("a worker SIGKILLed at a random step: the job recovers and ends with t
   CHECK_FALSE(f["host"].get<std::string>().empty());
   std::string resumed = st["resume_from"];
   CHECK(resumed.find(".tmp") == std::string::npos);
-  auto curve = loss_curve(st["run_dir"]);
-  REQUIRE(curve.size() == 60);
-  CHECK(curve.rbegin()->second == Approx(ref.rbegin()->second).margin(1e-4));
+  const std::string run_dir = st["run_dir"];
+  cancel(c, job, pids);
+  auto curve = whole_curve(run_dir);
+  auto ref = reference(c, fault_spec("ref", 2, kEndlessSteps, 5, extra), curve.size());
   for (const auto& [s, loss] : ref) CHECK(curve[s] == Approx(loss).margin(1e-4));
-  std::string events = read_file(std::string(st["run_dir"]) + "/events.log");
+  std::string events = read_file(run_dir + "/events.log");
   CHECK(events.find("state recovering: worker_killed") != std::string::npos);
   CHECK(events.find("relaunch generation 1") != std::string::npos);
-  check_no_tmp_loaded(st["run_dir"]);
-  CHECK(wait_until([&] { return pids.all_gone(); }, 15s));
+  check_no_tmp_loaded(run_dir);
 }
 
 TEST_CASE("an agent SIGKILLed with its workers: the job continues on a smaller data dimension",
@@ -102,21 +201,36 @@ TEST_CASE("an agent SIGKILLed with its workers: the job continues on a smaller d
   Proc& second = c.add_agent("cpu:2");
   REQUIRE(c.wait_devices(4));
   std::string extra = "fault:\n  max_restarts: 2\nelastic:\n  min_devices: 2\n";
-  std::string job = c.call({{"op", "submit"}, {"spec", fault_spec("agentloss", 4, 60, 5, extra)}})["job"];
+  std::string job =
+      c.call({{"op", "submit"}, {"spec", fault_spec("agentloss", 4, kEndlessSteps, 5, extra)}})["job"];
   PidLog pids;
-  REQUIRE(wait_steps(c, job, 8, pids));
+  REQUIRE(wait_steps(c, job, 8, pids, 0));
   REQUIRE(c.status(job)["layout"] == "4x1x1");
   second.signal(SIGKILL);
-  REQUIRE(wait_end(c, job, pids) == "succeeded");
+  // The smaller generation trains long enough to compare its curve (check_resized_curve).
+  int64_t first = -1;
+  REQUIRE(wait_running(c, job, -1, pids, [&](const json& s) {
+    if (s["generation"] == 0 || s["layout"] != "2x1x1") return false;
+    first = resume_step(s);
+    return s["steps_done"].get<int64_t>() >= first + kSameSteps + kWindow;
+  }));
   auto st = c.status(job);
-  CHECK(st["layout"] == "2x1x1");
   CHECK(st["planned_layout"] == "4x1x1");
   REQUIRE(st["failures"].size() >= 1);
   CHECK(st["failures"][0]["cause"] == "agent_lost");
-  CHECK(st["steps_done"] == 60);
-  CHECK(loss_curve(st["run_dir"]).size() == 60);
-  check_no_tmp_loaded(st["run_dir"]);
-  CHECK(wait_until([&] { return pids.all_gone(); }, 15s));
+  const std::string run_dir = st["run_dir"];
+  cancel(c, job, pids);
+  auto curve = whole_curve(run_dir);
+  check_no_tmp_loaded(run_dir);
+
+  // The uninterrupted run needs the planned 4 devices again.
+  c.add_agent("cpu:2");
+  REQUIRE(c.wait_devices(4));
+  auto ref = reference(c, fault_spec("ref", 4, kEndlessSteps, 5, ""), curve.size());
+  Drift d = check_resized_curve(curve, ref, first);
+  WARN("4x1x1 -> 2x1x1 from step " << first << ": largest loss difference " << d.same << " up to step "
+                                   << first + kSameSteps << ", largest window-mean difference "
+                                   << 100 * d.window << " % over " << d.windows << " window(s)");
 }
 
 TEST_CASE("a SIGSTOPped worker is detected by heartbeat loss and reported with its rank and op",
@@ -125,10 +239,11 @@ TEST_CASE("a SIGSTOPped worker is detected by heartbeat loss and reported with i
   REQUIRE(c.ready());
   c.add_agent("cpu:2");
   REQUIRE(c.wait_devices(2));
-  std::string job = c.call(
-      {{"op", "submit"}, {"spec", fault_spec("hang", 2, 400, 20, "fault:\n  max_restarts: 1\n")}})["job"];
+  std::string job =
+      c.call({{"op", "submit"},
+              {"spec", fault_spec("hang", 2, kEndlessSteps, 20, "fault:\n  max_restarts: 1\n")}})["job"];
   PidLog pids;
-  REQUIRE(wait_steps(c, job, 5, pids));
+  REQUIRE(wait_steps(c, job, 5, pids, 0));
   // Let the coordinator learn where the ranks are before one of them stops.
   REQUIRE(
       c.wait_state(job, [](const json& s) { return !s["workers"][1]["where"].get<std::string>().empty(); }));
@@ -150,9 +265,7 @@ TEST_CASE("a SIGSTOPped worker is detected by heartbeat loss and reported with i
   CHECK(events.find("[rank was in: ") != std::string::npos);
   // The stopped process is SIGKILLed by its agent (a stopped process takes SIGKILL).
   CHECK(wait_until([&] { return !process_alive(victim); }, 15s));
-  c.call({{"op", "cancel"}, {"job", job}});
-  CHECK(wait_end(c, job, pids) == "cancelled");
-  CHECK(wait_until([&] { return pids.all_gone(); }, 15s));
+  cancel(c, job, pids);
 }
 
 TEST_CASE("a new agent mid-run makes the job grow, the loss curve stays the uninterrupted one",
@@ -162,34 +275,44 @@ TEST_CASE("a new agent mid-run makes the job grow, the loss curve stays the unin
   c.add_agent("cpu:1");
   REQUIRE(c.wait_devices(1));
   const std::string extra = "elastic:\n  min_devices: 1\n  max_devices: 2\n";
-  auto ref = reference(c, fault_spec("ref", 1, 150, 10, extra));
-  std::string job = c.call({{"op", "submit"}, {"spec", fault_spec("grow", 1, 150, 10, extra)}})["job"];
+  std::string job =
+      c.call({{"op", "submit"}, {"spec", fault_spec("grow", 1, kEndlessSteps, 10, extra)}})["job"];
   PidLog pids;
-  REQUIRE(wait_steps(c, job, 5, pids));
+  REQUIRE(wait_steps(c, job, 5, pids, 0));
   c.add_agent("cpu:1");
-  REQUIRE(wait_end(c, job, pids) == "succeeded");
+  int64_t first = -1;
+  REQUIRE(wait_running(c, job, 1, pids, [&](const json& s) {
+    first = resume_step(s);
+    return s["layout"] == "2x1x1" && s["steps_done"].get<int64_t>() >= first + kSameSteps + kWindow;
+  }));
   auto st = c.status(job);
-  CHECK(st["layout"] == "2x1x1");
   CHECK(st["restarts"] == 0);
-  CHECK(st["generation"] == 1);
-  auto curve = loss_curve(st["run_dir"]);
-  REQUIRE(curve.size() == ref.size());
-  for (const auto& [s, loss] : ref) CHECK(curve[s] == Approx(loss).margin(1e-4));
-  std::string events = read_file(std::string(st["run_dir"]) + "/events.log");
-  CHECK(events.find("resize to 2 devices after step") != std::string::npos);
-  check_no_tmp_loaded(st["run_dir"]);
-  CHECK(wait_until([&] { return pids.all_gone(); }, 15s));
+  CHECK(st["failures"].empty());
+  const std::string run_dir = st["run_dir"];
+  cancel(c, job, pids);
+  auto curve = whole_curve(run_dir);
+  std::string events = read_file(run_dir + "/events.log");
+  CHECK(events.find("resize to 2 devices after step " + std::to_string(first - 1)) != std::string::npos);
+  check_no_tmp_loaded(run_dir);
+
+  auto ref = reference(c, fault_spec("ref", 1, kEndlessSteps, 10, ""), curve.size());
+  Drift d = check_resized_curve(curve, ref, first);
+  WARN("1x1x1 -> 2x1x1 from step " << first << ": largest loss difference " << d.same << " up to step "
+                                   << first + kSameSteps << ", largest window-mean difference "
+                                   << 100 * d.window << " % over " << d.windows << " window(s)");
 }
 
-TEST_CASE("troupe scale shrinks and grows a running job", "[fault][elastic][multiprocess]") {
+TEST_CASE("troupe scale shrinks and grows a running job, the loss curve stays the uninterrupted one",
+          "[fault][elastic][multiprocess]") {
   Cluster c;
   REQUIRE(c.ready());
   c.add_agent("cpu:2");
   REQUIRE(c.wait_devices(2));
-  std::string job = c.call(
-      {{"op", "submit"}, {"spec", fault_spec("scale", 2, 400, 10, "elastic:\n  min_devices: 1\n")}})["job"];
+  std::string job =
+      c.call({{"op", "submit"},
+              {"spec", fault_spec("scale", 2, kEndlessSteps, 10, "elastic:\n  min_devices: 1\n")}})["job"];
   PidLog pids;
-  REQUIRE(wait_steps(c, job, 3, pids));
+  REQUIRE(wait_steps(c, job, 3, pids, 0));
   auto scale = [&](int n) {
     Proc p({troupe_binary(), "scale", job, "--devices", std::to_string(n), "--api", c.api()},
            c.dir() + "/scale" + std::to_string(n) + ".log");
@@ -199,24 +322,32 @@ TEST_CASE("troupe scale shrinks and grows a running job", "[fault][elastic][mult
   };
   CHECK(scale(3) == 1);  // 8 rows do not split over 3
   REQUIRE(scale(1) == 0);
-  REQUIRE(c.wait_state(job, [&](const json& s) {
-    pids.add(s);
-    return s["layout"] == "1x1x1" && s["state"] == "running" && s["steps_done"] > 0;
+  // Each size trains long enough for its part of the curve to be compared (check_resized_curve).
+  int64_t shrunk = -1, grown = -1;
+  REQUIRE(wait_running(c, job, 1, pids, [&](const json& s) {
+    shrunk = resume_step(s);
+    return s["layout"] == "1x1x1" && s["steps_done"].get<int64_t>() >= shrunk + kSameSteps + kWindow;
   }));
-  int64_t before = c.status(job)["steps_done"];
   REQUIRE(scale(2) == 0);
-  REQUIRE(c.wait_state(job, [&](const json& s) {
-    pids.add(s);
-    return s["layout"] == "2x1x1" && s["state"] == "running" && s["steps_done"] > before;
+  REQUIRE(wait_running(c, job, 2, pids, [&](const json& s) {
+    grown = resume_step(s);
+    return s["layout"] == "2x1x1" && s["steps_done"].get<int64_t>() >= grown + kSameSteps + kWindow;
   }));
+  CHECK(grown > shrunk);
   auto st = c.status(job);
-  CHECK(st["generation"] == 2);
   CHECK(st["restarts"] == 0);
   CHECK(st["failures"].empty());
-  c.call({{"op", "cancel"}, {"job", job}});
-  CHECK(wait_end(c, job, pids) == "cancelled");
-  check_no_tmp_loaded(st["run_dir"]);
-  CHECK(wait_until([&] { return pids.all_gone(); }, 15s));
+  const std::string run_dir = st["run_dir"];
+  cancel(c, job, pids);
+  auto curve = whole_curve(run_dir);
+  check_no_tmp_loaded(run_dir);
+
+  auto ref = reference(c, fault_spec("ref", 2, kEndlessSteps, 10, ""), curve.size());
+  Drift d = check_resized_curve(curve, ref, shrunk);
+  WARN("2x1x1 -> 1x1x1 from step " << shrunk << " -> 2x1x1 from step " << grown
+                                   << ": largest loss difference " << d.same << " up to step "
+                                   << shrunk + kSameSteps << ", largest window-mean difference "
+                                   << 100 * d.window << " % over " << d.windows << " window(s)");
 }
 
 TEST_CASE("more failures than fault.max_restarts fail the job with the last cause", "[fault][multiprocess]") {
@@ -226,7 +357,7 @@ TEST_CASE("more failures than fault.max_restarts fail the job with the last caus
   REQUIRE(c.wait_devices(1));
   std::string job =
       c.call({{"op", "submit"},
-              {"spec", fault_spec("doomed", 1, 100000, 50, "fault:\n  max_restarts: 1\n")}})["job"];
+              {"spec", fault_spec("doomed", 1, kEndlessSteps, 50, "fault:\n  max_restarts: 1\n")}})["job"];
   PidLog pids;
   for (int round = 0; round < 2; ++round) {
     REQUIRE(c.wait_state(job, [&](const json& s) {

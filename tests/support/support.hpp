@@ -1,16 +1,25 @@
-// Helpers shared by the test executables: a fresh temporary directory, and a shell
-// command (or the built `troupe` binary) run with its output and exit code captured.
+// Helpers shared by the test executables: a fresh temporary directory, a shell
+// command (or the built `troupe` binary) run with its output and exit code captured,
+// and the step count of a job that a test stops itself.
 #pragma once
 
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <stdexcept>
 #include <string>
 
 namespace troupe::testing {
+
+// train.steps of a job that must still run when the test acts on it (kills, scales,
+// interrupts or cancels it): no machine trains this many steps of a tiny model within a
+// test, so the job cannot end first however fast it runs. The test ends it itself.
+// A job that must end by itself has a bounded length instead, and nothing acts on it
+// from outside while it runs.
+inline constexpr int64_t kEndlessSteps = 1000000000;
 
 // An empty directory under the system temp dir, unique to this process: <tmp>/troupe_<name>_<pid>.
 inline std::string temp_dir(const std::string& name) {
