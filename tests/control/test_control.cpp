@@ -231,9 +231,10 @@ TEST_CASE("an agent or worker speaking another protocol version is refused, nami
 TEST_CASE("an API off loopback needs a token, and every request must carry it", "[control][api]") {
   char tmpl[] = "/tmp/troupe-token-XXXXXX";
   std::string dir = mkdtemp(tmpl);
+  troupe::actors::write_secret(dir + "/secret.pem");
   {
     Proc open({troupe_binary(), "coordinator", "--listen", "127.0.0.1:0", "--api", "tcp://0.0.0.0:0",
-               "--runs-dir", dir + "/runs"},
+               "--runs-dir", dir + "/runs", "--secret-file", dir + "/secret.pem"},
               dir + "/open.log");
     CHECK(open.wait(30s) == 2);
     CHECK(open.output().find("--api-token-file") != std::string::npos);

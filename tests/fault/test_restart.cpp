@@ -47,6 +47,7 @@ class Restartable {
   Restartable() {
     char tmpl[] = "/tmp/troupe-restart-XXXXXX";
     dir_ = mkdtemp(tmpl);
+    troupe::actors::write_secret(dir_ + "/secret.pem");
     auto p = free_ports(3);
     if (p.size() == 3) {
       listen_ = "127.0.0.1:" + std::to_string(p[0]);
@@ -70,7 +71,8 @@ class Restartable {
     coordinator_ = std::make_unique<Proc>(
         std::vector<std::string>{troupe_binary(), "coordinator", "--listen", listen_, "--api", api_,
                                  "--api-pub", pub_, "--runs-dir", dir_ + "/runs", "--state-dir",
-                                 dir_ + "/state", "--ready-file", dir_ + "/ready.json"},
+                                 dir_ + "/state", "--ready-file", dir_ + "/ready.json", "--secret-file",
+                                 dir_ + "/secret.pem"},
         dir_ + "/coordinator" + std::to_string(starts_) + ".log");
     ::unsetenv("TROUPE_CKPT_FAULT");
     if (!wait_until([&] { return std::filesystem::exists(dir_ + "/ready.json"); }, 30s)) return false;
@@ -79,7 +81,8 @@ class Restartable {
   Proc& coordinator() { return *coordinator_; }
   Proc& start_agent(const std::string& devices) {
     agent_ = std::make_unique<Proc>(
-        std::vector<std::string>{troupe_binary(), "agent", "--coordinator", listen_, "--devices", devices},
+        std::vector<std::string>{troupe_binary(), "agent", "--coordinator", listen_, "--devices", devices,
+                                 "--secret-file", dir_ + "/secret.pem"},
         dir_ + "/agent.log");
     return *agent_;
   }
