@@ -25,13 +25,17 @@ std::vector<std::string> expand_devices(const std::string& spec) {
   auto is_number = [](const std::string& s) {
     return !s.empty() && s.size() < 6 && s.find_first_not_of("0123456789") == std::string::npos;
   };
-  if (kind == "cuda" && rest == "all") {
-    // The driver lists one folder per GPU; no CUDA runtime is needed to count them.
+  // The driver lists one folder per GPU; no CUDA runtime is needed to count them.
+  auto count_gpus = [] {
     int n = 0;
     std::error_code ec;
     for (auto it = std::filesystem::directory_iterator("/proc/driver/nvidia/gpus", ec);
          !ec && it != std::filesystem::directory_iterator(); ++it)
       ++n;
+    return n;
+  };
+  if (kind == "cuda" && rest == "all") {
+    int n = count_gpus();
     TROUPE_CHECK(n > 0,
                  "--devices cuda:all: no NVIDIA GPU found (/proc/driver/nvidia/gpus is empty or missing)");
     for (int i = 0; i < n; ++i) out.push_back("cuda:" + std::to_string(i));
@@ -48,6 +52,12 @@ std::vector<std::string> expand_devices(const std::string& spec) {
     auto comma = rest.find(',', pos);
     std::string item = rest.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     TROUPE_CHECK(is_number(item), "bad device index '", item, "' in --devices '", spec, "'");
+    // A GPU that is not there is refused here, not offered and trained on the CPU later.
+    if (kind == "cuda") {
+      int n = count_gpus();
+      TROUPE_CHECK(std::stoi(item) < n, "--devices ", spec, ": no GPU cuda:", item, " on this host (",
+                   n, " NVIDIA GPU(s) in /proc/driver/nvidia/gpus)");
+    }
     out.push_back(kind + ":" + std::to_string(std::stoi(item)));
     if (comma == std::string::npos) break;
     pos = comma + 1;

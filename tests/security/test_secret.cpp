@@ -1,0 +1,149 @@
+// The cluster secret as a user meets it: `troupe secret init`, the checks every
+// node makes before it starts, and an agent that starts before its coordinator.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+
+#include <catch2/catch.hpp>
+
+#include "actors/secret.hpp"
+#include "tests/control/cluster.hpp"
+#include "tests/support/support.hpp"
+
+using namespace troupe;
+using namespace troupe::test;
+using namespace std::chrono_literals;
+using nlohmann::json;
+using troupe::testing::run_troupe;
+
+namespace {
+
+// A port that was free a moment ago (bound to 0, read back, closed).
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+}  // namespace
+
+TEST_CASE("secret: init writes a private secret and never overwrites one", "[security][cli]") {
+  const std::string dir = troupe::testing::temp_dir("secret_init");
+  const std::string f = dir + "/cluster.pem";
+  auto r = run_troupe("secret init " + f);
+  CHECK(r.code == 0);
+  struct stat st {};
+  REQUIRE(::stat(f.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  CHECK_NOTHROW(actors::check_secret(f));
+  const std::string first = read_file(f);
+  r = run_troupe("secret init " + f);
+  CHECK(r.code == 2);
+  CHECK(r.out.find("never overwritten") != std::string::npos);
+  CHECK(read_file(f) == first);
+  // Two secrets differ.
+  run_troupe("secret init " + dir + "/other.pem");
+  CHECK(read_file(dir + "/other.pem") != first);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("secret: a coordinator or agent without a good secret refuses to start, saying how to fix it",
+          "[security][cli]") {
+  const std::string dir = troupe::testing::temp_dir("secret_bad");
+  const std::string base = " --listen 127.0.0.1:0 --api tcp://127.0.0.1:0 --runs-dir " + dir + "/runs";
+  auto r = run_troupe("coordinator" + base, "env -u TROUPE_SECRET_FILE");
+  CHECK(r.code == 2);
+  CHECK(r.out.find("troupe secret init") != std::string::npos);
+
+  const std::string open = dir + "/open.pem";
+  actors::write_secret(open);
+  ::chmod(open.c_str(), 0644);
+  r = run_troupe("coordinator" + base + " --secret-file " + open);
+  CHECK(r.code == 2);
+  CHECK(r.out.find("chmod 600") != std::string::npos);
+
+  const std::string junk = dir + "/junk.pem";
+  std::ofstream(junk) << "not a secret\n";
+  ::chmod(junk.c_str(), 0600);
+  r = run_troupe("coordinator" + base + " --secret-file " + junk);
+  CHECK(r.code == 2);
+  CHECK(r.out.find("no PEM certificate") != std::string::npos);
+
+  r = run_troupe("coordinator" + base + " --secret-file " + dir + "/missing.pem");
+  CHECK(r.code == 2);
+  CHECK(r.out.find("missing.pem") != std::string::npos);
+
+  r = run_troupe("agent --coordinator 127.0.0.1:1 --devices cpu:1", "env -u TROUPE_SECRET_FILE");
+  CHECK(r.code == 2);
+  CHECK(r.out.find("troupe secret init") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("secret: TROUPE_SECRET_FILE stands in for --secret-file", "[security][multiprocess]") {
+  const std::string dir = troupe::testing::temp_dir("secret_env");
+  const std::string s = dir + "/s.pem";
+  actors::write_secret(s);
+  ::setenv(actors::kSecretEnv, s.c_str(), 1);
+  Proc coordinator({troupe_binary(), "coordinator", "--listen", "127.0.0.1:0", "--api", "tcp://127.0.0.1:0",
+                    "--runs-dir", dir + "/runs", "--ready-file", dir + "/ready.json"},
+                   dir + "/coordinator.log");
+  ::unsetenv(actors::kSecretEnv);
+  CHECK(wait_until([&] { return std::filesystem::exists(dir + "/ready.json"); }, 30s));
+  INFO(coordinator.output());
+  CHECK(coordinator.wait(0ms) == -1);
+  coordinator.signal(SIGTERM);
+  CHECK(coordinator.wait(30s) == 0);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("secret: an agent started before its coordinator keeps trying and registers once it listens",
+          "[security][multiprocess]") {
+  const std::string dir = troupe::testing::temp_dir("secret_early");
+  const std::string s = dir + "/s.pem";
+  actors::write_secret(s);
+  const std::string listen = "127.0.0.1:" + std::to_string(free_port());
+  Proc agent({troupe_binary(), "agent", "--coordinator", listen, "--devices", "cpu:1", "--secret-file", s,
+              "--reconnect-timeout", "120"},
+             dir + "/agent.log");
+  // Observable state, not a delay: the agent has failed to connect at least once.
+  REQUIRE(wait_until([&] { return agent.output().find("retrying for up to") != std::string::npos; }, 60s));
+  CHECK(agent.wait(0ms) == -1);
+  Proc coordinator({troupe_binary(), "coordinator", "--listen", listen, "--api", "tcp://127.0.0.1:0",
+                    "--runs-dir", dir + "/runs", "--ready-file", dir + "/ready.json", "--secret-file", s},
+                   dir + "/coordinator.log");
+  REQUIRE(wait_until([&] { return std::filesystem::exists(dir + "/ready.json"); }, 30s));
+  const std::string api = json::parse(read_file(dir + "/ready.json"))["api"];
+  coord::ClientOptions o;
+  o.endpoint = api;
+  INFO(agent.output());
+  CHECK(wait_until(
+      [&] {
+        auto r = coord::api_call(o, {{"op", "list"}});
+        return r.value("ok", false) && r["devices"]["cpu"]["total"] == 1;
+      },
+      60s));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("devices: an agent offers only GPUs that exist", "[security][cli]") {
+  if (std::filesystem::exists("/proc/driver/nvidia/gpus")) {
+    WARN("skipped: this host has NVIDIA GPUs");
+    return;
+  }
+  const std::string dir = troupe::testing::temp_dir("devices");
+  const std::string s = dir + "/s.pem";
+  actors::write_secret(s);
+  for (const char* d : {"cuda:0", "cuda:all", "cuda:0,1"}) {
+    auto r = run_troupe(std::string("agent --coordinator 127.0.0.1:1 --secret-file ") + s + " --devices " + d);
+    INFO(d << ": " << r.out);
+    CHECK(r.code == 2);
+    CHECK(r.out.find("GPU") != std::string::npos);
+  }
+  std::filesystem::remove_all(dir);
+}
