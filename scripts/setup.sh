@@ -50,12 +50,12 @@ cmake --build "$root/build" -j "$jobs"
 if [ "$mode" = test ]; then
   echo "== running the test suite"
   (cd "$root/build" && ctest --output-on-failure -j "$jobs" --timeout 600)
-  # The spec parser's mutation fuzz test also runs under AddressSanitizer and UBSan.
-  echo "== spec fuzz test under ASan+UBSan (build-asan/)"
+  # The fuzz tests (spec parser, control-plane handlers, API) also run under AddressSanitizer and UBSan.
+  echo "== fuzz tests under ASan+UBSan (build-asan/)"
   cmake -S "$root" -B "$root/build-asan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTROUPE_SANITIZE=ON \
     -DTROUPE_CUDA=OFF -DTROUPE_BUILD_BENCH=OFF >"$root/build-asan-configure.log" 2>&1 \
     || { cat "$root/build-asan-configure.log"; exit 1; }
-  cmake --build "$root/build-asan" -j "$jobs" --target test_core
+  cmake --build "$root/build-asan" -j "$jobs" --target test_core test_control_fuzz
   (cd "$root/build-asan" && ctest --output-on-failure -R 'fuzz' --timeout 600)
 fi
 echo "== done"
