@@ -28,6 +28,13 @@ class CheckpointError : public Error {
   using Error::Error;
 };
 
+// A checkpoint could not be written because its file system is full (ENOSPC,
+// EDQUOT). Retrying the same steps would fill the same disk: a job fails at once.
+class DiskFullError : public CheckpointError {
+ public:
+  using CheckpointError::CheckpointError;
+};
+
 struct FileRecord {
   std::string name;  // relative to the checkpoint directory
   uint64_t size = 0;

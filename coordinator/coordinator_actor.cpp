@@ -133,6 +133,20 @@ std::string new_launch_token() {
 constexpr auto kTick = std::chrono::milliseconds(100);
 constexpr uint64_t kWhereEveryTicks = 5;
 
+// A full disk: the step_N.tmp directories the ranks began are removed (never a committed step_N).
+void remove_partial_checkpoints(const std::string& root, RunDir& rd) {
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator(root, ec); !ec && it != std::filesystem::directory_iterator();
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind("step_", 0) != 0 || name.size() < 9 || name.compare(name.size() - 4, 4, ".tmp") != 0) continue;
+    std::error_code rm;
+    std::filesystem::remove_all(it->path(), rm);
+    rd.event("removed the partial checkpoint " + it->path().string() +
+             (rm ? " (failed: " + rm.message() + ")" : ""));
+  }
+}
+
 void record_event(self_ptr self, nlohmann::json e) {
   auto& s = self->state;
   e["time"] = utc_timestamp();
@@ -165,6 +179,8 @@ void record_event(self_ptr self, nlohmann::json e) {
         rd.event("failure " + e.value("cause", "") + " in generation " +
                  std::to_string(e.value("generation", 0)) + ": " + e.value("message", "") +
                  (where.empty() ? "" : " [rank was in: " + where + "]"));
+        if (e.value("cause", "") == "disk_full")
+          if (const Job* j = s.st->job(job)) remove_partial_checkpoints(s.st->checkpoint_root(*j), rd);
       } else if (kind == "relaunch") {
         std::string from = e.value("resume_from", "");
         rd.event("relaunch generation " + std::to_string(e.value("generation", 0)) + " as " +

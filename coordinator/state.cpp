@@ -199,6 +199,7 @@ void CoordinatorState::launch(Job& job, const std::vector<DeviceRef>& devices, A
     if (const Agent* a = registry_.agent(devices[r].agent_id)) job.ranks[r].host = a->host;
   }
   job.metrics = std::make_unique<MetricsAggregator>(job.layout.world(), job.generation, job.layout.str());
+  job.stepped = false;
   std::string placed;
   for (size_t r = 0; r < devices.size(); ++r)
     placed += (r ? ", " : "") + std::to_string(r) + "=" + job.ranks[r].host + "/" + devices[r].device;
@@ -336,6 +337,7 @@ void CoordinatorState::step(const std::string& job_id, int generation, const Ste
   auto line = j->metrics->add(sample);
   if (!line) return;
   j->last_step = sample.step;
+  j->stepped = true;
   j->last_loss = (*line)["loss"].get<double>();
   double now = now_ms();
   if (j->first_step_ms == 0) j->first_step_ms = now;
@@ -357,8 +359,8 @@ void CoordinatorState::worker_done(const std::string& job_id, int generation, in
   if (!ok) {
     std::string name = error_name.empty() ? "worker_failed" : error_name;
     std::string what = "rank " + std::to_string(rank) + ": " + message;
-    // A spec the engine refuses fails the same way on every relaunch.
-    if (name == "invalid_spec")
+    // A spec the engine refuses, or a full checkpoint disk, fails the same way on every relaunch.
+    if (name == "invalid_spec" || name == "disk_full")
       fail(*j, name, what, out);
     else
       on_failure(*j, name, what, rank, out);
@@ -465,10 +467,34 @@ void CoordinatorState::on_failure(Job& job, const std::string& name, const std::
     if (!job.ranks[r].where.empty()) where[std::to_string(r)] = job.ranks[r].where;
   f["ranks_where"] = where;
   f["time_ms"] = now_ms();
+  f["before_first_step"] = !job.stepped;
+  // The same failure, word for word, before the first step of two generations in a row
+  // is a setup error that a relaunch repeats (a missing file, a bad path): no more restarts.
+  bool repeated = false;
+  if (!job.stepped && !job.failures.empty()) {
+    const auto& prev = job.failures.back();
+    // Whichever rank reports first, the failure is the same: compare without "rank N: ".
+    auto text = [](const std::string& m) {
+      size_t colon = m.find(": ");
+      bool ranked = m.rfind("rank ", 0) == 0 && colon != std::string::npos && colon > 5 &&
+                    m.find_first_not_of("0123456789", 5) == colon;
+      return ranked ? m.substr(colon + 2) : m;
+    };
+    repeated = prev.value("before_first_step", false) && prev.value("cause", "") == name &&
+               text(prev.value("message", "")) == text(message) &&
+               prev.value("generation", -1) == job.generation - 1;
+  }
   job.failures.push_back(f);
   if (job.failures.size() > 32) job.failures.erase(job.failures.begin());
   out->events.push_back(f);
 
+  if (repeated) {
+    fail(job, name,
+         message + " (the same failure ended generation " + std::to_string(job.generation - 1) +
+             " before its first step: a setup error that a restart repeats, so the job is not restarted again)",
+         out);
+    return;
+  }
   if (job.restarts >= job.request.max_restarts) {
     std::string limit =
         job.request.max_restarts == 0

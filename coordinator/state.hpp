@@ -77,6 +77,7 @@ struct Job {
   std::vector<double> step_ms;           // recent step times (the watchdog's median)
   std::vector<nlohmann::json> failures;  // every failure: generation, rank, host, pid, cause, where
   int64_t drain_step = -1;               // a resize waits for the checkpoint after this step
+  bool stepped = false;                  // the current generation completed a step
 };
 
 // Side effects for the actor shell, in order.

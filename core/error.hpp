@@ -17,6 +17,16 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A system call on a file failed; code() is its errno (ENOSPC: the disk is full).
+class IoError : public Error {
+ public:
+  IoError(const std::string& what, int code) : Error(what), code_(code) {}
+  int code() const { return code_; }
+
+ private:
+  int code_;
+};
+
 namespace detail {
 template <class... Args>
 std::string concat(const Args&... args) {

@@ -26,7 +26,10 @@ void write_all(int fd, const void* data, size_t n, const std::string& path) {
   while (n > 0) {
     ssize_t w = ::write(fd, p, n);
     if (w < 0 && errno == EINTR) continue;
-    TROUPE_CHECK(w > 0, "write to ", path, " failed: ", std::strerror(errno));
+    if (w <= 0) {
+      const int err = w < 0 ? errno : ENOSPC;  // a write of 0 bytes to a regular file: no room
+      throw IoError("write to " + path + " failed: " + std::strerror(err), err);
+    }
     p += w;
     n -= static_cast<size_t>(w);
   }
@@ -111,12 +114,18 @@ uint64_t write(const std::string& path, const std::vector<WriteEntry>& entries, 
       size_t n = static_cast<size_t>(shape_numel(e.shape)) * dtype_size(e.dtype);
       write_all(fd, e.data, n, path);
     }
-    if (options.fsync) TROUPE_CHECK(::fsync(fd) == 0, "fsync ", path, ": ", std::strerror(errno));
+    if (options.fsync && ::fsync(fd) != 0) throw IoError("fsync " + path + ": " + std::strerror(errno), errno);
   } catch (...) {
+    // No half-written file stays behind (a full disk keeps whatever room is left).
     ::close(fd);
+    ::unlink(path.c_str());
     throw;
   }
-  TROUPE_CHECK(::close(fd) == 0, "close ", path, ": ", std::strerror(errno));
+  if (::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(path.c_str());
+    throw IoError("close " + path + ": " + std::strerror(err), err);
+  }
   return 8 + hlen + offset;
 }
 

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <deque>
 #include <exception>
+#include <cerrno>
 #include <filesystem>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -649,7 +650,19 @@ struct Engine::Impl {
       entries.push_back({s.names[k], DType::f32, s.shapes[k], s.buffers[k].data()});
     safetensors::WriteOptions wo;
     wo.fsync = true;
-    const uint64_t size = safetensors::write(path, entries, s.meta, wo);
+    uint64_t size = 0;
+    try {
+      size = safetensors::write(path, entries, s.meta, wo);
+    } catch (const IoError& e) {
+      if (e.code() != ENOSPC && e.code() != EDQUOT) throw;
+      // The partial file is gone (safetensors::write); so is step_N.tmp once no rank has a file in it.
+      std::error_code ec;
+      std::filesystem::remove(tmp, ec);
+      throw checkpoint::DiskFullError(std::string(e.what()) + " (checkpoint of step " + std::to_string(s.step) +
+                                      "; the partial file was removed, earlier checkpoints are intact): free "
+                                      "space under " +
+                                      s.root + " or set checkpoint.dir elsewhere");
+    }
     checkpoint::fault_point("write", s.step, asg.rank, asg.generation, path);
     checkpoint::ShardReport rep;
     rep.root = s.root;

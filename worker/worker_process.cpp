@@ -188,6 +188,9 @@ WorkerResult train(const Assignment& a, const coordinator_actor& coord, const wo
   } catch (const SpecError& e) {
     res.error_name = "invalid_spec";
     res.message = e.what();
+  } catch (const checkpoint::DiskFullError& e) {
+    res.error_name = "disk_full";
+    res.message = e.what();
   } catch (const comm::CommError& e) {
     // peer_lost, timed_out, ...: the data plane's own name for what went wrong.
     res.error_name = std::string("comm_") + comm::to_string(e.code());
