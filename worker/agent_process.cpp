@@ -110,6 +110,17 @@ Session serve(const AgentOptions& o, const std::vector<std::string>& devices,
     out.registered = true;
   };
   auto agent = spawn_agent(sys, *coord, aopt);
+  // An agent actor that fails (an exception in a handler) ends the session with the
+  // cause instead of leaving a process that serves nothing. A normal quit has
+  // called on_stop already and touches nothing here.
+  caf::actor_cast<caf::abstract_actor*>(agent)->attach_functor([&, render = &sys](const caf::error& reason) {
+    if (!reason || reason == caf::exit_reason::normal) return;
+    std::lock_guard<std::mutex> lock(mu);
+    if (stopped.load()) return;
+    out.code = 1;
+    out.why = "the agent actor failed: " + render->render(reason);
+    stopped.store(true);
+  });
   out.end = SessionEnd::stopped;
   std::cout << "troupe agent: " << (again ? "reconnected, offering" : "offering");
   for (const auto& d : devices) std::cout << " " << d;
