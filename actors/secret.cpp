@@ -65,10 +65,11 @@ void write_secret(const std::string& path, int valid_days) {
   X509_gmtime_adj(X509_getm_notAfter(cert.get()), 86400L * valid_days);
   X509_set_pubkey(cert.get(), key.get());
   X509_NAME* name = X509_get_subject_name(cert.get());
-  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC, reinterpret_cast<const unsigned char*>("troupe cluster"),
-                             -1, -1, 0);
+  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC,
+                             reinterpret_cast<const unsigned char*>("troupe cluster"), -1, -1, 0);
   X509_set_issuer_name(cert.get(), name);
-  TROUPE_CHECK(X509_sign(cert.get(), key.get(), EVP_sha256()) > 0, "cannot sign the certificate: ", ssl_error());
+  TROUPE_CHECK(X509_sign(cert.get(), key.get(), EVP_sha256()) > 0,
+               "cannot sign the certificate: ", ssl_error());
 
   Bio mem(BIO_new(BIO_s_mem()));
   TROUPE_CHECK(PEM_write_bio_X509(mem.get(), cert.get()) == 1 &&
@@ -94,8 +95,8 @@ void check_secret(const std::string& path) {
   TROUPE_CHECK(!path.empty(), "no cluster secret given: pass --secret-file FILE or set ", kSecretEnv, " (",
                kFix, ")");
   struct stat st {};
-  TROUPE_CHECK(::stat(path.c_str(), &st) == 0, "cannot read the secret file ", path, ": ", std::strerror(errno),
-               " (", kFix, ")");
+  TROUPE_CHECK(::stat(path.c_str(), &st) == 0, "cannot read the secret file ", path, ": ",
+               std::strerror(errno), " (", kFix, ")");
   TROUPE_CHECK(S_ISREG(st.st_mode), "the secret file ", path, " is not a regular file");
   TROUPE_CHECK((st.st_mode & 077) == 0, "the secret file ", path, " is readable by other users (mode ",
                std::to_string((st.st_mode >> 6) & 7), std::to_string((st.st_mode >> 3) & 7),
@@ -110,7 +111,8 @@ void check_secret(const std::string& path) {
   Key key(PEM_read_bio_PrivateKey(in.get(), nullptr, nullptr, nullptr));
   ERR_clear_error();
   TROUPE_CHECK(cert != nullptr, "the secret file ", path, " holds no PEM certificate (", kFix, ")");
-  TROUPE_CHECK(key != nullptr, "the secret file ", path, " holds no unencrypted PEM private key (", kFix, ")");
+  TROUPE_CHECK(key != nullptr, "the secret file ", path, " holds no unencrypted PEM private key (", kFix,
+               ")");
   TROUPE_CHECK(X509_check_private_key(cert.get(), key.get()) == 1, "the secret file ", path,
                ": its private key does not belong to its certificate (", kFix, ")");
   TROUPE_CHECK(X509_cmp_current_time(X509_get0_notAfter(cert.get())) > 0, "the secret file ", path,
@@ -122,8 +124,8 @@ void check_secret(const std::string& path) {
 EphemeralSecret::EphemeralSecret() {
   const char* tmp = std::getenv("TMPDIR");
   std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/troupe-secret-XXXXXX";
-  TROUPE_CHECK(::mkdtemp(tmpl.data()) != nullptr, "cannot make a private directory for the run's secret: ",
-               std::strerror(errno));
+  TROUPE_CHECK(::mkdtemp(tmpl.data()) != nullptr,
+               "cannot make a private directory for the run's secret: ", std::strerror(errno));
   dir_ = tmpl;
   path_ = dir_ + "/secret.pem";
   write_secret(path_, 30);

@@ -18,12 +18,12 @@
 // take precedence over libssl's for libcaf_openssl and clear it, then call
 // libssl.
 extern "C" {
-#define TROUPE_SSL_CLEAN_CALL(ret, name, params, args)                                  \
-  ret name params {                                                                     \
-    ERR_clear_error();                                                                  \
-    using Fn = ret(*) params;                                                           \
-    static Fn real = reinterpret_cast<Fn>(dlsym(RTLD_NEXT, #name));                     \
-    return real args;                                                                   \
+#define TROUPE_SSL_CLEAN_CALL(ret, name, params, args)              \
+  ret name params {                                                 \
+    ERR_clear_error();                                              \
+    using Fn = ret(*) params;                                       \
+    static Fn real = reinterpret_cast<Fn>(dlsym(RTLD_NEXT, #name)); \
+    return real args;                                               \
   }
 TROUPE_SSL_CLEAN_CALL(int, SSL_read, (SSL * s, void* buf, int n), (s, buf, n))
 TROUPE_SSL_CLEAN_CALL(int, SSL_write, (SSL * s, const void* buf, int n), (s, buf, n))

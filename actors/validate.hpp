@@ -15,14 +15,14 @@
 namespace troupe::actors {
 
 // Caps (bytes or entries).
-constexpr size_t kMaxId = 128;             // job ids, agent ids, launch tokens, error names
-constexpr size_t kMaxHost = 255;           // a DNS name
-constexpr size_t kMaxDevices = 4096;       // devices one agent offers
-constexpr size_t kMaxText = 64 << 10;      // a failure message, a "where" answer (cut, not refused)
-constexpr size_t kMaxStoreKey = 1024;      // rendezvous group or key
-constexpr size_t kMaxStoreValue = 1 << 20; // a rendezvous value (gloo addresses are ~100 bytes)
-constexpr size_t kMaxCkptFiles = 1 << 16;  // files of one rank's checkpoint shard
-constexpr size_t kMaxManifest = 16 << 20;  // a manifest without its file list
+constexpr size_t kMaxId = 128;              // job ids, agent ids, launch tokens, error names
+constexpr size_t kMaxHost = 255;            // a DNS name
+constexpr size_t kMaxDevices = 4096;        // devices one agent offers
+constexpr size_t kMaxText = 64 << 10;       // a failure message, a "where" answer (cut, not refused)
+constexpr size_t kMaxStoreKey = 1024;       // rendezvous group or key
+constexpr size_t kMaxStoreValue = 1 << 20;  // a rendezvous value (gloo addresses are ~100 bytes)
+constexpr size_t kMaxCkptFiles = 1 << 16;   // files of one rank's checkpoint shard
+constexpr size_t kMaxManifest = 16 << 20;   // a manifest without its file list
 constexpr int32_t kMaxRanks = 1 << 20;
 
 // "" when s is 1..max bytes of [A-Za-z0-9._:-], else why not ("<what> ...").

@@ -19,8 +19,9 @@ void add_coordinator_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--api-pub", o.api_pub, "ZeroMQ PUB endpoint for events (default: the API's port + 1)");
   cmd->add_option("--api-token-file", o.api_token_file,
                   "File whose first line every API request must carry as \"token\" (required off loopback)");
-  cmd->add_option("--secret-file", o.secret_file,
-                  "The cluster secret (`troupe secret init FILE`): agents and workers must hold the same file")
+  cmd->add_option(
+         "--secret-file", o.secret_file,
+         "The cluster secret (`troupe secret init FILE`): agents and workers must hold the same file")
       ->envname(actors::kSecretEnv);
   cmd->add_option("--runs-dir", o.runs_dir, "Root of the run directories")->capture_default_str();
   cmd->add_option("--state-dir", o.state_dir,

@@ -15,7 +15,9 @@ void add_secret_command(CLI::App& app, int* exit_code) {
   static std::string path;
   static int days = 3650;
   init->add_option("FILE", path, "Where to write it; copy it to every host of the cluster")->required();
-  init->add_option("--days", days, "How long it stays valid")->capture_default_str()->check(CLI::Range(1, 36500));
+  init->add_option("--days", days, "How long it stays valid")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 36500));
   init->callback([exit_code] {
     try {
       actors::write_secret(path, days);

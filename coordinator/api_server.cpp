@@ -92,7 +92,8 @@ void ApiServer::publish(std::string event_json) {
 std::string ApiServer::answer(const std::string& payload) {
   // Checked before parsing: nothing of an ill-formed request is echoed back.
   if (auto bad = invalid_utf8_at(payload); bad != std::string::npos)
-    return json_text(api_error("bad_request", "the request is not valid UTF-8 (byte " + std::to_string(bad) + ")"));
+    return json_text(
+        api_error("bad_request", "the request is not valid UTF-8 (byte " + std::to_string(bad) + ")"));
   nlohmann::json req;
   try {
     req = nlohmann::json::parse(payload);
@@ -102,13 +103,15 @@ std::string ApiServer::answer(const std::string& payload) {
   if (!req.is_object()) return json_text(api_error("bad_request", "a request is a JSON object"));
   if (!opt_.token.empty()) {
     auto t = req.find("token");
-    if (t == req.end() || !t->is_string() || !constant_time_equal(t->get_ref<const std::string&>(), opt_.token))
+    if (t == req.end() || !t->is_string() ||
+        !constant_time_equal(t->get_ref<const std::string&>(), opt_.token))
       return json_text(api_error("unauthorized", "this API requires a valid \"token\" field"));
   }
   auto op = req.find("op");
   if (op == req.end() || !op->is_string())
     return json_text(api_error("bad_request", "missing string field 'op'"));
-  if (*op == "info") return json_text(nlohmann::json{{"ok", true}, {"api", endpoint_}, {"pub", pub_endpoint_}});
+  if (*op == "info")
+    return json_text(nlohmann::json{{"ok", true}, {"api", endpoint_}, {"pub", pub_endpoint_}});
   return handler_(payload);
 }
 

@@ -127,7 +127,6 @@ std::string new_launch_token() {
   return out;
 }
 
-
 // The recovery clock and the step watchdog run every kTick; ranks are asked
 // "where are you" every kWhereEveryTicks ticks.
 constexpr auto kTick = std::chrono::milliseconds(100);
@@ -136,10 +135,11 @@ constexpr uint64_t kWhereEveryTicks = 5;
 // A full disk: the step_N.tmp directories the ranks began are removed (never a committed step_N).
 void remove_partial_checkpoints(const std::string& root, RunDir& rd) {
   std::error_code ec;
-  for (auto it = std::filesystem::directory_iterator(root, ec); !ec && it != std::filesystem::directory_iterator();
-       it.increment(ec)) {
+  for (auto it = std::filesystem::directory_iterator(root, ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    if (name.rfind("step_", 0) != 0 || name.size() < 9 || name.compare(name.size() - 4, 4, ".tmp") != 0) continue;
+    if (name.rfind("step_", 0) != 0 || name.size() < 9 || name.compare(name.size() - 4, 4, ".tmp") != 0)
+      continue;
     std::error_code rm;
     std::filesystem::remove_all(it->path(), rm);
     rd.event("removed the partial checkpoint " + it->path().string() +
@@ -451,8 +451,7 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
         }
         try {
           Actions a;
-          auto w =
-              s.st->register_worker(h.protocol, h.job_id, h.generation, h.rank, h.host, h.pid, &a);
+          auto w = s.st->register_worker(h.protocol, h.job_id, h.generation, h.rank, h.host, h.pid, &a);
           out.refused = w.refused;
           if (w.refused.empty()) {
             s.launch_tokens.erase(tok);
@@ -491,8 +490,9 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
       [=](worker_exit_atom, const WorkerExit& x) {
         if (auto why = check(x); !why.empty()) return refuse(self, "a worker exit report", why);
         if (!from_launching_agent(self, x.job_id, x.generation, x.rank))
-          return refuse(self, "a worker exit report",
-                        "not from the agent that launched job " + x.job_id + " rank " + std::to_string(x.rank));
+          return refuse(
+              self, "a worker exit report",
+              "not from the agent that launched job " + x.job_id + " rank " + std::to_string(x.rank));
         try {
           Actions a;
           self->state.st->worker_exited(x.job_id, x.generation, x.rank, x.pid, x.exit_code, x.signal, &a);
@@ -528,7 +528,8 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
         }
         if (!from_worker(self, r.job_id, r.generation, r.rank)) {
           if (self->state.st->current(r.job_id, r.generation))
-            refuse(self, "a worker result", "not from the process registered as rank " + std::to_string(r.rank));
+            refuse(self, "a worker result",
+                   "not from the process registered as rank " + std::to_string(r.rank));
           return false;
         }
         try {
@@ -554,7 +555,8 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
                      std::filesystem::path(s.st->checkpoint_root(*j)).lexically_normal()) {
             why = "checkpoint root " + r.root + " is not the job's (" + s.st->checkpoint_root(*j) + ")";
           } else if (r.world != j->layout.world()) {
-            why = "world " + std::to_string(r.world) + " is not the job's " + std::to_string(j->layout.world());
+            why =
+                "world " + std::to_string(r.world) + " is not the job's " + std::to_string(j->layout.world());
           } else {
             r.keep = j->request.checkpoint_keep;
           }
@@ -623,7 +625,8 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
           return json_text(api_error("unauthorized", "API requests go to the ZeroMQ endpoint"));
         }
         if (auto bad = invalid_utf8_at(text); bad != std::string::npos)
-          return json_text(api_error("bad_request", "the request is not valid UTF-8 (byte " + std::to_string(bad) + ")"));
+          return json_text(
+              api_error("bad_request", "the request is not valid UTF-8 (byte " + std::to_string(bad) + ")"));
         nlohmann::json req;
         try {
           req = nlohmann::json::parse(text);

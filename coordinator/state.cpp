@@ -491,7 +491,8 @@ void CoordinatorState::on_failure(Job& job, const std::string& name, const std::
   if (repeated) {
     fail(job, name,
          message + " (the same failure ended generation " + std::to_string(job.generation - 1) +
-             " before its first step: a setup error that a restart repeats, so the job is not restarted again)",
+             " before its first step: a setup error that a restart repeats, so the job is not restarted "
+             "again)",
          out);
     return;
   }

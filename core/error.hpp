@@ -41,8 +41,9 @@ std::string concat(const Args&... args) {
 
 // TROUPE_CHECK(cond, "message parts", value, ...) throws troupe::Error with
 // "file:line: check failed: cond: message" when cond is false.
-#define TROUPE_CHECK(cond, ...)                                                                  \
-  do {                                                                                           \
-    if (!(cond)) ::troupe::detail::check_failed(__FILE__, __LINE__, #cond,                        \
-                                                ::troupe::detail::concat("", ##__VA_ARGS__)); \
+#define TROUPE_CHECK(cond, ...)                                                    \
+  do {                                                                             \
+    if (!(cond))                                                                   \
+      ::troupe::detail::check_failed(__FILE__, __LINE__, #cond,                    \
+                                     ::troupe::detail::concat("", ##__VA_ARGS__)); \
   } while (0)

@@ -114,7 +114,8 @@ uint64_t write(const std::string& path, const std::vector<WriteEntry>& entries, 
       size_t n = static_cast<size_t>(shape_numel(e.shape)) * dtype_size(e.dtype);
       write_all(fd, e.data, n, path);
     }
-    if (options.fsync && ::fsync(fd) != 0) throw IoError("fsync " + path + ": " + std::strerror(errno), errno);
+    if (options.fsync && ::fsync(fd) != 0)
+      throw IoError("fsync " + path + ": " + std::strerror(errno), errno);
   } catch (...) {
     // No half-written file stays behind (a full disk keeps whatever room is left).
     ::close(fd);

@@ -19,13 +19,17 @@ size_t sequence_at(std::string_view s, size_t i) {
   if (c >= 0xE0 && c <= 0xEF) {
     if (left < 2) return 0;
     const unsigned char c1 = b(1);
-    const bool ok1 = c == 0xE0 ? (c1 >= 0xA0 && c1 <= 0xBF) : c == 0xED ? (c1 >= 0x80 && c1 <= 0x9F) : cont(1);
+    const bool ok1 = c == 0xE0   ? (c1 >= 0xA0 && c1 <= 0xBF)
+                     : c == 0xED ? (c1 >= 0x80 && c1 <= 0x9F)
+                                 : cont(1);
     return ok1 && cont(2) ? 3 : 0;
   }
   if (c >= 0xF0 && c <= 0xF4) {
     if (left < 2) return 0;
     const unsigned char c1 = b(1);
-    const bool ok1 = c == 0xF0 ? (c1 >= 0x90 && c1 <= 0xBF) : c == 0xF4 ? (c1 >= 0x80 && c1 <= 0x8F) : cont(1);
+    const bool ok1 = c == 0xF0   ? (c1 >= 0x90 && c1 <= 0xBF)
+                     : c == 0xF4 ? (c1 >= 0x80 && c1 <= 0x8F)
+                                 : cont(1);
     return ok1 && cont(2) && cont(3) ? 4 : 0;
   }
   return 0;

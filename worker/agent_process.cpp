@@ -55,8 +55,8 @@ std::vector<std::string> expand_devices(const std::string& spec) {
     // A GPU that is not there is refused here, not offered and trained on the CPU later.
     if (kind == "cuda") {
       int n = count_gpus();
-      TROUPE_CHECK(std::stoi(item) < n, "--devices ", spec, ": no GPU cuda:", item, " on this host (",
-                   n, " NVIDIA GPU(s) in /proc/driver/nvidia/gpus)");
+      TROUPE_CHECK(std::stoi(item) < n, "--devices ", spec, ": no GPU cuda:", item, " on this host (", n,
+                   " NVIDIA GPU(s) in /proc/driver/nvidia/gpus)");
     }
     out.push_back(kind + ":" + std::to_string(std::stoi(item)));
     if (comma == std::string::npos) break;

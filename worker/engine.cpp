@@ -1,13 +1,13 @@
 #include "worker/engine.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstdlib>
 #include <deque>
 #include <exception>
-#include <cerrno>
 #include <filesystem>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -658,7 +658,8 @@ struct Engine::Impl {
       // The partial file is gone (safetensors::write); so is step_N.tmp once no rank has a file in it.
       std::error_code ec;
       std::filesystem::remove(tmp, ec);
-      throw checkpoint::DiskFullError(std::string(e.what()) + " (checkpoint of step " + std::to_string(s.step) +
+      throw checkpoint::DiskFullError(std::string(e.what()) + " (checkpoint of step " +
+                                      std::to_string(s.step) +
                                       "; the partial file was removed, earlier checkpoints are intact): free "
                                       "space under " +
                                       s.root + " or set checkpoint.dir elsewhere");

@@ -11,11 +11,11 @@
 #include <thread>
 
 #include "actors/protocol.hpp"
+#include "actors/secret.hpp"
 #include "actors/system.hpp"
 #include "comm/error.hpp"
 #include "core/error.hpp"
 #include "core/spec.hpp"
-#include "actors/secret.hpp"
 #include "worker/agent.hpp"
 #include "worker/coordinator_store.hpp"
 #include "worker/engine.hpp"

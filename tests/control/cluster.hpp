@@ -116,9 +116,9 @@ class Cluster {
     char tmpl[] = "/tmp/troupe-control-XXXXXX";
     dir_ = mkdtemp(tmpl);
     actors::write_secret(secret());
-    std::vector<std::string> args = {troupe_binary(), "coordinator",  "--listen",      "127.0.0.1:0",
-                                     "--api",         api,            "--runs-dir",    dir_ + "/runs",
-                                     "--ready-file",  dir_ + "/ready.json", "--secret-file", secret()};
+    std::vector<std::string> args = {
+        troupe_binary(), "coordinator",  "--listen",     "127.0.0.1:0",        "--api",         api,
+        "--runs-dir",    dir_ + "/runs", "--ready-file", dir_ + "/ready.json", "--secret-file", secret()};
     for (auto& a : coordinator_extra) args.push_back(a);
     coordinator_ = std::make_unique<Proc>(args, dir_ + "/coordinator.log");
     wait_until([&] { return std::filesystem::exists(dir_ + "/ready.json"); }, std::chrono::seconds(30));
@@ -142,8 +142,8 @@ class Cluster {
   Proc& coordinator() { return *coordinator_; }
 
   Proc& add_agent(const std::string& devices, std::vector<std::string> extra = {}) {
-    std::vector<std::string> args = {troupe_binary(), "agent",     "--coordinator",   listen(),
-                                     "--devices",     devices,     "--secret-file", secret()};
+    std::vector<std::string> args = {troupe_binary(), "agent", "--coordinator", listen(),
+                                     "--devices",     devices, "--secret-file", secret()};
     for (auto& a : extra) args.push_back(a);
     agents_.push_back(
         std::make_unique<Proc>(args, dir_ + "/agent" + std::to_string(agents_.size()) + ".log"));

@@ -19,10 +19,10 @@ TEST_CASE("utf8: well-formed text passes, every ill-formed kind is found at its 
     std::string bytes;
     size_t at;
   };
-  for (const Bad& b : {Bad{"\xff", 0}, Bad{"ok\x80", 2}, Bad{"\xc0\xaf", 0}, Bad{"\xc1\xbf", 0},
-                       Bad{"\xe0\x80\xaf", 0}, Bad{"\xed\xa0\x80", 0}, Bad{"\xf0\x80\x80\xaf", 0},
-                       Bad{"\xf4\x90\x80\x80", 0}, Bad{"\xf5\x80\x80\x80", 0}, Bad{"ab\xe2\x82", 2},
-                       Bad{"\xc3", 0}, Bad{"x\xf0\x9f\x98", 1}}) {
+  for (const Bad& b :
+       {Bad{"\xff", 0}, Bad{"ok\x80", 2}, Bad{"\xc0\xaf", 0}, Bad{"\xc1\xbf", 0}, Bad{"\xe0\x80\xaf", 0},
+        Bad{"\xed\xa0\x80", 0}, Bad{"\xf0\x80\x80\xaf", 0}, Bad{"\xf4\x90\x80\x80", 0},
+        Bad{"\xf5\x80\x80\x80", 0}, Bad{"ab\xe2\x82", 2}, Bad{"\xc3", 0}, Bad{"x\xf0\x9f\x98", 1}}) {
     INFO("bytes " << nlohmann::json(sanitize_utf8(b.bytes)).dump());
     CHECK(invalid_utf8_at(b.bytes) == b.at);
   }
@@ -31,7 +31,10 @@ TEST_CASE("utf8: well-formed text passes, every ill-formed kind is found at its 
 TEST_CASE("utf8: repair replaces each bad byte, keeps the good ones, cuts between characters",
           "[core][text]") {
   CHECK(sanitize_utf8("evil\xff") == "evil\xef\xbf\xbd");
-  CHECK(sanitize_utf8("a\xc3\xa9" "b") == "a\xc3\xa9" "b");
+  CHECK(sanitize_utf8("a\xc3\xa9"
+                      "b") ==
+        "a\xc3\xa9"
+        "b");
   CHECK(valid_utf8(sanitize_utf8("\xed\xa0\x80\xc0\xaf\xf4\x90")));
   CHECK(sanitize_utf8("\xc3\xa9\xc3\xa9", 3) == "\xc3\xa9");  // never half a character
   CHECK(sanitize_utf8(std::string(100, 'x'), 10).size() == 10);

@@ -2,10 +2,9 @@
 // instead of burning fault.max_restarts on the same error.
 #include <sys/mount.h>
 
+#include <catch2/catch.hpp>
 #include <cerrno>
 #include <cstring>
-
-#include <catch2/catch.hpp>
 
 #include "checkpoint/checkpoint.hpp"
 #include "tests/fault/fault.hpp"
@@ -66,7 +65,8 @@ TEST_CASE("a checkpoint disk that fills up fails the job at once, says so, and l
     c.add_agent("cpu:1");
     REQUIRE(c.wait_devices(1));
     // Each checkpoint of the tiny model takes 2.6 MB and all are kept: the third does not fit.
-    std::string spec = fault_spec("full", 1, troupe::testing::kEndlessSteps, 5, "fault:\n  max_restarts: 5\n");
+    std::string spec =
+        fault_spec("full", 1, troupe::testing::kEndlessSteps, 5, "fault:\n  max_restarts: 5\n");
     auto keep = spec.find("  keep: 3");
     REQUIRE(keep != std::string::npos);
     spec.replace(keep, 9, "  keep: 1000\n  dir: " + mnt + "/ckpt");

@@ -49,42 +49,65 @@ struct Gen {
   }
   std::string str() {
     switch (u(10)) {
-      case 0: return "";
-      case 1: return bytes(u(16));
-      case 2: return std::string(70000 + u(1000), 'x');
-      case 3: return "../../../../etc/passwd";
-      case 4: return "evil\xff";
-      case 5: return "\xed\xa0\x80";
-      case 6: return ids.empty() ? "job" : ids[u(ids.size())];
-      case 7: return "cpu:" + std::to_string(u(4));
-      case 8: return "/tmp";
-      default: return "w" + std::to_string(u(100));
+      case 0:
+        return "";
+      case 1:
+        return bytes(u(16));
+      case 2:
+        return std::string(70000 + u(1000), 'x');
+      case 3:
+        return "../../../../etc/passwd";
+      case 4:
+        return "evil\xff";
+      case 5:
+        return "\xed\xa0\x80";
+      case 6:
+        return ids.empty() ? "job" : ids[u(ids.size())];
+      case 7:
+        return "cpu:" + std::to_string(u(4));
+      case 8:
+        return "/tmp";
+      default:
+        return "w" + std::to_string(u(100));
     }
   }
   int32_t i32() {
     switch (u(5)) {
-      case 0: return -1;
-      case 1: return static_cast<int32_t>(rng());
-      case 2: return std::numeric_limits<int32_t>::max();
-      default: return static_cast<int32_t>(u(4));
+      case 0:
+        return -1;
+      case 1:
+        return static_cast<int32_t>(rng());
+      case 2:
+        return std::numeric_limits<int32_t>::max();
+      default:
+        return static_cast<int32_t>(u(4));
     }
   }
   int64_t i64() { return u(3) == 0 ? static_cast<int64_t>(rng()) : static_cast<int64_t>(u(50)); }
   double real() {
     switch (u(5)) {
-      case 0: return std::numeric_limits<double>::quiet_NaN();
-      case 1: return std::numeric_limits<double>::infinity();
-      case 2: return -1e308;
-      default: return static_cast<double>(u(1000)) / 7.0;
+      case 0:
+        return std::numeric_limits<double>::quiet_NaN();
+      case 1:
+        return std::numeric_limits<double>::infinity();
+      case 2:
+        return -1e308;
+      default:
+        return static_cast<double>(u(1000)) / 7.0;
     }
   }
   json value(int depth = 0) {
     switch (u(depth > 2 ? 5 : 7)) {
-      case 0: return nullptr;
-      case 1: return static_cast<int64_t>(rng());
-      case 2: return real() == real() ? json(real()) : json(1.5);
-      case 3: return str();
-      case 4: return u(2) == 1;
+      case 0:
+        return nullptr;
+      case 1:
+        return static_cast<int64_t>(rng());
+      case 2:
+        return real() == real() ? json(real()) : json(1.5);
+      case 3:
+        return str();
+      case 4:
+        return u(2) == 1;
       case 5: {
         json a = json::array();
         for (size_t i = u(4); i > 0; --i) a.push_back(value(depth + 1));
@@ -157,7 +180,8 @@ TEST_CASE("fuzz: every control-plane message type with random fields, the coordi
             .receive([&](const Assignment&) { ++answered; }, failed);
         break;
       case 2:
-        self->send(c, worker_exit_atom::value, WorkerExit{g.str(), g.i32(), g.i32(), g.i32(), g.i32(), g.i32()});
+        self->send(c, worker_exit_atom::value,
+                   WorkerExit{g.str(), g.i32(), g.i32(), g.i32(), g.i32(), g.i32()});
         break;
       case 3:
         self->send(c, step_atom::value,
@@ -172,7 +196,8 @@ TEST_CASE("fuzz: every control-plane message type with random fields, the coordi
       case 5: {
         CkptShard m{g.str(), g.i32(), g.i32(), g.i32(), g.i64(), g.str(), g.i32(), g.str(), {}};
         for (size_t k = g.u(3); k > 0; --k) m.files.push_back({g.str(), g.rng(), g.str()});
-        self->request(c, 5s, ckpt_shard_atom::value, m).receive([&](const CkptCommitted&) { ++answered; }, failed);
+        self->request(c, 5s, ckpt_shard_atom::value, m)
+            .receive([&](const CkptCommitted&) { ++answered; }, failed);
         break;
       }
       case 6:
@@ -205,7 +230,8 @@ TEST_CASE("fuzz: every control-plane message type with random fields, the coordi
   auto list = json::parse(api(R"({"op":"list"})"), nullptr, false);
   REQUIRE(list.is_object());
   CHECK(list["ok"] == true);
-  for (const auto& id : g.ids) CHECK(json::parse(api(json{{"op", "status"}, {"job", id}}.dump()))["ok"] == true);
+  for (const auto& id : g.ids)
+    CHECK(json::parse(api(json{{"op", "status"}, {"job", id}}.dump()))["ok"] == true);
   CHECK(answered > 0);
   caf::anon_send_exit(c, caf::exit_reason::user_shutdown);
   std::filesystem::remove_all(dir);
@@ -238,12 +264,18 @@ TEST_CASE("fuzz: the ZeroMQ API answers random and mutated requests with a JSON 
     if (g.u(3)) r["token"] = g.u(4) ? json("tok") : g.value();
     std::string text = json_text(r);
     switch (g.u(4)) {
-      case 0: text = g.bytes(g.u(200)); break;
-      case 1:
-        for (size_t k = g.u(4) + 1; k > 0 && !text.empty(); --k) text[g.u(text.size())] = static_cast<char>(g.rng());
+      case 0:
+        text = g.bytes(g.u(200));
         break;
-      case 2: text = text.substr(0, g.u(text.size() + 1)); break;
-      default: break;
+      case 1:
+        for (size_t k = g.u(4) + 1; k > 0 && !text.empty(); --k)
+          text[g.u(text.size())] = static_cast<char>(g.rng());
+        break;
+      case 2:
+        text = text.substr(0, g.u(text.size() + 1));
+        break;
+      default:
+        break;
     }
     sock.send(zmq::buffer(text), zmq::send_flags::none);
     zmq::message_t m;

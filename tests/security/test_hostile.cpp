@@ -92,8 +92,9 @@ TEST_CASE("hostile: an API request that is not UTF-8 gets bad_request, the coord
           "[security][api][multiprocess]") {
   Cluster c;
   REQUIRE(c.ready());
-  for (std::string bad : {std::string("{\"op\":\"\xff\"}"), std::string("{\"op\":\"list\",\"token\":\"\xc0\xaf\"}"),
-                          std::string("\xed\xa0\x80"), std::string("{\"op\":\"submit\",\"spec\":\"\xf4\x90\x80\x80\"}")}) {
+  for (std::string bad :
+       {std::string("{\"op\":\"\xff\"}"), std::string("{\"op\":\"list\",\"token\":\"\xc0\xaf\"}"),
+        std::string("\xed\xa0\x80"), std::string("{\"op\":\"submit\",\"spec\":\"\xf4\x90\x80\x80\"}")}) {
     INFO("request bytes: " << json(sanitize_utf8(bad)).dump());
     auto reply = json::parse(zmq_exchange(c.api(), bad), nullptr, false);
     REQUIRE(reply.is_object());
@@ -138,8 +139,7 @@ TEST_CASE("hostile: BASP headers that claim 4 GiB payloads cost no memory and no
   Busy b;
   const long before = peak_rss_kib(b.c.coordinator_pid());
   REQUIRE(before > 0);
-  for (uint8_t op : {1, 4, 5, 1})
-    CHECK(send_raw(b.c.listen(), basp_header(op, 0xFFFFFFFFu)));
+  for (uint8_t op : {1, 4, 5, 1}) CHECK(send_raw(b.c.listen(), basp_header(op, 0xFFFFFFFFu)));
   // Slow senders too: a header in pieces, then silence.
   CHECK(send_raw(b.c.listen(), basp_header(1, 0xFFFFFFFFu).substr(0, 7)));
   const long after = peak_rss_kib(b.c.coordinator_pid());
@@ -171,8 +171,8 @@ TEST_CASE("hostile: an insider with the secret cannot speak for what it is not",
   self->send(*coord, step_atom::value, fake);
   // A fake exit report or failure costs no restart.
   self->send(*coord, worker_exit_atom::value, WorkerExit{job, 0, 0, 4242, 1, 0});
-  auto refused_result =
-      insider.ask<bool>(*coord, worker_done_atom::value, WorkerResult{job, 0, 0, false, "engine_error", "fake"});
+  auto refused_result = insider.ask<bool>(*coord, worker_done_atom::value,
+                                          WorkerResult{job, 0, 0, false, "engine_error", "fake"});
   REQUIRE(refused_result);
   CHECK(*refused_result == false);
 
@@ -189,7 +189,8 @@ TEST_CASE("hostile: an insider with the secret cannot speak for what it is not",
 
   // A checkpoint report that points elsewhere deletes nothing there.
   const std::string victim = b.c.dir() + "/victim";
-  for (int i = 1; i <= 3; ++i) std::filesystem::create_directories(victim + "/step_00000" + std::to_string(i));
+  for (int i = 1; i <= 3; ++i)
+    std::filesystem::create_directories(victim + "/step_00000" + std::to_string(i));
   CkptShard shard{job, 0, 0, 1, 3, victim, 1, "{}", {}};
   auto committed = insider.ask<CkptCommitted>(*coord, ckpt_shard_atom::value, shard);
   REQUIRE(committed);
@@ -204,7 +205,8 @@ TEST_CASE("hostile: an insider with the secret cannot speak for what it is not",
   CHECK(!committed->ok);
 
   // The rendezvous store serves the job's ranks only.
-  auto sv = insider.ask<StoreValue>(*coord, store_set_atom::value, StoreKey{job, 0, "g", "k"}, std::string("v"));
+  auto sv =
+      insider.ask<StoreValue>(*coord, store_set_atom::value, StoreKey{job, 0, "g", "k"}, std::string("v"));
   REQUIRE(sv);
   CHECK(!sv->found);
   CHECK(sv->error.find("not a registered rank") != std::string::npos);

@@ -140,7 +140,8 @@ TEST_CASE("devices: an agent offers only GPUs that exist", "[security][cli]") {
   const std::string s = dir + "/s.pem";
   actors::write_secret(s);
   for (const char* d : {"cuda:0", "cuda:all", "cuda:0,1"}) {
-    auto r = run_troupe(std::string("agent --coordinator 127.0.0.1:1 --secret-file ") + s + " --devices " + d);
+    auto r =
+        run_troupe(std::string("agent --coordinator 127.0.0.1:1 --secret-file ") + s + " --devices " + d);
     INFO(d << ": " << r.out);
     CHECK(r.code == 2);
     CHECK(r.out.find("GPU") != std::string::npos);
