@@ -6,8 +6,9 @@
 //   {"op":"list"}                                         ->
 //   {"ok":true,"jobs":[...],"agents":[...],"devices":{...}}
 //   {"op":"cancel","job":"<id>"}                          -> {"ok":true,"job":"<id>","state":"cancelled"}
-//   {"op":"scale","job":"<id>","devices":N}               -> {"ok":false,"error":"not_supported",...}
-// Failures: {"ok":false,"error":"<name>","message":"..."}.
+//   {"op":"scale","job":"<id>","devices":N}               -> {"ok":true,"job":"<id>","devices":N,"after_step":S,...}
+// Failures: {"ok":false,"error":"<name>","message":"..."}. The ZeroMQ server
+// refuses bytes that are not UTF-8 before they reach here (bad_request).
 #pragma once
 
 #include <nlohmann/json.hpp>
