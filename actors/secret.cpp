@@ -13,7 +13,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
+#include <sstream>
 
 #include "core/error.hpp"
 
@@ -119,6 +121,25 @@ void check_secret(const std::string& path) {
                " has expired: make a new one with `troupe secret init FILE`");
   TROUPE_CHECK(X509_cmp_current_time(X509_get0_notBefore(cert.get())) < 0, "the secret file ", path,
                " is not valid yet (is this host's clock right?)");
+}
+
+std::string api_token(const std::string& secret_path) {
+  std::ifstream in(secret_path, std::ios::binary);
+  TROUPE_CHECK(in.good(), "cannot read the secret file ", secret_path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = "troupe api token 1\n" + ss.str();
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  TROUPE_CHECK(EVP_Digest(text.data(), text.size(), md, &n, EVP_sha256(), nullptr) == 1,
+               "cannot hash the secret: ", ssl_error());
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned int i = 0; i < n; ++i) {
+    out += hex[md[i] >> 4];
+    out += hex[md[i] & 15];
+  }
+  return out;
 }
 
 EphemeralSecret::EphemeralSecret() {

@@ -22,6 +22,12 @@ void write_secret(const std::string& path, int valid_days = 3650);
 // wrong and how to fix it.
 void check_secret(const std::string& path);
 
+// The client API's token when no --api-token-file is given: a one-way hash of the
+// secret file (SHA-256, hex), so that every holder of the secret can use the API
+// and the token, which travels in the clear, reveals nothing of the key.
+// Throws troupe::Error when the file cannot be read.
+std::string api_token(const std::string& secret_path);
+
 // A temporary secret for one `troupe run`: created in a fresh private
 // directory under $TMPDIR (or /tmp) and removed with it on destruction.
 class EphemeralSecret {

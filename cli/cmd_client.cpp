@@ -4,6 +4,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "actors/secret.hpp"
 #include "cli/commands.hpp"
 #include "coordinator/client.hpp"
 #include "coordinator/server.hpp"
@@ -16,19 +17,27 @@ namespace {
 struct ClientFlags {
   std::string api = "tcp://127.0.0.1:5555";
   std::string token_file;
+  std::string secret_file;
   bool json = false;
 };
 
 void add_flags(CLI::App* cmd, ClientFlags* f) {
   cmd->add_option("--api", f->api, "The coordinator's API endpoint")->capture_default_str();
-  cmd->add_option("--api-token-file", f->token_file, "Token file, when the API requires one");
+  cmd->add_option("--secret-file", f->secret_file,
+                  "The cluster secret: requests carry the API token derived from it")
+      ->envname(actors::kSecretEnv);
+  cmd->add_option("--api-token-file", f->token_file,
+                  "Token file, when the coordinator was started with --api-token-file");
   cmd->add_flag("--json", f->json, "Print the raw JSON reply");
 }
 
 coord::ClientOptions options(const ClientFlags& f) {
   coord::ClientOptions o;
   o.endpoint = f.api;
-  if (!f.token_file.empty()) o.token = coord::read_token_file(f.token_file);
+  if (!f.token_file.empty())
+    o.token = coord::read_token_file(f.token_file);
+  else if (!f.secret_file.empty())
+    o.token = actors::api_token(f.secret_file);
   return o;
 }
 

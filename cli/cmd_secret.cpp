@@ -18,6 +18,21 @@ void add_secret_command(CLI::App& app, int* exit_code) {
   init->add_option("--days", days, "How long it stays valid")
       ->capture_default_str()
       ->check(CLI::Range(1, 36500));
+  auto* tok = cmd->add_subcommand(
+      "api-token",
+      "Print the API token that holders of the secret FILE send (for clients in other languages)");
+  static std::string tok_path;
+  tok->add_option("FILE", tok_path, "The cluster secret")->required();
+  tok->callback([exit_code] {
+    try {
+      actors::check_secret(tok_path);
+      std::cout << actors::api_token(tok_path) << std::endl;
+      *exit_code = kOk;
+    } catch (const Error& e) {
+      std::cerr << "troupe secret: " << e.what() << "\n";
+      *exit_code = kUsage;
+    }
+  });
   init->callback([exit_code] {
     try {
       actors::write_secret(path, days);

@@ -105,7 +105,10 @@ std::string ApiServer::answer(const std::string& payload) {
     auto t = req.find("token");
     if (t == req.end() || !t->is_string() ||
         !constant_time_equal(t->get_ref<const std::string&>(), opt_.token))
-      return json_text(api_error("unauthorized", "this API requires a valid \"token\" field"));
+      return json_text(
+          api_error("unauthorized",
+                    "this API requires a valid \"token\" field (troupe clients: --secret-file with "
+                    "the cluster secret, or --api-token-file; others: `troupe secret api-token FILE`)"));
   }
   auto op = req.find("op");
   if (op == req.end() || !op->is_string())

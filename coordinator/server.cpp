@@ -41,8 +41,10 @@ int run_coordinator(const CoordinatorOptions& o) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
   actors::check_secret(o.secret_file);
-  std::string token;
-  if (!o.api_token_file.empty()) token = read_token_file(o.api_token_file);
+  // Every API request carries a token, on loopback too (login nodes are shared):
+  // the token file's, or the one every holder of the cluster secret can derive.
+  const std::string token =
+      o.api_token_file.empty() ? actors::api_token(o.secret_file) : read_token_file(o.api_token_file);
   auto [host, port] = actors::parse_host_port(o.listen);
 
   size_t loaded_jobs = 0;

@@ -10,7 +10,7 @@ struct CoordinatorOptions {
   std::string listen = "127.0.0.1:0";        // actor port for agents and workers; 0 = ephemeral
   std::string api = "tcp://127.0.0.1:5555";  // ROUTER; port 0 = ephemeral
   std::string api_pub;                       // PUB; "" = next port
-  std::string api_token_file;                // required when the API binds a non-loopback address
+  std::string api_token_file;                // "" = the token derived from the secret (actors::api_token)
   std::string secret_file;                   // the cluster secret (actors/secret.hpp); required
   std::string runs_dir = "runs";
   std::string state_dir;   // "" = the job table is not persisted; else saved and reloaded here

@@ -159,10 +159,13 @@ class Cluster {
         std::chrono::seconds(30));
   }
 
+  // The API token holders of the cluster secret derive.
+  std::string token() const { return actors::api_token(secret()); }
+  // One API request, with `token` ("" = the secret's).
   nlohmann::json call(nlohmann::json req, const std::string& token = "") {
     coord::ClientOptions o;
     o.endpoint = api();
-    o.token = token;
+    o.token = token.empty() ? this->token() : token;
     return coord::api_call(o, std::move(req));
   }
   nlohmann::json status(const std::string& job) { return call({{"op", "status"}, {"job", job}})["job"]; }

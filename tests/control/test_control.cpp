@@ -150,6 +150,11 @@ std::optional<std::string> raw_request(const std::string& endpoint, const std::s
   return m.to_string();
 }
 
+// A JSON object text with the cluster's API token added as its first field.
+std::string tokened(const Cluster& c, const std::string& object) {
+  return "{\"token\":\"" + c.token() + "\"," + object.substr(1);
+}
+
 std::string error_of(const std::optional<std::string>& reply) {
   if (!reply) return "<no reply>";
   auto j = json::parse(*reply, nullptr, false);
@@ -164,15 +169,18 @@ TEST_CASE("malformed API traffic gets an error reply or is dropped, and the coor
   REQUIRE(c.ready());
   CHECK(error_of(raw_request(c.api(), "this is not json")) == "bad_json");
   CHECK(error_of(raw_request(c.api(), "[1,2,3]")) == "bad_request");
-  CHECK(error_of(raw_request(c.api(), R"({"no_op":1})")) == "bad_request");
-  CHECK(error_of(raw_request(c.api(), R"({"op":42})")) == "bad_request");
-  CHECK(error_of(raw_request(c.api(), R"({"op":"frobnicate"})")) == "unknown_op");
-  CHECK(error_of(raw_request(c.api(), R"({"op":"status","job":5})")) == "bad_request");
-  CHECK(error_of(raw_request(c.api(), R"({"op":"status"})")) == "bad_request");
-  CHECK(error_of(raw_request(c.api(), R"({"op":"status","job":"nope"})")) == "unknown_job");
-  CHECK(error_of(raw_request(c.api(), R"({"op":"submit","spec":17})")) == "bad_request");
-  CHECK(error_of(raw_request(c.api(), R"({"op":"scale","job":"x","devices":4})")) == "unknown_job");
-  CHECK(error_of(raw_request(c.api(), R"({"op":"scale","job":"x","devices":"4"})")) == "bad_request");
+  CHECK(error_of(raw_request(c.api(), R"({"op":"list"})")) == "unauthorized");
+  CHECK(error_of(raw_request(c.api(), tokened(c, R"({"no_op":1})"))) == "bad_request");
+  CHECK(error_of(raw_request(c.api(), tokened(c, R"({"op":42})"))) == "bad_request");
+  CHECK(error_of(raw_request(c.api(), tokened(c, R"({"op":"frobnicate"})"))) == "unknown_op");
+  CHECK(error_of(raw_request(c.api(), tokened(c, R"({"op":"status","job":5})"))) == "bad_request");
+  CHECK(error_of(raw_request(c.api(), tokened(c, R"({"op":"status"})"))) == "bad_request");
+  CHECK(error_of(raw_request(c.api(), tokened(c, R"({"op":"status","job":"nope"})"))) == "unknown_job");
+  CHECK(error_of(raw_request(c.api(), tokened(c, R"({"op":"submit","spec":17})"))) == "bad_request");
+  CHECK(error_of(raw_request(c.api(), tokened(c, R"({"op":"scale","job":"x","devices":4})"))) ==
+        "unknown_job");
+  CHECK(error_of(raw_request(c.api(), tokened(c, R"({"op":"scale","job":"x","devices":"4"})"))) ==
+        "bad_request");
   auto invalid = c.call({{"op", "submit"}, {"spec", "name: x\nmodel: [oops\n"}, {"filename", "bad.yaml"}});
   CHECK(invalid["error"] == "invalid_spec");
   CHECK(invalid["message"].get<std::string>().find("bad.yaml:") != std::string::npos);
@@ -185,7 +193,7 @@ TEST_CASE("malformed API traffic gets an error reply or is dropped, and the coor
     zmq::socket_t s{ctx, zmq::socket_type::dealer};
     s.set(zmq::sockopt::linger, 0);
     s.connect(c.api());
-    s.send(zmq::buffer(std::string(R"({"op":"list"})")), zmq::send_flags::none);
+    s.send(zmq::buffer(tokened(c, R"({"op":"list"})")), zmq::send_flags::none);
   }
   // A REQ client (empty delimiter frame) is answered as well.
   {
@@ -193,7 +201,7 @@ TEST_CASE("malformed API traffic gets an error reply or is dropped, and the coor
     zmq::socket_t s{ctx, zmq::socket_type::req};
     s.set(zmq::sockopt::linger, 0);
     s.connect(c.api());
-    s.send(zmq::buffer(std::string(R"({"op":"list"})")), zmq::send_flags::none);
+    s.send(zmq::buffer(tokened(c, R"({"op":"list"})")), zmq::send_flags::none);
     zmq::pollitem_t items[] = {{s.handle(), 0, ZMQ_POLLIN, 0}};
     zmq::poll(items, 1, 5s);
     REQUIRE((items[0].revents & ZMQ_POLLIN));
@@ -228,16 +236,18 @@ TEST_CASE("an agent or worker speaking another protocol version is refused, nami
             "the worker speaks protocol 98, the coordinator speaks protocol " + ours) != std::string::npos);
 }
 
-TEST_CASE("an API off loopback needs a token, and every request must carry it", "[control][api]") {
+TEST_CASE("every API request must carry the token: the secret's, or the token file's", "[control][api]") {
   char tmpl[] = "/tmp/troupe-token-XXXXXX";
   std::string dir = mkdtemp(tmpl);
-  troupe::actors::write_secret(dir + "/secret.pem");
+  // Without a token file the token is the secret's (Cluster::token()), off loopback as on it.
   {
-    Proc open({troupe_binary(), "coordinator", "--listen", "127.0.0.1:0", "--api", "tcp://0.0.0.0:0",
-               "--runs-dir", dir + "/runs", "--secret-file", dir + "/secret.pem"},
-              dir + "/open.log");
-    CHECK(open.wait(30s) == 2);
-    CHECK(open.output().find("--api-token-file") != std::string::npos);
+    Cluster open({}, "tcp://0.0.0.0:0");
+    REQUIRE(open.ready());
+    troupe::coord::ClientOptions o;
+    o.endpoint = "tcp://127.0.0.1:" + open.api().substr(open.api().rfind(':') + 1);
+    CHECK(troupe::coord::api_call(o, {{"op", "list"}})["error"] == "unauthorized");
+    o.token = open.token();
+    CHECK(troupe::coord::api_call(o, {{"op", "list"}})["ok"] == true);
   }
   std::ofstream(dir + "/token") << "s3cret-token\n";
   Cluster c({"--api-token-file", dir + "/token"}, "tcp://0.0.0.0:0");
@@ -288,8 +298,8 @@ TEST_CASE("the Python example of docs/api.md runs against a live coordinator", "
   REQUIRE(c.wait_devices(1));
   std::ofstream(c.dir() + "/example.py") << doc.substr(start, end - start);
   std::ofstream(c.dir() + "/job.yaml") << tiny_spec("from-python", 4);
-  std::string cmd = "cd " + c.dir() + " && TROUPE_API=" + c.api() + " timeout 60 " + python() +
-                    " example.py job.yaml > " + c.dir() + "/py.log 2>&1";
+  std::string cmd = "cd " + c.dir() + " && TROUPE_API=" + c.api() + " TROUPE_API_TOKEN=" + c.token() +
+                    " timeout 60 " + python() + " example.py job.yaml > " + c.dir() + "/py.log 2>&1";
   int rc = std::system(cmd.c_str());
   std::string out = read_file(c.dir() + "/py.log");
   INFO(out);

@@ -314,13 +314,15 @@ TEST_CASE("troupe scale shrinks and grows a running job, the loss curve stays th
   PidLog pids;
   REQUIRE(wait_steps(c, job, 3, pids, 0));
   auto scale = [&](int n) {
-    Proc p({troupe_binary(), "scale", job, "--devices", std::to_string(n), "--api", c.api()},
+    Proc p({troupe_binary(), "scale", job, "--devices", std::to_string(n), "--api", c.api(), "--secret-file",
+            c.secret()},
            c.dir() + "/scale" + std::to_string(n) + ".log");
     int code = p.wait(30s);
     INFO(p.output());
     return code;
   };
   CHECK(scale(3) == 1);  // 8 rows do not split over 3
+  CHECK(read_file(c.dir() + "/scale3.log").find("unauthorized") == std::string::npos);
   REQUIRE(scale(1) == 0);
   // Each size trains long enough for its part of the curve to be compared (check_resized_curve).
   int64_t shrunk = -1, grown = -1;

@@ -89,6 +89,7 @@ class Restartable {
   json call(json req) {
     troupe::coord::ClientOptions o;
     o.endpoint = api_;
+    o.token = troupe::actors::api_token(dir_ + "/secret.pem");
     return troupe::coord::api_call(o, std::move(req));
   }
   json status(const std::string& job) { return call({{"op", "status"}, {"job", job}})["job"]; }

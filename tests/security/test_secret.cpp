@@ -85,7 +85,8 @@ TEST_CASE("secret: a coordinator or agent without a good secret refuses to start
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("secret: TROUPE_SECRET_FILE stands in for --secret-file", "[security][multiprocess]") {
+TEST_CASE("secret: TROUPE_SECRET_FILE stands in for --secret-file, clients derive the API token from it",
+          "[security][multiprocess]") {
   const std::string dir = troupe::testing::temp_dir("secret_env");
   const std::string s = dir + "/s.pem";
   actors::write_secret(s);
@@ -97,6 +98,17 @@ TEST_CASE("secret: TROUPE_SECRET_FILE stands in for --secret-file", "[security][
   CHECK(wait_until([&] { return std::filesystem::exists(dir + "/ready.json"); }, 30s));
   INFO(coordinator.output());
   CHECK(coordinator.wait(0ms) == -1);
+  // The client commands derive the API token from the same variable; without it they are refused.
+  const std::string api = json::parse(read_file(dir + "/ready.json"))["api"];
+  auto listed = run_troupe("list --api " + api, "TROUPE_SECRET_FILE=" + s);
+  CHECK(listed.code == 0);
+  auto refused = run_troupe("list --api " + api, "env -u TROUPE_SECRET_FILE");
+  CHECK(refused.code != 0);
+  CHECK(refused.out.find("unauthorized") != std::string::npos);
+  auto printed = run_troupe("secret api-token " + s);
+  CHECK(printed.code == 0);
+  CHECK(printed.out == actors::api_token(s) + "\n");
+  CHECK(actors::api_token(s).size() == 64);
   coordinator.signal(SIGTERM);
   CHECK(coordinator.wait(30s) == 0);
   std::filesystem::remove_all(dir);
@@ -121,6 +133,7 @@ TEST_CASE("secret: an agent started before its coordinator keeps trying and regi
   const std::string api = json::parse(read_file(dir + "/ready.json"))["api"];
   coord::ClientOptions o;
   o.endpoint = api;
+  o.token = actors::api_token(s);
   INFO(agent.output());
   CHECK(wait_until(
       [&] {
