@@ -228,8 +228,11 @@ struct Engine::Impl {
                      a.rank < a.world,
                  "assignment: rank ", a.rank, " of ", a.world, " does not fit layout ", a.dp, "x", a.pp, "x",
                  a.tp);
-    TROUPE_CHECK(s.train.precision == Precision::fp32, "precision ", to_string(s.train.precision),
-                 " needs device cuda; the CPU engine trains in fp32");
+    // Second line of defence: validate, run and submit refuse these first (core/spec_runnable.cpp).
+    TROUPE_CHECK(s.train.precision == Precision::fp32, "train.precision ", to_string(s.train.precision),
+                 " is not supported by this build yet: the engine trains in fp32");
+    TROUPE_CHECK(s.resources.device == DeviceKind::cpu, "resources.device ", to_string(s.resources.device),
+                 ": this build's engine trains on CPU only");
     T = s.model.seq_len;
     const int B = s.train.global_batch;
     TROUPE_CHECK(B % a.dp == 0, "global_batch ", B, " is not divisible by data ", a.dp);
