@@ -4,6 +4,7 @@
 #include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
+#include <openssl/rand.h>
 #include <openssl/x509.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include <fstream>
 #include <memory>
 #include <sstream>
+#include <vector>
 
 #include "core/error.hpp"
 
@@ -42,6 +44,17 @@ std::string ssl_error() {
   return out.empty() ? "unknown OpenSSL error" : out;
 }
 
+std::string hex(const unsigned char* p, size_t n) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  out.reserve(2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    out += digits[p[i] >> 4];
+    out += digits[p[i] & 15];
+  }
+  return out;
+}
+
 const char* kFix = "make one with `troupe secret init FILE` and give the same file to every node";
 
 }  // namespace
@@ -55,10 +68,7 @@ void write_secret(const std::string& path, int valid_days) {
   X509_set_version(cert.get(), 2);
   // A random serial: two secrets made in the same second still differ everywhere.
   unsigned char serial[16];
-  FILE* ur = std::fopen("/dev/urandom", "rb");
-  TROUPE_CHECK(ur != nullptr && std::fread(serial, 1, sizeof serial, ur) == sizeof serial,
-               "cannot read /dev/urandom");
-  std::fclose(ur);
+  TROUPE_CHECK(RAND_bytes(serial, sizeof serial) == 1, "no random bytes: ", ssl_error());
   serial[0] &= 0x7f;
   BIGNUM* bn = BN_bin2bn(serial, sizeof serial, nullptr);
   BN_to_ASN1_INTEGER(bn, X509_get_serialNumber(cert.get()));
@@ -133,13 +143,13 @@ std::string api_token(const std::string& secret_path) {
   unsigned int n = 0;
   TROUPE_CHECK(EVP_Digest(text.data(), text.size(), md, &n, EVP_sha256(), nullptr) == 1,
                "cannot hash the secret: ", ssl_error());
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (unsigned int i = 0; i < n; ++i) {
-    out += hex[md[i] >> 4];
-    out += hex[md[i] & 15];
-  }
-  return out;
+  return hex(md, n);
+}
+
+std::string random_hex(size_t bytes) {
+  std::vector<unsigned char> b(bytes);
+  TROUPE_CHECK(RAND_bytes(b.data(), static_cast<int>(b.size())) == 1, "no random bytes: ", ssl_error());
+  return hex(b.data(), b.size());
 }
 
 EphemeralSecret::EphemeralSecret() {

@@ -28,6 +28,9 @@ void check_secret(const std::string& path);
 // Throws troupe::Error when the file cannot be read.
 std::string api_token(const std::string& secret_path);
 
+// `bytes` random bytes from OpenSSL's CSPRNG, as lowercase hex (launch tokens).
+std::string random_hex(size_t bytes);
+
 // A temporary secret for one `troupe run`: created in a fresh private
 // directory under $TMPDIR (or /tmp) and removed with it on destruction.
 class EphemeralSecret {

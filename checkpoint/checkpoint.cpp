@@ -530,17 +530,27 @@ bool is_checkpoint_dir(const std::string& path) {
   return fs::is_directory(path, ec) && fs::exists(path + "/" + kManifest, ec);
 }
 
+namespace {
+
+// The newest valid checkpoint under a root, or a CheckpointError listing what was skipped.
+std::string latest_valid_or_throw(const std::string& dir, std::vector<std::string>* skipped) {
+  std::vector<std::string> bad;
+  auto found = latest_valid(dir, &bad);
+  if (!found) {
+    std::string why = dir + ": no valid checkpoint";
+    for (const auto& s : bad) why += "\n  skipped " + s;
+    throw CheckpointError(why);
+  }
+  if (skipped) skipped->insert(skipped->end(), bad.begin(), bad.end());
+  return *found;
+}
+
+}  // namespace
+
 std::string resolve(const std::string& dir) {
   if (fs::exists(dir + "/" + kManifest)) return dir;
   if (!fs::is_directory(dir)) throw CheckpointError(dir + ": not a checkpoint directory");
-  std::vector<std::string> skipped;
-  auto found = latest_valid(dir, &skipped);
-  if (!found) {
-    std::string why = dir + ": no valid checkpoint";
-    for (const auto& s : skipped) why += "\n  skipped " + s;
-    throw CheckpointError(why);
-  }
-  return *found;
+  return latest_valid_or_throw(dir, nullptr);
 }
 
 std::string resolve_verified(const std::string& dir, std::vector<std::string>* skipped) {
@@ -561,15 +571,7 @@ std::string resolve_verified(const std::string& dir, std::vector<std::string>* s
     throw CheckpointError(dir +
                           ": not a checkpoint directory (no manifest.json, and no step_N checkpoints in it)");
   }
-  std::vector<std::string> bad;
-  auto good = latest_valid(dir, &bad);
-  if (!good) {
-    std::string why = dir + ": no valid checkpoint";
-    for (const auto& s : bad) why += "\n  skipped " + s;
-    throw CheckpointError(why);
-  }
-  if (skipped) skipped->insert(skipped->end(), bad.begin(), bad.end());
-  return *good;
+  return latest_valid_or_throw(dir, skipped);
 }
 
 }  // namespace troupe::checkpoint

@@ -2,12 +2,12 @@
 
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
 #include <tuple>
 
+#include "actors/secret.hpp"
 #include "actors/validate.hpp"
 #include "checkpoint/commit.hpp"
 #include "coordinator/api.hpp"
@@ -32,13 +32,12 @@ using RankKey = std::tuple<std::string, int32_t, int32_t>;  // (job, generation,
 struct CoordActorState {
   std::unique_ptr<CoordinatorState> st;
   // Who may speak for what (every peer already holds the cluster secret; these
-  // keep one from speaking for another). A node is a process: CAF names it on
-  // the connection, the sender cannot choose it.
-  std::map<std::string, caf::node_id> agent_nodes;  // agent id -> its process
-  std::map<RankKey, std::string> launch_tokens;     // issued with a launch, spent by the registration
-  std::map<RankKey, std::string> launch_agents;     // the agent that was asked to start the rank
-  std::map<RankKey, caf::node_id> worker_nodes;     // the process that registered as the rank
-  uint64_t refused = 0;                             // messages refused so far (logged, rate-limited)
+  // keep one from speaking for another). A message counts for a rank or an agent
+  // only from the process (CAF node) of the handle registered below in `workers`
+  // or `agents`: CAF names the node on the connection, the sender cannot choose it.
+  std::map<RankKey, std::string> launch_tokens;  // issued with a launch, spent by the registration
+  std::map<RankKey, std::string> launch_agents;  // the agent that was asked to start the rank
+  uint64_t refused = 0;                          // messages refused so far (logged, rate-limited)
   CoordinatorActorOptions opt;
   std::map<std::string, agent_actor> agents;  // agent id -> handle
   std::map<caf::actor_addr, std::string> agent_ids;
@@ -89,17 +88,17 @@ bool from_local(self_ptr self) { return from_node(self, self->node()); }
 // The process that registered as (job, generation, rank). This process itself
 // (`troupe run`, tests) may speak for any rank: it is the coordinator.
 bool from_worker(self_ptr self, const std::string& job, int32_t generation, int32_t rank) {
-  auto it = self->state.worker_nodes.find({job, generation, rank});
-  return (it != self->state.worker_nodes.end() && from_node(self, it->second)) || from_local(self);
+  auto it = self->state.workers.find({job, generation, rank});
+  return (it != self->state.workers.end() && from_node(self, it->second->node())) || from_local(self);
 }
 
 // Any process that registered as a rank of (job, generation).
 bool from_job_worker(self_ptr self, const std::string& job, int32_t generation) {
   if (from_local(self)) return true;
-  auto& w = self->state.worker_nodes;
+  auto& w = self->state.workers;
   for (auto it = w.lower_bound({job, generation, 0});
        it != w.end() && std::get<0>(it->first) == job && std::get<1>(it->first) == generation; ++it)
-    if (from_node(self, it->second)) return true;
+    if (from_node(self, it->second->node())) return true;
   return false;
 }
 
@@ -108,23 +107,8 @@ bool from_launching_agent(self_ptr self, const std::string& job, int32_t generat
   auto& s = self->state;
   auto a = s.launch_agents.find({job, generation, rank});
   if (a == s.launch_agents.end()) return false;
-  auto n = s.agent_nodes.find(a->second);
-  return n != s.agent_nodes.end() && from_node(self, n->second);
-}
-
-// 128 random bits, hex.
-std::string new_launch_token() {
-  unsigned char b[16];
-  std::ifstream ur("/dev/urandom", std::ios::binary);
-  ur.read(reinterpret_cast<char*>(b), sizeof b);
-  TROUPE_CHECK(ur.gcount() == static_cast<std::streamsize>(sizeof b), "cannot read /dev/urandom");
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : b) {
-    out += hex[c >> 4];
-    out += hex[c & 15];
-  }
-  return out;
+  auto n = s.agents.find(a->second);
+  return n != s.agents.end() && from_node(self, n->second->node());
 }
 
 // The recovery clock and the step watchdog run every kTick; ranks are asked
@@ -285,7 +269,7 @@ void apply(self_ptr self, Actions&& a) {
       apply(self, std::move(more));
       continue;
     }
-    LaunchRequest req{l.job_id, l.generation, l.rank, l.device, l.log_path, new_launch_token()};
+    LaunchRequest req{l.job_id, l.generation, l.rank, l.device, l.log_path, random_hex(16)};
     s.launch_tokens[{l.job_id, l.generation, l.rank}] = req.token;
     s.launch_agents[{l.job_id, l.generation, l.rank}] = l.agent_id;
     self->request(it->second, std::chrono::seconds(30), launch_atom::value, req)
@@ -422,7 +406,6 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
             self->monitor(handle);
             s.agents[r.message] = handle;
             s.agent_ids[handle.address()] = r.message;
-            s.agent_nodes[r.message] = sender->node();
           }
           apply(self, std::move(a));
           return Welcome{r.accepted, r.message, s.opt.protocol};
@@ -460,7 +443,6 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
             self->monitor(handle);
             s.workers[key] = handle;
             s.worker_refs[handle.address()] = WorkerRef{h.job_id, h.generation, h.rank};
-            s.worker_nodes[key] = sender->node();
             const auto& l = j.layout;
             out.job_id = j.id;
             out.generation = j.generation;

@@ -13,6 +13,7 @@
 #include <map>
 
 #include "actors/system.hpp"
+#include "actors/validate.hpp"
 
 namespace troupe::worker {
 
@@ -40,21 +41,14 @@ constexpr auto kReapEvery = std::chrono::milliseconds(20);
 
 extern "C" char** environ;
 
-// A job id or launch token as the coordinator makes them: short, [A-Za-z0-9._-].
-bool plain_word(const std::string& s, size_t max) {
-  return !s.empty() && s.size() <= max && std::all_of(s.begin(), s.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-           c == '_' || c == '-';
-  });
-}
-
 // fork + exec one worker. Returns its pid, or -errno (-EINVAL for a request
 // that names a device this agent does not offer, or a malformed id).
 int32_t start_worker(self_ptr self, const LaunchRequest& r) {
   auto& o = self->state.opt;
   if (std::find(o.devices.begin(), o.devices.end(), r.device) == o.devices.end() ||
-      !plain_word(r.job_id, 128) || !plain_word(r.token, 128) || r.generation < 0 || r.rank < 0 ||
-      r.log_path.size() > 4096 || r.log_path.find('\0') != std::string::npos)
+      !check_word(r.job_id, kMaxId, "job id").empty() || !check_word(r.token, kMaxId, "token").empty() ||
+      r.generation < 0 || r.rank < 0 || r.log_path.size() > 4096 ||
+      r.log_path.find('\0') != std::string::npos)
     return -EINVAL;
   std::vector<std::string> args = {o.worker_binary, "worker",
                                    "--coordinator", o.coordinator_address,

@@ -11,6 +11,7 @@
 // depend on when either job is cancelled.
 #include <catch2/catch.hpp>
 #include <random>
+#include <sstream>
 
 #include "tests/fault/fault.hpp"
 
@@ -113,6 +114,14 @@ struct Drift {
   double window = 0;  // largest relative difference of window means after that
   int windows = 0;
 };
+// ": largest loss difference ... over N window(s)": the figures of a Drift, for the test log.
+std::string drift_text(const Drift& d, int64_t first) {
+  std::ostringstream os;
+  os << ": largest loss difference " << d.same << " up to step " << first + kSameSteps
+     << ", largest window-mean difference " << 100 * d.window << " % over " << d.windows << " window(s)";
+  return os.str();
+}
+
 Drift check_resized_curve(const std::map<int64_t, double>& curve, const std::map<int64_t, double>& ref,
                           int64_t first) {
   REQUIRE(curve.size() == ref.size());
@@ -228,9 +237,7 @@ TEST_CASE("an agent SIGKILLed with its workers: the job continues on a smaller d
   REQUIRE(c.wait_devices(4));
   auto ref = reference(c, fault_spec("ref", 4, kEndlessSteps, 5, ""), curve.size());
   Drift d = check_resized_curve(curve, ref, first);
-  WARN("4x1x1 -> 2x1x1 from step " << first << ": largest loss difference " << d.same << " up to step "
-                                   << first + kSameSteps << ", largest window-mean difference "
-                                   << 100 * d.window << " % over " << d.windows << " window(s)");
+  WARN("4x1x1 -> 2x1x1 from step " << first << drift_text(d, first));
 }
 
 TEST_CASE("a SIGSTOPped worker is detected by heartbeat loss and reported with its rank and op",
@@ -297,9 +304,7 @@ TEST_CASE("a new agent mid-run makes the job grow, the loss curve stays the unin
 
   auto ref = reference(c, fault_spec("ref", 1, kEndlessSteps, 10, ""), curve.size());
   Drift d = check_resized_curve(curve, ref, first);
-  WARN("1x1x1 -> 2x1x1 from step " << first << ": largest loss difference " << d.same << " up to step "
-                                   << first + kSameSteps << ", largest window-mean difference "
-                                   << 100 * d.window << " % over " << d.windows << " window(s)");
+  WARN("1x1x1 -> 2x1x1 from step " << first << drift_text(d, first));
 }
 
 TEST_CASE("troupe scale shrinks and grows a running job, the loss curve stays the uninterrupted one",
@@ -346,10 +351,7 @@ TEST_CASE("troupe scale shrinks and grows a running job, the loss curve stays th
 
   auto ref = reference(c, fault_spec("ref", 2, kEndlessSteps, 10, ""), curve.size());
   Drift d = check_resized_curve(curve, ref, shrunk);
-  WARN("2x1x1 -> 1x1x1 from step " << shrunk << " -> 2x1x1 from step " << grown
-                                   << ": largest loss difference " << d.same << " up to step "
-                                   << shrunk + kSameSteps << ", largest window-mean difference "
-                                   << 100 * d.window << " % over " << d.windows << " window(s)");
+  WARN("2x1x1 -> 1x1x1 from step " << shrunk << " -> 2x1x1 from step " << grown << drift_text(d, shrunk));
 }
 
 TEST_CASE("more failures than fault.max_restarts fail the job with the last cause", "[fault][multiprocess]") {
