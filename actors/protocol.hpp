@@ -112,8 +112,13 @@ struct Assignment {
   int32_t rank = 0;
   int32_t world = 1;
   int32_t dp = 1, pp = 1, tp = 1;
-  int32_t dp_index = 0, pp_index = 0, tp_index = 0;
-  int32_t first_layer = 0, last_layer = 0;  // this stage's layers [first, last)
+  int32_t dp_index = 0, pp_index = 0, tp_index = 0;  // the rank's grid coordinates (plan/grid.hpp)
+  // The generation's plan (plan/plan.hpp), computed once by the coordinator: rows per
+  // micro-batch and the chunk boundaries (model chunk k holds layers [b[k], b[k+1])).
+  // The worker rebuilds the plan from them and its engine checks it against the spec.
+  int32_t micro_batch = 1;
+  std::vector<int32_t> chunk_boundaries;
+  std::string place;  // plan::RankPlace::str(): "rank 5: dp 1 pp 0 tp 1, layers [0,2)+embedding"
   std::string device;
   std::string spec_yaml;    // the resolved job spec
   std::string run_dir;      // runs/<name>-<id>
@@ -213,8 +218,8 @@ typename Inspector::result_type inspect(Inspector& f, WorkerHello& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, Assignment& x) {
   return f(caf::meta::type_name("Assignment"), x.refused, x.job_id, x.generation, x.rank, x.world, x.dp, x.pp,
-           x.tp, x.dp_index, x.pp_index, x.tp_index, x.first_layer, x.last_layer, x.device, x.spec_yaml,
-           x.run_dir, x.resume_from, x.first_step);
+           x.tp, x.dp_index, x.pp_index, x.tp_index, x.micro_batch, x.chunk_boundaries, x.place, x.device,
+           x.spec_yaml, x.run_dir, x.resume_from, x.first_step);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepMetrics& x) {

@@ -28,12 +28,13 @@
 
 #include "comm/communicator.hpp"
 #include "core/rng.hpp"
-#include "parallel/partition.hpp"
 #include "parallel/pipeline.hpp"
-#include "parallel/schedule.hpp"
+#include "plan/partition.hpp"
+#include "plan/schedule.hpp"
 
 using namespace troupe;
 using namespace troupe::parallel;
+using namespace troupe::plan;
 
 namespace {
 
@@ -75,7 +76,7 @@ struct Measured {
   double comm_ms = 0.0;  // median over steps of the mean over ranks
 };
 
-Measured run(const model::ModelConfig& cfg, const Schedule& s, const Args& a) {
+Measured run(const model::ModelConfig& cfg, const plan::Schedule& s, const Args& a) {
   const int pp = s.pp, m = s.m, B = a.micro_batch, T = a.seq;
   auto world = comm::make_local_world(pp);
   // [step][rank]
@@ -100,7 +101,7 @@ Measured run(const model::ModelConfig& cfg, const Schedule& s, const Args& a) {
         cc.size = pp;
         cc.local_world = world;
         auto comm = comm::make_communicator(cc);
-        Partition part = partition_layers(cfg.n_layer, pp, s.v, cfg);
+        Partition part = partition_layers(pp, s.v, shape_of(cfg));
         auto owned = make_rank_stages(cfg, part, r, check_schedule(s), B);
         std::vector<model::Stage*> stages;
         for (auto& st : owned) stages.push_back(st.get());
@@ -166,9 +167,9 @@ int main(int argc, char** argv) {
       for (int m : {4, 8, 16}) {
         const int v = kind == ScheduleKind::interleaved ? 2 : 1;
         if (a.layers < pp * v) continue;
-        Schedule s = make_schedule(kind, pp, v, m);
+        plan::Schedule s = make_schedule(kind, pp, v, m);
         const CheckResult chk = check_schedule(s);
-        Partition part = partition_layers(cfg.n_layer, pp, v, cfg);
+        Partition part = partition_layers(pp, v, shape_of(cfg));
         double mean = 0.0;
         for (double c : part.cost) mean += c / part.n_chunks();
         const Measured got = run(cfg, s, a);

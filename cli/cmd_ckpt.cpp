@@ -6,6 +6,7 @@
 
 #include "checkpoint/checkpoint.hpp"
 #include "cli/commands.hpp"
+#include "core/layout.hpp"
 
 namespace troupe::cli {
 
@@ -13,9 +14,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string layout_of(const checkpoint::Manifest& m) {
-  return std::to_string(m.dp) + "x" + std::to_string(m.pp) + "x" + std::to_string(m.tp);
-}
+std::string layout_of(const checkpoint::Manifest& m) { return Layout{m.dp, m.pp, m.tp}.str(); }
 
 uint64_t total_bytes(const checkpoint::Manifest& m) {
   uint64_t n = 0;

@@ -13,9 +13,12 @@
 #include "cli/commands.hpp"
 #include "cli/progress.hpp"
 #include "coordinator/embedded/embedded.hpp"
+#include "coordinator/metrics.hpp"
 #include "core/run_dir.hpp"
 #include "core/spec.hpp"
+#include "plan/grid.hpp"
 #include "worker/engine.hpp"
+#include "worker/train_loop.hpp"
 
 namespace troupe::cli {
 
@@ -38,9 +41,35 @@ struct RunOptions {
 };
 
 std::string layout_string(const JobSpec& s) {
-  return std::to_string(s.parallel.data) + "x" + std::to_string(s.parallel.pipeline) + "x" +
-         std::to_string(s.parallel.tensor);
+  return plan::Layout{s.parallel.data, s.parallel.pipeline, s.parallel.tensor}.str();
 }
+
+// The in-process run writes its run directory itself: metrics.jsonl (the coordinator's
+// one metrics record, from a world of one rank), events, the worker log and progress.
+class RunDirReporter : public LoopReporter {
+ public:
+  RunDirReporter(RunDir& run, spdlog::logger& log, Progress& progress, const std::string& layout)
+      : run_(run), log_(log), progress_(progress), metrics_(1, 0, layout) {}
+  void step(const StepReport& r) override {
+    coord::StepSample s{0,           r.step,     r.loss,       r.lr,      r.tokens,   r.step_ms,
+                        r.grad_norm, r.val_loss, r.compute_ms, r.comm_ms, r.bubble_ms};
+    if (auto line = metrics_.add(s)) run_.metrics(*line);
+    log_.info("step {} loss {:.6f} lr {:.3e} grad_norm {:.4f} {:.1f} ms", r.step, r.loss, r.lr, r.grad_norm,
+              r.step_ms);
+    if (r.val_loss)
+      run_.event("eval at step " + std::to_string(r.step) + ": val_loss " + std::to_string(*r.val_loss));
+    progress_.step(r.step, r.loss, r.lr, double(r.tokens) / (r.step_ms / 1000.0), r.step_ms,
+                   r.val_loss.value_or(-1.0));
+  }
+  void checkpoint_started(const std::string& dir) override { run_.event("checkpoint started: " + dir); }
+  void checkpoint_committed(const std::string& dir) override { run_.event("checkpoint committed: " + dir); }
+
+ private:
+  RunDir& run_;
+  spdlog::logger& log_;
+  Progress& progress_;
+  coord::MetricsAggregator metrics_;
+};
 
 // The default: an embedded coordinator and local agent in this process, one worker
 // process per device (the same path a cluster job takes).
@@ -134,46 +163,15 @@ int run_job(const RunOptions& opt) {
             std::to_string(engine->next_step()) +
             (asg.resume_from.empty() ? "" : ", resumed from " + asg.resume_from));
   log->info("engine started: {} parameters, first step {}", engine->num_params(), engine->next_step());
+  log->info("plan: {}; {}", engine->plan().str(), engine->place().str());
 
   g_engine.store(engine.get());
   std::signal(SIGINT, on_sigint);
   std::signal(SIGTERM, on_sigint);
   int rc = kOk;
-  int64_t last_saved = -1;
   try {
-    while (!engine->done()) {
-      StepReport r = engine->step();
-      const double tps = double(r.tokens) / (r.step_ms / 1000.0);
-      nlohmann::json line = {{"step", r.step},
-                             {"loss", r.loss},
-                             {"lr", r.lr},
-                             {"tokens", r.tokens},
-                             {"tokens_per_s", tps},
-                             {"step_ms", r.step_ms},
-                             {"grad_norm", r.grad_norm},
-                             {"compute_ms", r.compute_ms},
-                             {"comm_ms", r.comm_ms},
-                             {"bubble_ms", r.bubble_ms},
-                             {"generation", asg.generation},
-                             {"layout", layout_string(spec)}};
-      if (r.val_loss) line["val_loss"] = *r.val_loss;
-      run.metrics(line);
-      log->info("step {} loss {:.6f} lr {:.3e} grad_norm {:.4f} {:.1f} ms", r.step, r.loss, r.lr, r.grad_norm,
-                r.step_ms);
-      if (r.val_loss)
-        run.event("eval at step " + std::to_string(r.step) + ": val_loss " + std::to_string(*r.val_loss));
-      progress.step(r.step, r.loss, r.lr, tps, r.step_ms, r.val_loss.value_or(-1.0));
-      if (spec.checkpoint.every > 0 && engine->next_step() % spec.checkpoint.every == 0) {
-        std::string dir = engine->save_checkpoint(ckpt_dir);
-        last_saved = engine->next_step();
-        run.event("checkpoint started: " + dir);
-      }
-    }
-    if (last_saved != engine->next_step()) {
-      std::string dir = engine->save_checkpoint(ckpt_dir);
-      run.event("checkpoint started: " + dir);
-    }
-    run.event("checkpoint committed: " + engine->wait_checkpoint());
+    RunDirReporter reporter(run, *log, progress, layout_string(spec));
+    train_to_end(*engine, spec, ckpt_dir, reporter);
     progress.finish();
     run.event("job succeeded");
     std::printf("troupe: job %s succeeded; checkpoint in %s\n", spec.name.c_str(), ckpt_dir.c_str());

@@ -8,10 +8,10 @@ namespace troupe::comm {
 
 GridGroups grid_groups(int dp, int pp, int tp) {
   if (dp < 1 || pp < 1 || tp < 1)
-    throw CommError(CommErrc::invalid_argument, "grid_groups: dp, pp, tp must be >= 1, got " +
-                                                    std::to_string(dp) + "x" + std::to_string(pp) + "x" +
-                                                    std::to_string(tp));
-  auto rank_of = [&](int d, int p, int t) { return (d * pp + p) * tp + t; };
+    throw CommError(CommErrc::invalid_argument,
+                    "grid_groups: dp, pp, tp must be >= 1, got " + plan::Layout{dp, pp, tp}.str());
+  const plan::Layout layout{dp, pp, tp};
+  auto rank_of = [&](int d, int p, int t) { return plan::rank_of(layout, {d, p, t}); };
   GridGroups g;
   for (int d = 0; d < dp; ++d)
     for (int p = 0; p < pp; ++p) {
@@ -38,7 +38,7 @@ GridCoord grid_coord(int rank, int dp, int pp, int tp) {
   if (rank < 0 || rank >= dp * pp * tp)
     throw CommError(CommErrc::invalid_argument,
                     "grid_coord: rank " + std::to_string(rank) + " outside the grid");
-  return {rank / (pp * tp), (rank / tp) % pp, rank % tp};
+  return plan::coord_of({dp, pp, tp}, rank);
 }
 
 static size_t index_of(const std::vector<std::vector<int>>& groups, int rank) {

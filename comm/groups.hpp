@@ -1,5 +1,5 @@
-// The communicator groups of a dp × pp × tp rank grid, tensor innermost:
-//   rank = (d * pp + p) * tp + t
+// The communicator groups of a dp × pp × tp rank grid (plan/grid.hpp owns the
+// rank arithmetic: rank = (d * pp + p) * tp + t, tensor innermost).
 //
 // Worked example, dp = pp = tp = 2 (8 ranks):
 //   tensor groups   (same d, p):  {0,1} {2,3} {4,5} {6,7}
@@ -12,15 +12,15 @@
 #include <string>
 #include <vector>
 
+#include "plan/grid.hpp"
+
 namespace troupe::comm {
 
 struct GridGroups {
   std::vector<std::vector<int>> data, pipeline, tensor;
 };
 
-struct GridCoord {
-  int d, p, t;
-};
+using GridCoord = plan::Coord;
 
 // Throws CommError{invalid_argument} unless dp, pp, tp >= 1.
 GridGroups grid_groups(int dp, int pp, int tp);

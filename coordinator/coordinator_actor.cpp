@@ -14,6 +14,7 @@
 #include "coordinator/state.hpp"
 #include "core/run_dir.hpp"
 #include "core/text.hpp"
+#include "plan/plan.hpp"
 
 namespace troupe::coord {
 
@@ -451,11 +452,15 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
             out.dp = l.dp;
             out.pp = l.pp;
             out.tp = l.tp;
-            out.dp_index = w.coords.dp_index;
-            out.pp_index = w.coords.pp_index;
-            out.tp_index = w.coords.tp_index;
-            out.first_layer = w.coords.first_layer;
-            out.last_layer = w.coords.last_layer;
+            const plan::Plan p =
+                plan::make_plan(plan::plan_inputs(parse_spec(j.request.spec_yaml, "spec.yaml")), l);
+            const plan::RankPlace place = plan::rank_place(p, w.rank);
+            out.dp_index = place.coord.d;
+            out.pp_index = place.coord.p;
+            out.tp_index = place.coord.t;
+            out.micro_batch = p.micro_batch;
+            for (int b : p.boundaries()) out.chunk_boundaries.push_back(b);
+            out.place = place.str();
             out.device = j.ranks[w.rank].device.device;
             out.spec_yaml = j.request.spec_yaml;
             out.resume_from = j.resume_from;

@@ -1,9 +1,5 @@
 #include "coordinator/job.hpp"
 
-#include <algorithm>
-
-#include "core/error.hpp"
-
 namespace troupe::coord {
 
 const char* to_string(JobState s) {
@@ -53,22 +49,5 @@ bool transition_allowed(JobState from, JobState to) {
 
 IllegalTransition::IllegalTransition(JobState from, JobState to)
     : msg_(std::string("illegal job transition ") + to_string(from) + " -> " + to_string(to)) {}
-
-std::string Layout::str() const {
-  return std::to_string(dp) + "x" + std::to_string(pp) + "x" + std::to_string(tp);
-}
-
-RankCoords rank_coords(const Layout& layout, int rank, int n_layers) {
-  TROUPE_CHECK(layout.dp > 0 && layout.pp > 0 && layout.tp > 0, "bad layout ", layout.str());
-  TROUPE_CHECK(rank >= 0 && rank < layout.world(), "rank ", rank, " outside world ", layout.world());
-  RankCoords c;
-  c.tp_index = rank % layout.tp;
-  c.dp_index = (rank / layout.tp) % layout.dp;
-  c.pp_index = rank / (layout.tp * layout.dp);
-  int base = n_layers / layout.pp, extra = n_layers % layout.pp, s = c.pp_index;
-  c.first_layer = s * base + std::min(s, extra);
-  c.last_layer = c.first_layer + base + (s < extra ? 1 : 0);
-  return c;
-}
 
 }  // namespace troupe::coord

@@ -1,4 +1,4 @@
-// A job's life as a state machine, and the rank arithmetic of its layout.
+// A job's life as a state machine.
 //
 //   queued ──> planning ──> launching ──> running ──> succeeded
 //     │           │            │  ▲          │
@@ -14,6 +14,8 @@
 
 #include <exception>
 #include <string>
+
+#include "core/layout.hpp"
 
 namespace troupe::coord {
 
@@ -33,24 +35,6 @@ class IllegalTransition : public std::exception {
   std::string msg_;
 };
 
-struct Layout {
-  int dp = 1, pp = 1, tp = 1;
-  int world() const { return dp * pp * tp; }
-  std::string str() const;  // "2x1x1" (dp x pp x tp)
-};
-
-// Grid coordinates of one rank. Tensor parallelism varies fastest (its ranks
-// share a host when they can), then data, then pipeline:
-//   rank = pp_index * (dp * tp) + dp_index * tp + tp_index
-// Worked example, dp=2 pp=2 tp=2: rank 5 = pp 1, dp 0, tp 1; the tensor group
-// of rank 5 is {4, 5}, its data group {5, 7}, its pipeline group {1, 5}.
-struct RankCoords {
-  int dp_index = 0, pp_index = 0, tp_index = 0;
-  int first_layer = 0, last_layer = 0;  // this stage's layers [first, last)
-};
-
-// Pipeline stage s of pp holds layers [s*L/pp + min(s, L%pp) ...): earlier
-// stages take the remainder, so stage sizes differ by at most one.
-RankCoords rank_coords(const Layout& layout, int rank, int n_layers);
+using troupe::Layout;  // core/layout.hpp
 
 }  // namespace troupe::coord

@@ -316,7 +316,6 @@ WorkerAssignment CoordinatorState::register_worker(int protocol, const std::stri
   ++j->control_messages;
   a.job = j;
   a.rank = rank;
-  a.coords = rank_coords(j->layout, rank, j->request.n_layers);
   bool all = true;
   for (const auto& r : j->ranks) all = all && r.registered;
   if (all && j->state == JobState::launching) {

@@ -128,7 +128,6 @@ struct WorkerAssignment {
   std::string refused;
   const Job* job = nullptr;
   int rank = 0;
-  RankCoords coords;
 };
 
 class CoordinatorState {

@@ -16,32 +16,48 @@ double ms_since(Clock::time_point t0) {
 
 }  // namespace
 
-std::vector<std::unique_ptr<model::Stage>> make_rank_stages(const model::ModelConfig& cfg,
-                                                            const Partition& part, int rank,
-                                                            const CheckResult& check, int max_micro_batch) {
+plan::ModelShape shape_of(const model::ModelConfig& cfg) {
+  return {cfg.kind == model::ModelKind::gpt ? ModelType::gpt : ModelType::mlp, cfg.n_layer, cfg.d_model,
+          cfg.vocab_size, cfg.seq_len};
+}
+
+std::vector<std::unique_ptr<model::Stage>> make_rank_stages(
+    const model::ModelConfig& cfg, const plan::Partition& part, int rank, const plan::CheckResult& check,
+    int max_micro_batch, const model::TensorShard& shard, comm::Communicator* tp_group) {
   TROUPE_CHECK(rank >= 0 && rank < part.pp, "pipeline rank ", rank, " outside a partition of ", part.pp);
-  TROUPE_CHECK(static_cast<int>(check.peak_in_flight.size()) == part.pp &&
-                   static_cast<int>(check.peak_in_flight[rank].size()) == part.virtual_stages,
+  TROUPE_CHECK(part.pp == 1 || (static_cast<int>(check.peak_in_flight.size()) == part.pp &&
+                                static_cast<int>(check.peak_in_flight[rank].size()) == part.virtual_stages),
                "the checked schedule is for another pipeline shape than the partition (pipeline ", part.pp,
                " x virtual ", part.virtual_stages, ")");
   std::vector<std::unique_ptr<model::Stage>> out;
-  for (int c = 0; c < part.virtual_stages; ++c)
-    out.push_back(std::make_unique<model::Stage>(
-        cfg, part.of(rank, c), std::max(1, check.peak_in_flight[rank][c]), max_micro_batch));
+  for (int c = 0; c < part.virtual_stages; ++c) {
+    const plan::LayerRange& r = part.of(rank, c);
+    const int slots = part.pp == 1 ? 1 : std::max(1, check.peak_in_flight[rank][c]);
+    out.push_back(
+        std::make_unique<model::Stage>(cfg, model::StageRange{r.first, r.last, r.has_embedding, r.has_head},
+                                       slots, max_micro_batch, shard, tp_group));
+  }
   return out;
 }
 
-PipelineExecutor::PipelineExecutor(Schedule schedule, int rank, std::vector<model::Stage*> stages,
+PipelineExecutor::PipelineExecutor(plan::Schedule schedule, int rank, std::vector<model::Stage*> stages,
                                    comm::Communicator* comm, int micro_batch, int seq_len,
                                    comm::Options options)
+    : PipelineExecutor(schedule, plan::check_schedule(schedule), rank, std::move(stages), comm, micro_batch,
+                       seq_len, options) {}
+
+PipelineExecutor::PipelineExecutor(plan::Schedule schedule, plan::CheckResult checked, int rank,
+                                   std::vector<model::Stage*> stages, comm::Communicator* comm,
+                                   int micro_batch, int seq_len, comm::Options options)
     : schedule_(std::move(schedule)),
       rank_(rank),
       stages_(std::move(stages)),
       comm_(comm),
       B_(micro_batch),
       T_(seq_len),
-      options_(options) {
-  const Schedule& s = schedule_;
+      options_(options),
+      check_(std::move(checked)) {
+  const plan::Schedule& s = schedule_;
   TROUPE_CHECK(rank >= 0 && rank < s.pp, "pipeline rank ", rank, " outside pipeline ", s.pp);
   TROUPE_CHECK(static_cast<int>(stages_.size()) == s.v, "pipeline rank ", rank, " has ", stages_.size(),
                " stages for a schedule of ", s.v, " chunks per rank");
@@ -49,7 +65,8 @@ PipelineExecutor::PipelineExecutor(Schedule schedule, int rank, std::vector<mode
   if (comm_)
     TROUPE_CHECK(comm_->size() == s.pp && comm_->rank() == rank, "the pipeline communicator is rank ",
                  comm_->rank(), " of ", comm_->size(), ", the executor pipeline rank ", rank, " of ", s.pp);
-  check_ = check_schedule(s);
+  TROUPE_CHECK(static_cast<int>(check_.peak_in_flight.size()) == s.pp, "the schedule's check is for ",
+               check_.peak_in_flight.size(), " pipeline ranks, the table for ", s.pp);
   const int S = s.n_chunks();
   for (int c = 0; c < s.v; ++c) {
     model::Stage* st = stages_[c];
@@ -60,14 +77,14 @@ PipelineExecutor::PipelineExecutor(Schedule schedule, int rank, std::vector<mode
                  ": the stage must hold the embedding iff it is the first chunk and "
                  "the head iff it is the last");
     TROUPE_CHECK(st->n_slots() >= check_.peak_in_flight[rank][c], "chunk ", c, " of pipeline rank ", rank,
-                 " has ", st->n_slots(), " activation slots; the ", schedule_name(s.kind), " schedule keeps ",
-                 check_.peak_in_flight[rank][c], " micro-batches in flight there");
+                 " has ", st->n_slots(), " activation slots; the ", plan::schedule_name(s.kind),
+                 " schedule keeps ", check_.peak_in_flight[rank][c], " micro-batches in flight there");
     TROUPE_CHECK(B_ >= 1 && B_ <= st->max_micro_batch() && T_ >= 1 && T_ <= st->config().seq_len,
                  "micro-batch ", B_, " x ", T_, " does not fit the stage's ", st->max_micro_batch(), " x ",
                  st->config().seq_len);
   }
   numel_ = static_cast<size_t>(B_) * T_ * stages_[0]->config().d_model;
-  program_ = rank_program(s, rank);
+  program_ = plan::rank_program(s, rank);
   free_slots_.resize(s.v);
   slot_of_.resize(s.v);
 }
@@ -85,18 +102,19 @@ float* PipelineExecutor::inbox(uint32_t tag) {
   return buf.data();
 }
 
-const float* PipelineExecutor::send_buffer(const Transfer& t) {
+const float* PipelineExecutor::send_buffer(const plan::Transfer& t) {
   // Activations come from F of chunk dest-1, gradients from B of chunk dest+1.
-  const int src = t.carry == Carry::activation ? t.dest - 1 : t.dest + 1;
+  const int src = t.carry == plan::Carry::activation ? t.dest - 1 : t.dest + 1;
   const int c = src / schedule_.pp;
   const int slot = slot_of_[c].at(t.mb);
-  return t.carry == Carry::activation ? stages_[c]->output(slot).f32() : stages_[c]->input_grad(slot).f32();
+  return t.carry == plan::Carry::activation ? stages_[c]->output(slot).f32()
+                                            : stages_[c]->input_grad(slot).f32();
 }
 
-void PipelineExecutor::exchange(const std::vector<Transfer>& batch) {
+void PipelineExecutor::exchange(const std::vector<plan::Transfer>& batch) {
   std::vector<comm::P2POp> ops;
   const size_t bytes = numel_ * sizeof(float);
-  for (const Transfer& t : batch)
+  for (const plan::Transfer& t : batch)
     ops.push_back(t.send ? comm::P2POp::send(send_buffer(t), bytes, t.peer, t.tag)
                          : comm::P2POp::recv(inbox(t.tag), bytes, t.peer, t.tag));
   comm_->batch(ops, options_);
@@ -107,13 +125,13 @@ void PipelineExecutor::exchange(const std::vector<Transfer>& batch) {
   to_free_.clear();
 }
 
-void PipelineExecutor::compute(const Op& op, const MicroBatchSource& data, float dloss,
+void PipelineExecutor::compute(const plan::Op& op, const MicroBatchSource& data, float dloss,
                                PipelineStepResult& res) {
   model::Stage& st = *stages_[op.chunk];
   const int k = op.chunk * schedule_.pp + rank_;
   const int S = schedule_.n_chunks();
-  auto take_inbox = [&](Carry carry) {
-    auto it = inbox_.find(transfer_tag(carry, op.mb, k, S));
+  auto take_inbox = [&](plan::Carry carry) {
+    auto it = inbox_.find(plan::transfer_tag(carry, op.mb, k, S));
     TROUPE_CHECK(it != inbox_.end(), "pipeline rank ", rank_, ": ", to_string(op), " has no received input");
     return it;
   };
@@ -121,7 +139,7 @@ void PipelineExecutor::compute(const Op& op, const MicroBatchSource& data, float
     spare_.push_back(std::move(it->second));
     inbox_.erase(it);
   };
-  if (op.pass == Pass::F) {
+  if (op.pass == plan::Pass::F) {
     auto& fs = free_slots_[op.chunk];
     TROUPE_CHECK(!fs.empty(), "pipeline rank ", rank_, ": no free slot for ", to_string(op));
     const int slot = fs.back();
@@ -133,7 +151,7 @@ void PipelineExecutor::compute(const Op& op, const MicroBatchSource& data, float
     TROUPE_CHECK(!first || mb.tokens, "micro-batch ", op.mb, " has no tokens for the first stage");
     TROUPE_CHECK(!last || mb.targets, "micro-batch ", op.mb, " has no targets for the last stage");
     std::map<uint32_t, std::vector<float>>::iterator in;
-    if (!first) in = take_inbox(Carry::activation);
+    if (!first) in = take_inbox(plan::Carry::activation);
     const double loss = st.forward(slot, first ? mb.tokens : nullptr, first ? nullptr : in->second.data(),
                                    last ? mb.targets : nullptr, B_, T_);
     if (!first) release(in);
@@ -143,7 +161,7 @@ void PipelineExecutor::compute(const Op& op, const MicroBatchSource& data, float
     if (st.range().has_head) {
       st.backward(slot, nullptr, dloss);
     } else {
-      auto it = take_inbox(Carry::gradient);
+      auto it = take_inbox(plan::Carry::gradient);
       st.backward(slot, it->second.data(), 0.0f);
       release(it);
     }
@@ -172,7 +190,7 @@ PipelineStepResult PipelineExecutor::run(const MicroBatchSource& data, float dlo
   inbox_.clear();
   for (size_t i = 0; i < program_.size(); ++i) {
     at_.store(static_cast<int>(i));
-    const ProgramStep& st = program_[i];
+    const plan::ProgramStep& st = program_[i];
     const auto t0 = Clock::now();
     if (st.compute) {
       compute(st.op, data, dloss, res);

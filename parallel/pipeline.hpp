@@ -1,6 +1,6 @@
 // The pipeline executor: runs one rank's row of a checked schedule table.
 //
-// For each compute op of rank_program(schedule, rank):
+// For each compute op of plan::rank_program(schedule, rank):
 //   F(mb, c): x = the activations received for (mb, model chunk k) or, on model
 //             chunk 0, the micro-batch's tokens; Stage::forward on mb's slot; the
 //             last model chunk adds the loss SUM of mb (targets from the source).
@@ -10,9 +10,9 @@
 // F output / B input gradient, from the stage's slot) and the next group's
 // receives, posted together (Megatron's send_forward_recv_backward and
 // send_backward_recv_forward), which the checker has proven deadlock-free.
-// Tags: transfer_tag(carry, mb, receiving model chunk) - unique within a step.
+// Tags: plan::transfer_tag(carry, mb, receiving model chunk) - unique within a step.
 //
-// Activation slots: chunk c needs check_schedule(...).peak_in_flight[rank][c];
+// Activation slots: chunk c needs plan::check_schedule(...).peak_in_flight[rank][c];
 // a micro-batch takes a free slot at F (the most recently freed, deterministic)
 // and gives it back after the batch that sends its input gradient (at once on
 // model chunk 0, which sends none).
@@ -28,8 +28,8 @@
 
 #include "comm/communicator.hpp"
 #include "model/stage.hpp"
-#include "parallel/partition.hpp"
-#include "parallel/schedule.hpp"
+#include "plan/partition.hpp"
+#include "plan/schedule.hpp"
 
 namespace troupe::parallel {
 
@@ -55,11 +55,16 @@ struct PipelineStepResult {
   PipelineTiming timing;
 };
 
+// What the partition's cost model needs of a model.
+plan::ModelShape shape_of(const model::ModelConfig& cfg);
+
 // The stages of pipeline rank `rank`: [c] = model chunk c * pp + rank of the
-// partition, each with the slots `check` says chunk c needs.
-std::vector<std::unique_ptr<model::Stage>> make_rank_stages(const model::ModelConfig& cfg,
-                                                            const Partition& part, int rank,
-                                                            const CheckResult& check, int max_micro_batch);
+// partition, each tensor shard `shard` over `tp_group` with the activation slots
+// `check` says chunk c needs (one per chunk without a pipeline: part.pp == 1 and an
+// empty check). The one place stages of a rank are built.
+std::vector<std::unique_ptr<model::Stage>> make_rank_stages(
+    const model::ModelConfig& cfg, const plan::Partition& part, int rank, const plan::CheckResult& check,
+    int max_micro_batch, const model::TensorShard& shard = {}, comm::Communicator* tp_group = nullptr);
 
 class PipelineExecutor {
  public:
@@ -67,34 +72,38 @@ class PipelineExecutor {
   // rank's chunks, [c] = local chunk c, not owned. Checks the schedule (throws
   // ScheduleError) and that every stage has the slots it needs and the
   // embedding / head exactly where the table expects them.
-  PipelineExecutor(Schedule schedule, int rank, std::vector<model::Stage*> stages, comm::Communicator* comm,
-                   int micro_batch, int seq_len, comm::Options options = {});
+  PipelineExecutor(plan::Schedule schedule, int rank, std::vector<model::Stage*> stages,
+                   comm::Communicator* comm, int micro_batch, int seq_len, comm::Options options = {});
+  // The same with a table check_schedule has already proven (a plan's): not checked again.
+  PipelineExecutor(plan::Schedule schedule, plan::CheckResult checked, int rank,
+                   std::vector<model::Stage*> stages, comm::Communicator* comm, int micro_batch, int seq_len,
+                   comm::Options options = {});
 
   // One step: every op of the table. dloss = dL/d(each token's loss), e.g.
   // 1 / (global batch * T). Grads accumulate into the stages (zero them between
   // optimizer steps). Communication errors propagate as comm::CommError.
   PipelineStepResult run(const MicroBatchSource& data, float dloss);
 
-  const Schedule& schedule() const { return schedule_; }
-  const CheckResult& check() const { return check_; }
+  const plan::Schedule& schedule() const { return schedule_; }
+  const plan::CheckResult& check() const { return check_; }
   // Thread-safe: the op in progress, e.g. "pipeline rank 1: F3.1" or "... batch before B2".
   std::string where() const;
 
  private:
   float* inbox(uint32_t tag);
-  void compute(const Op& op, const MicroBatchSource& data, float dloss, PipelineStepResult& res);
-  void exchange(const std::vector<Transfer>& batch);
-  const float* send_buffer(const Transfer& t);
+  void compute(const plan::Op& op, const MicroBatchSource& data, float dloss, PipelineStepResult& res);
+  void exchange(const std::vector<plan::Transfer>& batch);
+  const float* send_buffer(const plan::Transfer& t);
 
-  Schedule schedule_;
+  plan::Schedule schedule_;
   int rank_;
   std::vector<model::Stage*> stages_;
   comm::Communicator* comm_;
   int B_, T_;
   size_t numel_;  // B*T*D of one message
   comm::Options options_;
-  CheckResult check_;
-  std::vector<ProgramStep> program_;
+  plan::CheckResult check_;
+  std::vector<plan::ProgramStep> program_;
   std::vector<std::vector<int>> free_slots_;      // [chunk] slots not in use; taken from the back
   std::vector<std::map<int, int>> slot_of_;       // [chunk] mb -> slot
   std::vector<std::pair<int, int>> to_free_;      // (chunk, mb) freed after the next batch

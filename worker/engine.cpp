@@ -4,9 +4,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstdlib>
-#include <deque>
 #include <exception>
 #include <filesystem>
 #include <mutex>
@@ -15,6 +13,7 @@
 
 #include "checkpoint/checkpoint.hpp"
 #include "checkpoint/commit.hpp"
+#include "checkpoint/shard.hpp"
 #include "comm/groups.hpp"
 #include "core/dataset.hpp"
 #include "core/error.hpp"
@@ -24,11 +23,10 @@
 #include "model/param_io.hpp"
 #include "model/stage.hpp"
 #include "model/tensor_parallel.hpp"
+#include "parallel/data_parallel.hpp"
 #include "parallel/grid.hpp"
 #include "parallel/optimizer.hpp"
-#include "parallel/partition.hpp"
 #include "parallel/pipeline.hpp"
-#include "parallel/schedule.hpp"
 
 namespace troupe {
 
@@ -36,9 +34,6 @@ namespace {
 
 // Bytes of synthetic data: enough windows that batches of small test models do not repeat soon.
 constexpr size_t kSyntheticBytes = size_t(1) << 20;
-// Data-parallel gradient buckets: 4 Mi floats (16 MiB), reduced one after another.
-// TROUPE_DP_BUCKET_FLOATS overrides the size.
-constexpr size_t kBucketFloats = size_t(4) << 20;
 // Tags of the forward-only evaluation chain (the training schedule's tags stay below).
 constexpr uint32_t kEvalTagBase = 1u << 30;
 
@@ -54,19 +49,6 @@ std::string hex64(uint64_t v) {
   return b;
 }
 
-parallel::ScheduleKind schedule_kind(Schedule s) {
-  switch (s) {
-    case Schedule::gpipe:
-      return parallel::ScheduleKind::gpipe;
-    case Schedule::interleaved:
-      return parallel::ScheduleKind::interleaved;
-    default:
-      return parallel::ScheduleKind::one_f_one_b;
-  }
-}
-
-std::string shard_file(int rank) { return "shard_r" + std::to_string(rank) + ".safetensors"; }
-
 size_t env_size(const char* name, size_t fallback) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;
@@ -76,112 +58,20 @@ size_t env_size(const char* name, size_t fallback) {
   return size_t(x);
 }
 
-// The buckets of a flat gradient buffer of n floats: fixed-size runs cut from the end, so
-// the first bucket complete during backward (which walks the buffer from its end) is the
-// first to go; the partial one is [0, n mod size). The overlapped and the post-backward
-// reductions cut the same buckets, so every element sees the same collective.
-size_t bucket_begin(size_t end, size_t bucket) { return end > bucket ? end - bucket : 0; }
-
-// Allreduces gradient buckets over the data-parallel group on a thread of its own while
-// the engine thread runs the rest of the backward. During a step only this thread uses
-// the group; the first error is kept and rethrown by wait() on the engine thread.
-class BucketReducer {
- public:
-  using clock = std::chrono::steady_clock;
-
-  BucketReducer(comm::Communicator* group, const comm::Options& opt)
-      : group_(group), opt_(opt), thread_([this] { run(); }) {}
-  ~BucketReducer() {
-    {
-      std::lock_guard<std::mutex> lock(m_);
-      stop_ = true;
-      queue_.clear();
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  BucketReducer(const BucketReducer&) = delete;
-  BucketReducer& operator=(const BucketReducer&) = delete;
-
-  void submit(float* data, size_t count) {
-    {
-      std::lock_guard<std::mutex> lock(m_);
-      queue_.push_back({data, count});
-    }
-    cv_.notify_all();
-  }
-
-  // Blocks until every submitted bucket is reduced (or dropped after an error); rethrows
-  // the first error. Returns the busy intervals of the buckets since the last wait.
-  std::vector<std::pair<clock::time_point, clock::time_point>> wait() {
-    std::unique_lock<std::mutex> lock(m_);
-    idle_.wait(lock, [&] { return queue_.empty() && !busy_; });
-    auto spans = std::move(spans_);
-    spans_.clear();
-    if (error_) {
-      std::exception_ptr e = error_;
-      error_ = nullptr;
-      std::rethrow_exception(e);
-    }
-    return spans;
-  }
-
-  // The engine thread failed mid-backward: queued buckets are dropped, and one in flight
-  // is released by aborting the group (its peers learn at once; the step is lost anyway).
-  void cancel() noexcept {
-    std::unique_lock<std::mutex> lock(m_);
-    queue_.clear();
-    if (busy_) group_->abort();
-    idle_.wait(lock, [&] { return !busy_; });
-    spans_.clear();
-    error_ = nullptr;
-  }
-
- private:
-  struct Bucket {
-    float* data;
-    size_t count;
-  };
-
-  void run() {
-    std::unique_lock<std::mutex> lock(m_);
-    for (;;) {
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (stop_) return;
-      const Bucket b = queue_.front();
-      queue_.pop_front();
-      if (error_) {
-        if (queue_.empty()) idle_.notify_all();
-        continue;
-      }
-      busy_ = true;
-      lock.unlock();
-      std::exception_ptr err;
-      const auto t0 = clock::now();
-      try {
-        group_->allreduce(b.data, b.count, comm::ReduceOp::sum, opt_);
-      } catch (...) {
-        err = std::current_exception();
-      }
-      const auto t1 = clock::now();
-      lock.lock();
-      busy_ = false;
-      spans_.emplace_back(t0, t1);
-      if (err && !error_) error_ = err;
-      if (queue_.empty()) idle_.notify_all();
-    }
-  }
-
-  comm::Communicator* group_;
-  comm::Options opt_;
-  std::mutex m_;
-  std::condition_variable cv_, idle_;
-  std::deque<Bucket> queue_;
-  bool busy_ = false, stop_ = false;
-  std::exception_ptr error_;
-  std::vector<std::pair<clock::time_point, clock::time_point>> spans_;
-  std::thread thread_;  // last: starts once the members it uses exist
-};
+// Checks a shipped plan against the spec it is to run: the same layout, and chunks that
+// cover the spec's model (make_plan with the plan's boundaries re-derives the rest).
+plan::Plan checked_plan(const JobSpec& spec, const EngineAssignment& a) {
+  const plan::PlanInputs in = plan::plan_inputs(spec);
+  if (!a.plan) return plan::make_plan(in, a.layout);
+  const plan::Plan& p = *a.plan;
+  TROUPE_CHECK(p.layout == a.layout, "assignment: the plan is for layout ", p.layout.str(),
+               ", which does not fit layout ", a.layout.str());
+  plan::Plan again = plan::make_plan(in, a.layout, p.micro_batch, p.boundaries());
+  TROUPE_CHECK(
+      again.n_micro == p.n_micro && again.schedule == p.schedule && again.virtual_stages == p.virtual_stages,
+      "assignment: the plan (", p.str(), ") does not fit the spec (", again.str(), ")");
+  return again;
+}
 
 }  // namespace
 
@@ -191,15 +81,13 @@ struct Engine::Impl {
   Dataset data;
   model::ModelConfig cfg;
   int T = 0;
-  int micro_batch = 0;  // rows per forward/backward
-  int n_micro = 0;      // micro-batches per step on this rank
-  int local_rows = 0;   // rows of the global batch this data-parallel rank takes
+  plan::Plan plan;  // what this generation runs (shipped, or planned here)
+  plan::RankPlace where_in_plan;
   parallel::PipelinePlace place;
   comm::Options copt;
   std::unique_ptr<comm::Communicator> world, dp_group, pp_group, tp_group, embed_group;
 
   // This rank's model chunks (one unless the schedule is interleaved) and their parameters.
-  parallel::Partition part;
   std::vector<std::unique_ptr<model::Stage>> stages;
   std::vector<model::Stage*> stage_ptrs;
   std::unique_ptr<parallel::PipelineExecutor> exec;  // pipeline > 1
@@ -212,8 +100,8 @@ struct Engine::Impl {
   // chunk runs inside the executor, interleaved with transfers of other micro-batches,
   // and the tied-embedding sum has to precede the embedding's bucket, so the reduction
   // stays after the schedule.
-  size_t bucket_floats = kBucketFloats;
-  std::unique_ptr<BucketReducer> reducer;
+  size_t bucket_floats = parallel::kDefaultBucketFloats;
+  std::unique_ptr<parallel::BucketReducer> reducer;
 
   int64_t next_step = 0;
   std::vector<int32_t> tokens, targets;
@@ -224,29 +112,23 @@ struct Engine::Impl {
 
   Impl(const JobSpec& s, const EngineAssignment& a)
       : spec(s), asg(a), data(make_dataset(s)), cfg(model::model_config(s)) {
-    TROUPE_CHECK(a.dp >= 1 && a.pp >= 1 && a.tp >= 1 && a.world == a.dp * a.pp * a.tp && a.rank >= 0 &&
-                     a.rank < a.world,
-                 "assignment: rank ", a.rank, " of ", a.world, " does not fit layout ", a.dp, "x", a.pp, "x",
-                 a.tp);
+    plan::check_layout(a.layout);
+    TROUPE_CHECK(a.rank >= 0 && a.rank < a.layout.world(), "assignment: rank ", a.rank, " of ",
+                 a.layout.world(), " does not fit layout ", a.layout.str());
     // Second line of defence: validate, run and submit refuse these first (core/spec_runnable.cpp).
     TROUPE_CHECK(s.train.precision == Precision::fp32, "train.precision ", to_string(s.train.precision),
                  " is not supported by this build yet: the engine trains in fp32");
     TROUPE_CHECK(s.resources.device == DeviceKind::cpu, "resources.device ", to_string(s.resources.device),
                  ": this build's engine trains on CPU only");
     T = s.model.seq_len;
-    const int B = s.train.global_batch;
-    TROUPE_CHECK(B % a.dp == 0, "global_batch ", B, " is not divisible by data ", a.dp);
-    local_rows = B / a.dp;
-    micro_batch = s.train.micro_batch > 0 ? s.train.micro_batch : local_rows;
-    TROUPE_CHECK(local_rows % micro_batch == 0, "global_batch / data = ", local_rows,
-                 " is not a multiple of micro_batch ", micro_batch);
-    n_micro = local_rows / micro_batch;
+    plan = checked_plan(s, a);
+    where_in_plan = plan::rank_place(plan, a.rank);
     TROUPE_CHECK(data.split_size(Split::train) > size_t(T) + 1, "the training data (",
                  data.split_size(Split::train),
                  " bytes) is shorter than one window of seq_len + 1 = ", T + 1);
-    place = parallel::pipeline_place(a.rank, a.dp, a.pp, a.tp);
+    place = parallel::pipeline_place(a.rank, a.layout.dp, a.layout.pp, a.layout.tp);
     copt.timeout = a.comm_timeout;
-    if (a.world > 1) connect();
+    if (world_size() > 1) connect();
     build_stages();
     for (auto* st : stage_ptrs)
       for (auto& p : st->params()) {
@@ -254,13 +136,13 @@ struct Engine::Impl {
         refs.push_back({p.name, p.data.f32(), p.grad.f32(), size_t(p.data.numel()), p.decay});
       }
     opt = std::make_unique<AdamW>(s.train.optimizer, refs);
-    bucket_floats = env_size("TROUPE_DP_BUCKET_FLOATS", kBucketFloats);
+    bucket_floats = env_size("TROUPE_DP_BUCKET_FLOATS", parallel::kDefaultBucketFloats);
     TROUPE_CHECK(bucket_floats > 0, "TROUPE_DP_BUCKET_FLOATS must be positive");
     const char* overlap = std::getenv("TROUPE_DP_OVERLAP");
     if (dp_group && !exec && !(overlap != nullptr && std::string(overlap) == "0"))
-      reducer = std::make_unique<BucketReducer>(dp_group.get(), copt);
-    tokens.resize(size_t(micro_batch) * T);
-    targets.resize(size_t(micro_batch) * T);
+      reducer = std::make_unique<parallel::BucketReducer>(dp_group.get(), copt, bucket_floats);
+    tokens.resize(size_t(plan.micro_batch) * T);
+    targets.resize(size_t(plan.micro_batch) * T);
     if (!a.resume_from.empty())
       resume(a.resume_from);
     else if (!s.model.init_from.empty())
@@ -268,22 +150,25 @@ struct Engine::Impl {
   }
 
   const comm::GridCoord& coord() const { return place.coord; }
+  int world_size() const { return asg.layout.world(); }
+  const plan::Layout& layout() const { return asg.layout; }
 
-  // The world communicator and this rank's groups (comm/groups.hpp: tensor innermost).
+  // The world communicator and this rank's groups (comm/groups.hpp).
   void connect() {
-    set_where("connecting to " + std::to_string(asg.world - 1) + " peers");
+    set_where("connecting to " + std::to_string(world_size() - 1) + " peers");
     comm::CommConfig c = asg.comm;
     c.rank = asg.rank;
-    c.size = asg.world;
+    c.size = world_size();
     c.generation = asg.generation;
     c.group = "world";
     world = comm::make_communicator(c);
-    const comm::GridGroups g = comm::grid_groups(asg.dp, asg.pp, asg.tp);
+    const comm::GridGroups g = comm::grid_groups(layout().dp, layout().pp, layout().tp);
     const int r = asg.rank;
-    if (asg.dp > 1) dp_group = world->new_group(comm::group_of(g.data, r), comm::group_name("dp", g.data, r));
-    if (asg.tp > 1)
+    if (layout().dp > 1)
+      dp_group = world->new_group(comm::group_of(g.data, r), comm::group_name("dp", g.data, r));
+    if (layout().tp > 1)
       tp_group = world->new_group(comm::group_of(g.tensor, r), comm::group_name("tp", g.tensor, r));
-    if (asg.pp > 1) {
+    if (layout().pp > 1) {
       pp_group = world->new_group(comm::group_of(g.pipeline, r), comm::group_name("pp", g.pipeline, r));
       // The tied embedding lives on the first and the last stage of each pipeline.
       if (place.first || place.last)
@@ -292,29 +177,15 @@ struct Engine::Impl {
     }
   }
 
-  // Model chunks of this pipeline rank, each a tensor shard; the schedule fixes how many
-  // micro-batches each chunk keeps in flight (its activation slots).
+  // This pipeline rank's model chunks under the plan, each a tensor shard; with a
+  // pipeline, the executor runs the plan's checked schedule over them.
   void build_stages() {
-    const int v = spec.parallel.virtual_stages;
-    part = parallel::partition_layers(cfg.n_layer, asg.pp, v, cfg);
-    const model::TensorShard shard{coord().t, asg.tp};
-    if (asg.pp == 1) {
-      stages.push_back(
-          std::make_unique<model::Stage>(cfg, part.of(0, 0), 1, micro_batch, shard, tp_group.get()));
-    } else {
-      parallel::Schedule sched =
-          parallel::make_schedule(schedule_kind(spec.parallel.schedule), asg.pp, v, n_micro);
-      parallel::CheckResult check = parallel::check_schedule(sched);
-      for (int c = 0; c < v; ++c)
-        stages.push_back(std::make_unique<model::Stage>(cfg, part.of(coord().p, c),
-                                                        std::max(1, check.peak_in_flight[coord().p][c]),
-                                                        micro_batch, shard, tp_group.get()));
-      for (auto& st : stages) stage_ptrs.push_back(st.get());
-      exec = std::make_unique<parallel::PipelineExecutor>(std::move(sched), coord().p, stage_ptrs,
-                                                          pp_group.get(), micro_batch, T, copt);
-      return;
-    }
+    stages = parallel::make_rank_stages(cfg, plan.partition, coord().p, plan.check, plan.micro_batch,
+                                        model::TensorShard{coord().t, layout().tp}, tp_group.get());
     for (auto& st : stages) stage_ptrs.push_back(st.get());
+    if (layout().pp > 1)
+      exec = std::make_unique<parallel::PipelineExecutor>(plan.table, plan.check, coord().p, stage_ptrs,
+                                                          pp_group.get(), plan.micro_batch, T, copt);
   }
 
   void set_where(std::string w) {
@@ -366,52 +237,18 @@ struct Engine::Impl {
     if (abort.load()) throw EngineAborted();
   }
 
-  int first_row(int mb) const { return coord().d * local_rows + mb * micro_batch; }
+  int first_row(int mb) const { return where_in_plan.first_row + mb * plan.micro_batch; }
 
-  // Sums the gradients over the data-parallel group, bucket by bucket. Each rank's
-  // backward already scaled its share by 1/(global tokens), so the sum is the mean
-  // gradient of the global batch.
+  // Sums the gradients over the data-parallel group, bucket by bucket, after the backward.
   void reduce_data_parallel() {
     if (!dp_group) return;
     for (auto* st : stage_ptrs) {
       const Tensor& flat = st->store().flat_grads();
-      float* g = flat.f32();
-      const size_t n = size_t(flat.numel());
-      size_t k = 0;
-      for (size_t end = n; end > 0; end = bucket_begin(end, bucket_floats), ++k) {
-        set_where("step " + std::to_string(next_step) + ": data-parallel allreduce of bucket " +
-                  std::to_string(k));
-        const size_t begin = bucket_begin(end, bucket_floats);
-        dp_group->allreduce(g + begin, end - begin, comm::ReduceOp::sum, copt);
-      }
-    }
-  }
-
-  // The last micro-batch's backward on a pipeline-free rank, each gradient bucket handed
-  // to the reducer as soon as the backward has finished writing it. Returns when the
-  // backward is done; the buckets may still be in flight (reducer->wait()).
-  void backward_overlapped(model::Stage& st, float dloss) {
-    const Tensor& flat = st.store().flat_grads();
-    float* g = flat.f32();
-    const size_t n = size_t(flat.numel());
-    size_t ready_from = n, next_end = n;
-    auto ship = [&](size_t final_from) {
-      while (next_end > 0 && bucket_begin(next_end, bucket_floats) >= final_from) {
-        const size_t begin = bucket_begin(next_end, bucket_floats);
-        reducer->submit(g + begin, next_end - begin);
-        next_end = begin;
-      }
-    };
-    try {
-      st.backward(0, nullptr, dloss, [&](size_t first, size_t end) {
-        if (end != ready_from) return;  // not the tail: waits for the flush below
-        ready_from = first;
-        ship(ready_from);
-      });
-      ship(0);
-    } catch (...) {
-      reducer->cancel();
-      throw;
+      parallel::reduce_buckets(*dp_group, flat.f32(), size_t(flat.numel()), bucket_floats, copt,
+                               [&](size_t k) {
+                                 set_where("step " + std::to_string(next_step) +
+                                           ": data-parallel allreduce of bucket " + std::to_string(k));
+                               });
     }
   }
 
@@ -429,7 +266,7 @@ struct Engine::Impl {
     for (auto* st : stage_ptrs) {
       std::vector<model::Param> counted;
       for (const auto& p : st->params())
-        if (!(p.name == "wte.weight" && asg.pp > 1 && !st->range().has_embedding)) counted.push_back(p);
+        if (!tied_copy(*st, p)) counted.push_back(p);
       local += model::tensor_parallel_grad_sum_squares(st->tensor_group(), counted);
     }
     return world_sum(coord().t == 0 && coord().d == 0 ? local : 0.0);
@@ -447,6 +284,7 @@ struct Engine::Impl {
     if (!exec) {
       const auto t_compute = clock::now();
       model::Stage& st = *stage_ptrs[0];
+      const int micro_batch = plan.micro_batch, n_micro = plan.n_micro;
       for (int mb = 0; mb < n_micro; ++mb) {
         check_abort(abort);
         data.get_rows(s, B, T, first_row(mb), first_row(mb) + micro_batch, tokens.data(), targets.data());
@@ -456,7 +294,7 @@ struct Engine::Impl {
         set_where("step " + std::to_string(s) + ": backward micro-batch " + std::to_string(mb));
         // Earlier micro-batches only accumulate: no bucket is final before the last one.
         if (reducer && mb == n_micro - 1)
-          backward_overlapped(st, dloss);
+          reducer->backward_overlapped(st, dloss);
         else
           st.backward(0, nullptr, dloss);
       }
@@ -473,7 +311,8 @@ struct Engine::Impl {
     } else {
       set_where("step " + std::to_string(s) + ": pipeline schedule");
       auto source = [&](int mb) {
-        data.get_rows(s, B, T, first_row(mb), first_row(mb) + micro_batch, tokens.data(), targets.data());
+        data.get_rows(s, B, T, first_row(mb), first_row(mb) + plan.micro_batch, tokens.data(),
+                      targets.data());
         return parallel::MicroBatch{tokens.data(), targets.data()};
       };
       parallel::PipelineStepResult pr = exec->run(source, dloss);
@@ -522,9 +361,9 @@ struct Engine::Impl {
   // chain through the model chunks in order (chunk k on pipeline rank k mod pp); every data
   // replica evaluates the same batches.
   double evaluate() {
-    const int Bm = micro_batch;
+    const int Bm = plan.micro_batch;
     const int64_t n_batches = data.num_eval_batches(Bm, T);
-    const int n_chunks = part.n_chunks();
+    const int n_chunks = plan.partition.n_chunks(), pp = layout().pp;
     const int D = cfg.d_model;
     act.resize(size_t(Bm) * T * D);
     double sum = 0.0;
@@ -535,9 +374,9 @@ struct Engine::Impl {
         sum += stage_ptrs[0]->forward(0, tokens.data(), nullptr, targets.data(), Bm, T);
         continue;
       }
-      for (int chunk = coord().p; chunk < n_chunks; chunk += asg.pp) {
-        model::Stage& st = *stage_ptrs[size_t(chunk / asg.pp)];
-        const int prev = (coord().p + asg.pp - 1) % asg.pp, next = (coord().p + 1) % asg.pp;
+      for (int chunk = coord().p; chunk < n_chunks; chunk += pp) {
+        model::Stage& st = *stage_ptrs[size_t(chunk / pp)];
+        const int prev = (coord().p + pp - 1) % pp, next = (coord().p + 1) % pp;
         if (chunk > 0)
           pp_group->recv(act.data(), act.size() * sizeof(float), prev, kEvalTagBase + uint32_t(chunk), copt);
         const bool last = chunk == n_chunks - 1;
@@ -558,18 +397,8 @@ struct Engine::Impl {
 
   // ------------------------------------------------------------------ checkpoints
 
-  // This rank's part of the state at a step boundary, copied out of the live tensors so
-  // training may go on while it is written.
-  struct Snapshot {
-    std::string root;
-    int64_t step = 0;
-    std::string file;
-    std::vector<std::string> names;
-    std::vector<Shape> shapes;
-    std::vector<std::vector<float>> buffers;
-    safetensors::Metadata meta;
-    std::string manifest_json;
-  };
+  // ------------------------------------------------------------------ checkpoints
+
   std::thread writer;
   std::exception_ptr writer_error;
   std::string last_committed;
@@ -578,20 +407,19 @@ struct Engine::Impl {
     if (writer.joinable()) writer.join();
   }
 
-  // Replicas of a tensor share its bytes out instead of writing them twice: a split tensor
-  // is replicated over the data-parallel group, a whole one over data and tensor groups.
-  std::pair<int, int> replica_of(const model::Param& p) const {
-    if (p.split_dim >= 0) return {coord().d, asg.dp};
-    return {coord().d * asg.tp + coord().t, asg.dp * asg.tp};
+  // The tied LM head of the last stage is a copy of the first stage's wte.weight: it
+  // counts once in the gradient norm and is stored once.
+  bool tied_copy(const model::Stage& st, const model::Param& p) const {
+    return p.name == "wte.weight" && layout().pp > 1 && !st.range().has_embedding;
   }
 
   std::string manifest_json() const {
     checkpoint::Manifest m;
     m.step = next_step;
     m.data_cursor = next_step;
-    m.dp = asg.dp;
-    m.pp = asg.pp;
-    m.tp = asg.tp;
+    m.dp = layout().dp;
+    m.pp = layout().pp;
+    m.tp = layout().tp;
     m.seed = spec.train.seed;
     m.spec_yaml = to_yaml(spec);
     m.spec_hash = hex64(rng::name_hash(m.spec_yaml));
@@ -601,84 +429,32 @@ struct Engine::Impl {
     return checkpoint::to_json(m).dump();
   }
 
-  Snapshot snapshot(const std::string& root) const {
-    Snapshot s;
-    s.root = std::filesystem::absolute(root).lexically_normal().string();
-    s.step = next_step;
-    s.file = shard_file(asg.rank);
-    // The tied LM head of the last stage is a copy of the first stage's wte.
-    std::vector<const float*> tied_copies;
+  // What this rank holds, each tensor once. A split tensor is replicated over the
+  // data-parallel group, a whole one over data and tensor groups: the replicas share
+  // its bytes out.
+  checkpoint::ShardSnapshot snapshot(const std::string& root) const {
+    std::vector<checkpoint::HeldTensor> held;
+    size_t i = 0;
     for (auto* st : stage_ptrs)
-      for (const auto& p : st->params())
-        if (p.name == "wte.weight" && asg.pp > 1 && !st->range().has_embedding)
-          tied_copies.push_back(p.data.f32());
-    nlohmann::json slices = nlohmann::json::object();
-    for (size_t i = 0; i < params.size(); ++i) {
-      const model::Param& p = *params[i];
-      if (std::find(tied_copies.begin(), tied_copies.end(), p.data.f32()) != tied_copies.end()) continue;
-      const auto [index, count] = replica_of(p);
-      const checkpoint::Spread part = checkpoint::spread(held_slice(p), index, count);
-      if (part.end <= part.begin) continue;
-      const Shape shape = checkpoint::local_shape(part.stored);
-      int64_t n = 1;
-      for (auto d : shape) n *= d;
-      const float* sources[3] = {p.data.f32(), opt->m(i).data(), opt->v(i).data()};
-      const char* prefixes[3] = {"", "optim.m.", "optim.v."};
-      for (int k = 0; k < 3; ++k) {
-        s.names.push_back(prefixes[k] + p.name);
-        s.shapes.push_back(shape);
-        s.buffers.emplace_back(size_t(n));
-        checkpoint::copy_block(sources[k], p.data.shape(), part.dim, part.begin, part.end,
-                               s.buffers.back().data());
+      for (const auto& p : st->params()) {
+        const size_t k = i++;
+        if (tied_copy(*st, p)) continue;
+        const bool split = p.split_dim >= 0;
+        held.push_back({p.name, held_slice(p), p.data.shape(), p.data.f32(), opt->m(k).data(),
+                        opt->v(k).data(), split ? coord().d : coord().d * layout().tp + coord().t,
+                        split ? layout().dp : layout().dp * layout().tp});
       }
-      slices[p.name] = checkpoint::slice_json(part.stored);
-    }
-    s.meta = {
-        {"format", "troupe"},
-        {"step", std::to_string(next_step)},
-        {"rank", std::to_string(asg.rank)},
-        {"layout", std::to_string(asg.dp) + "x" + std::to_string(asg.pp) + "x" + std::to_string(asg.tp)},
-        {"slices", slices.dump()}};
-    s.manifest_json = manifest_json();
-    return s;
+    return checkpoint::snapshot_shard(root, next_step, asg.rank, world_size(), asg.generation, layout().str(),
+                                      spec.checkpoint.keep, held, manifest_json());
   }
 
   // Writes the snapshot (fsynced), reports it and returns the committed directory. With
   // one rank and no committer the engine commits by itself.
-  std::string write_snapshot(const Snapshot& s) {
-    const std::string tmp = checkpoint::prepare(s.root, s.step);
-    const std::string path = tmp + "/" + s.file;
-    std::vector<safetensors::WriteEntry> entries;
-    for (size_t k = 0; k < s.names.size(); ++k)
-      entries.push_back({s.names[k], DType::f32, s.shapes[k], s.buffers[k].data()});
-    safetensors::WriteOptions wo;
-    wo.fsync = true;
-    uint64_t size = 0;
-    try {
-      size = safetensors::write(path, entries, s.meta, wo);
-    } catch (const IoError& e) {
-      if (e.code() != ENOSPC && e.code() != EDQUOT) throw;
-      // The partial file is gone (safetensors::write); so is step_N.tmp once no rank has a file in it.
-      std::error_code ec;
-      std::filesystem::remove(tmp, ec);
-      throw checkpoint::DiskFullError(std::string(e.what()) + " (checkpoint of step " +
-                                      std::to_string(s.step) +
-                                      "; the partial file was removed, earlier checkpoints are intact): free "
-                                      "space under " +
-                                      s.root + " or set checkpoint.dir elsewhere");
-    }
-    checkpoint::fault_point("write", s.step, asg.rank, asg.generation, path);
-    checkpoint::ShardReport rep;
-    rep.root = s.root;
-    rep.step = s.step;
-    rep.rank = asg.rank;
-    rep.world = asg.world;
-    rep.keep = spec.checkpoint.keep;
-    rep.manifest_json = s.manifest_json;
-    rep.files.push_back({s.file, size, checkpoint::file_xxh64(path)});
+  std::string write_snapshot(const checkpoint::ShardSnapshot& s) {
+    const checkpoint::ShardReport rep = checkpoint::write_snapshot(s);
     if (asg.commit_shard) return asg.commit_shard(rep);
     checkpoint::CommitTracker one;
-    if (asg.world == 1) {
+    if (world_size() == 1) {
       auto ready = one.add("self", rep);
       return checkpoint::commit(ready->root, ready->manifest, ready->keep);
     }
@@ -687,12 +463,13 @@ struct Engine::Impl {
     world->barrier(copt);
     const std::string dir = s.root + "/" + checkpoint::step_dir_name(s.step);
     if (asg.rank == 0) {
+      const std::string tmp = checkpoint::prepare(s.root, s.step);
       std::optional<checkpoint::ReadyCommit> ready;
-      for (int r = 0; r < asg.world; ++r) {
+      for (int r = 0; r < world_size(); ++r) {
         checkpoint::ShardReport other = rep;
         other.rank = r;
-        const std::string f = tmp + "/" + shard_file(r);
-        other.files = {{shard_file(r), std::filesystem::file_size(f), checkpoint::file_xxh64(f)}};
+        const std::string name = checkpoint::shard_file_name(r), f = tmp + "/" + name;
+        other.files = {{name, std::filesystem::file_size(f), checkpoint::file_xxh64(f)}};
         ready = one.add("self", other);
       }
       checkpoint::commit(ready->root, ready->manifest, ready->keep);
@@ -717,9 +494,9 @@ struct Engine::Impl {
     set_where("checkpoint step " + std::to_string(next_step) + ": waiting for the previous write");
     wait_writer();
     set_where("checkpoint step " + std::to_string(next_step) + ": copying to host memory");
-    auto snap = std::make_shared<Snapshot>(snapshot(root));
+    auto snap = std::make_shared<checkpoint::ShardSnapshot>(snapshot(root));
     const std::string dir = root + "/" + checkpoint::step_dir_name(next_step);
-    if (spec.checkpoint.async && (asg.commit_shard || asg.world == 1)) {
+    if (spec.checkpoint.async && (asg.commit_shard || world_size() == 1)) {
       writer = std::thread([this, snap] {
         try {
           last_committed = write_snapshot(*snap);
@@ -764,5 +541,8 @@ int64_t Engine::num_params() const {
   return n;
 }
 std::string Engine::where() const { return impl_->current_where(); }
+bool Engine::resumed() const { return !impl_->asg.resume_from.empty(); }
+const plan::Plan& Engine::plan() const { return impl_->plan; }
+plan::RankPlace Engine::place() const { return impl_->where_in_plan; }
 
 }  // namespace troupe

@@ -18,15 +18,18 @@
 #include "checkpoint/commit.hpp"
 #include "comm/communicator.hpp"
 #include "core/spec.hpp"
+#include "plan/plan.hpp"
 
 namespace troupe {
 
 // Which part of the job this rank runs (the coordinator's assignment).
-// Ranks are laid out tensor innermost: rank = (d * pp + p) * tp + t (comm/groups.hpp).
+// Ranks sit on the grid of plan/grid.hpp: rank = (d * pp + p) * tp + t.
 struct EngineAssignment {
   int rank = 0;
-  int world = 1;
-  int dp = 1, pp = 1, tp = 1;  // the layout
+  plan::Layout layout;  // this generation's dp x pp x tp
+  // The plan to run (the coordinator's, shipped in the Assignment); the engine checks it
+  // fits the spec's model and batch. Unset: the engine plans `layout` itself (make_plan).
+  std::optional<plan::Plan> plan;
   int generation = 0;
   std::string resume_from;  // checkpoint directory to load ("" = fresh init or model.init_from)
   // How to build the world communicator when world > 1: backend, store, job and
@@ -69,6 +72,8 @@ class Engine {
   // The step the next call to step() runs (0 for a fresh job, k after resuming at step k).
   int64_t next_step() const;
   bool done() const { return next_step() >= total_steps_; }
+  // True when the engine loaded a checkpoint (assignment.resume_from).
+  bool resumed() const;
 
   // Runs one optimizer step (all micro-batches, reduction, clipping, AdamW).
   StepReport step();
@@ -90,6 +95,9 @@ class Engine {
   std::string where() const;
 
   int64_t num_params() const;
+  // The plan this rank runs and its place in it (what the worker log prints).
+  const plan::Plan& plan() const;
+  plan::RankPlace place() const;
 
  private:
   struct Impl;

@@ -20,6 +20,7 @@
 #include "worker/coordinator_store.hpp"
 #include "worker/engine.hpp"
 #include "worker/node.hpp"
+#include "worker/train_loop.hpp"
 
 namespace troupe::worker {
 
@@ -82,6 +83,48 @@ worker_actor::behavior_type worker_fn(worker_actor::stateful_pointer<WorkerState
   };
 }
 
+// Steps go to the coordinator as they complete; the drain step comes from the worker actor.
+class CoordinatorReporter : public LoopReporter {
+ public:
+  CoordinatorReporter(const Assignment& a, const coordinator_actor& coord, const worker_actor& me,
+                      Control& control)
+      : a_(a), coord_(coord), me_(me), control_(control) {}
+  void step(const StepReport& r) override {
+    StepMetrics m{a_.job_id,
+                  a_.generation,
+                  a_.rank,
+                  r.step,
+                  r.loss,
+                  r.lr,
+                  r.tokens,
+                  r.step_ms,
+                  r.grad_norm,
+                  r.val_loss.has_value(),
+                  r.val_loss.value_or(0.0),
+                  r.compute_ms,
+                  r.comm_ms,
+                  r.bubble_ms};
+    // Sent as the worker actor: the coordinator takes steps only from the rank that registered.
+    caf::send_as(me_, coord_, step_atom::value, m);
+    std::cout << "step " << r.step << " loss " << r.loss << " step_ms " << r.step_ms << std::endl;
+  }
+  void checkpoint_started(const std::string& dir) override { std::cout << "checkpoint " << dir << std::endl; }
+  int64_t drain_after() override { return control_.drain_after.load(); }
+
+ private:
+  const Assignment& a_;
+  coordinator_actor coord_;
+  worker_actor me_;
+  Control& control_;
+};
+
+// The plan the coordinator shipped, rebuilt for the engine (which checks it against the spec).
+plan::Plan shipped_plan(const Assignment& a, const JobSpec& spec) {
+  const plan::Layout layout{a.dp, a.pp, a.tp};
+  std::vector<int> boundaries(a.chunk_boundaries.begin(), a.chunk_boundaries.end());
+  return plan::make_plan(plan::plan_inputs(spec), layout, a.micro_batch, boundaries);
+}
+
 WorkerResult train(const Assignment& a, const coordinator_actor& coord, const worker_actor& me,
                    Control& control, std::shared_ptr<comm::Store> store, const std::string& comm_host) {
   WorkerResult res{a.job_id, a.generation, a.rank, false, "", ""};
@@ -89,10 +132,8 @@ WorkerResult train(const Assignment& a, const coordinator_actor& coord, const wo
     JobSpec spec = parse_spec(a.spec_yaml, a.run_dir + "/spec.yaml");
     EngineAssignment ea;
     ea.rank = a.rank;
-    ea.world = a.world;
-    ea.dp = a.dp;
-    ea.pp = a.pp;
-    ea.tp = a.tp;
+    ea.layout = {a.dp, a.pp, a.tp};
+    ea.plan = shipped_plan(a, spec);
     ea.generation = a.generation;
     ea.resume_from = a.resume_from;
     // Ranks find each other through the coordinator's store, under (job, generation).
@@ -124,58 +165,28 @@ WorkerResult train(const Assignment& a, const coordinator_actor& coord, const wo
       if (control.aborted) throw EngineAborted();
     }
     Engine engine(spec, ea);
+    // The engine rebuilt the shipped plan; its place must be the one the coordinator assigned.
+    if (engine.place().str() != a.place)
+      throw Error("the engine places this rank as \"" + engine.place().str() + "\", the coordinator as \"" +
+                  a.place + "\"");
+    std::cout << "plan: " << engine.plan().str() << std::endl;
     {
       std::lock_guard<std::mutex> lock(control.mu);
       control.engine = &engine;
       if (control.aborted) engine.request_abort();
     }
-    std::string ckpt_dir = spec.checkpoint.dir.empty() ? a.run_dir + "/ckpt" : spec.checkpoint.dir;
-    bool drained = false;
+    const std::string ckpt_dir = spec.checkpoint.dir.empty() ? a.run_dir + "/ckpt" : spec.checkpoint.dir;
+    CoordinatorReporter reporter(a, coord, me, control);
+    LoopEnd end = LoopEnd::finished;
     try {
-      while (!engine.done()) {
-        StepReport r = engine.step();
-        StepMetrics m{a.job_id,
-                      a.generation,
-                      a.rank,
-                      r.step,
-                      r.loss,
-                      r.lr,
-                      r.tokens,
-                      r.step_ms,
-                      r.grad_norm,
-                      r.val_loss.has_value(),
-                      r.val_loss.value_or(0.0),
-                      r.compute_ms,
-                      r.comm_ms,
-                      r.bubble_ms};
-        // Sent as the worker actor: the coordinator takes steps only from the rank that registered.
-        caf::send_as(me, coord, step_atom::value, m);
-        std::cout << "step " << r.step << " loss " << r.loss << " step_ms " << r.step_ms << std::endl;
-        bool saved = spec.checkpoint.every > 0 && (r.step + 1) % spec.checkpoint.every == 0;
-        if (saved) std::cout << "checkpoint " << engine.save_checkpoint(ckpt_dir) << std::endl;
-        // A resize: every rank got the same drain step and stops after it. A
-        // rank that heard of it too late cannot join the others' checkpoint;
-        // it says so, and the coordinator falls back to a restart.
-        int64_t drain = control.drain_after.load();
-        if (drain >= 0 && r.step > drain)
-          throw Error("drain after step " + std::to_string(drain) + " arrived after step " +
-                      std::to_string(r.step));
-        if (drain >= 0 && r.step == drain) {
-          if (!saved) std::cout << "checkpoint " << engine.save_checkpoint(ckpt_dir) << std::endl;
-          std::cout << "drained after step " << r.step << std::endl;
-          drained = true;
-          break;
-        }
-      }
-      // The final state is always saved (collective: every rank reaches this point).
-      if (!drained && (spec.checkpoint.every <= 0 || engine.next_step() % spec.checkpoint.every != 0))
-        std::cout << "checkpoint " << engine.save_checkpoint(ckpt_dir) << std::endl;
-      engine.wait_checkpoint();  // the job ends only after its last checkpoint is committed
+      end = train_to_end(engine, spec, ckpt_dir, reporter);
     } catch (...) {
       std::lock_guard<std::mutex> lock(control.mu);
       control.engine = nullptr;
       throw;
     }
+    const bool drained = end == LoopEnd::drained;
+    if (drained) std::cout << "drained after step " << engine.next_step() - 1 << std::endl;
     std::lock_guard<std::mutex> lock(control.mu);
     control.engine = nullptr;
     control.phase = drained ? "drained" : "finished";
@@ -226,7 +237,16 @@ int run_worker(const WorkerOptions& o) {
   }
   NodeConfig cfg(o.secret_file);
   caf::actor_system sys{cfg};
+  // A loaded host can take longer than the connection timeout to finish the TLS and
+  // CAF handshakes; a few tries with backoff keep that from failing the generation.
   auto coord = connect<coordinator_actor>(sys, addr.first, addr.second);
+  for (auto backoff = std::chrono::milliseconds(250); !coord && backoff <= std::chrono::seconds(4);
+       backoff *= 2) {
+    std::cerr << "troupe worker: cannot reach the coordinator at " << o.coordinator << " ("
+              << sys.render(coord.error()) << "); retrying in " << backoff.count() << " ms" << std::endl;
+    std::this_thread::sleep_for(backoff);
+    coord = connect<coordinator_actor>(sys, addr.first, addr.second);
+  }
   if (!coord) {
     std::cerr << "troupe worker: cannot reach the coordinator at " << o.coordinator << ": "
               << sys.render(coord.error()) << "\n";
@@ -247,9 +267,8 @@ int run_worker(const WorkerOptions& o) {
     caf::anon_send_exit(self_actor, caf::exit_reason::user_shutdown);
     return 3;
   }
-  std::cout << "assignment: rank " << a.rank << "/" << a.world << " layout " << a.dp << "x" << a.pp << "x"
-            << a.tp << " grid (dp " << a.dp_index << ", pp " << a.pp_index << ", tp " << a.tp_index
-            << ") layers [" << a.first_layer << ", " << a.last_layer << ")" << std::endl;
+  std::cout << "assignment: " << a.place << " of layout " << plan::Layout{a.dp, a.pp, a.tp}.str()
+            << std::endl;
 
   WorkerResult result;
   // On one host the ranks talk over loopback; across hosts over this host's name.

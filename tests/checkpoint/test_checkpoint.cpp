@@ -39,13 +39,6 @@ JobSpec spec_with(bool async = true) {
 
 std::string temp_dir(const std::string& name) { return testing::temp_dir("test_ckpt_" + name); }
 
-struct Layout {
-  int dp = 1, pp = 1, tp = 1;
-};
-std::string str(Layout l) {
-  return std::to_string(l.dp) + "x" + std::to_string(l.pp) + "x" + std::to_string(l.tp);
-}
-
 // Runs layout `l` as threads from `resume` ("" = fresh) until step `stop`, saves a
 // checkpoint into `root` when `root` is set, and returns rank 0's losses.
 std::vector<double> run(const JobSpec& spec, Layout l, const std::string& resume, int64_t stop,
@@ -67,7 +60,7 @@ std::vector<double> run(const JobSpec& spec, Layout l, const std::string& resume
     }
   });
   for (int r = 0; r < world; ++r) {
-    INFO("layout " << str(l) << " rank " << r);
+    INFO("layout " << l.str() << " rank " << r);
     REQUIRE(errors[size_t(r)] == "");
   }
   return losses[0];
@@ -146,8 +139,8 @@ TEST_CASE("checkpoint: saved under one layout, resumed under another, continues 
                                                         {{2, 2, 1}, {1, 2, 2}}, {{1, 2, 2}, {2, 2, 1}},
                                                         {{4, 1, 1}, {1, 1, 2}}, {{1, 1, 2}, {2, 2, 2}}};
   for (const auto& [x, y] : pairs) {
-    INFO("save under " << str(x) << ", resume under " << str(y));
-    const std::string root = temp_dir("xy_" + str(x) + "_" + str(y));
+    INFO("save under " << x.str() << ", resume under " << y.str());
+    const std::string root = temp_dir("xy_" + x.str() + "_" + y.str());
     const std::vector<double> first = run(spec, x, "", 4, root);
     REQUIRE(checkpoint::verify(root + "/step_000004").dp == x.dp);
     const std::vector<double> second = run(spec, y, root, kSteps);
@@ -163,7 +156,7 @@ TEST_CASE("checkpoint: the same layout continues bit for bit, and replicas store
   for (bool async : {true, false}) {
     const JobSpec spec = spec_with(async);
     for (Layout l : {Layout{1, 1, 1}, Layout{2, 2, 2}, Layout{4, 1, 1}}) {
-      INFO("layout " << str(l) << " async " << async);
+      INFO("layout " << l.str() << " async " << async);
       const std::vector<double> ref = run(spec, l, "", kSteps);
       const std::string root = temp_dir("same");
       run(spec, l, "", 3, root);

@@ -117,21 +117,6 @@ TEST_CASE("job FSM: legal and illegal transitions", "[fsm]") {
   CHECK(std::string(e.what()) == "illegal job transition succeeded -> running");
 }
 
-TEST_CASE("rank coordinates: tensor fastest, then data, then pipeline, stages balanced", "[layout]") {
-  Layout l{2, 2, 2};
-  auto c = rank_coords(l, 5, 5);
-  CHECK(c.pp_index == 1);
-  CHECK(c.dp_index == 0);
-  CHECK(c.tp_index == 1);
-  CHECK(c.first_layer == 3);  // stage 0 holds 3 layers, stage 1 holds 2
-  CHECK(c.last_layer == 5);
-  auto c0 = rank_coords(l, 0, 5);
-  CHECK(c0.first_layer == 0);
-  CHECK(c0.last_layer == 3);
-  CHECK_THROWS_AS(rank_coords(l, 8, 5), troupe::Error);
-  CHECK(l.str() == "2x2x2");
-}
-
 TEST_CASE("placement: two jobs that fit run at once, a third waits with a reason", "[placement]") {
   Fixture f;
   Actions a;
@@ -180,8 +165,7 @@ TEST_CASE("workers: registration checks protocol, generation, rank and duplicate
   CHECK(f.st.register_worker(7, j, 0, 2, "h", 1, &a).refused.find("outside") != std::string::npos);
   auto ok = f.st.register_worker(7, j, 0, 1, "h", 1, &a);
   CHECK(ok.refused.empty());
-  CHECK(ok.coords.pp_index == 1);
-  CHECK(ok.coords.first_layer == 2);
+  CHECK(ok.rank == 1);
   CHECK(f.st.register_worker(7, j, 0, 1, "h", 1, &a).refused.find("already registered") != std::string::npos);
   Actions m;
   auto bad = f.st.register_worker(5, j, 0, 0, "h", 1, &m);

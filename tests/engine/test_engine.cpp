@@ -167,13 +167,20 @@ TEST_CASE("engine: request_abort from another thread stops a step", "[engine]") 
 }
 
 TEST_CASE("engine: an assignment that does not fit its layout is refused with a clear error", "[engine]") {
+  const JobSpec spec = tiny_spec(2, 4);
   EngineAssignment asg;
-  asg.pp = 2;
-  asg.world = 3;
-  REQUIRE_THROWS_WITH(Engine(tiny_spec(2, 4), asg), Catch::Contains("does not fit layout 1x2x1"));
-  asg.world = 2;
+  asg.layout = {1, 2, 1};
   asg.rank = 2;
-  REQUIRE_THROWS_WITH(Engine(tiny_spec(2, 4), asg), Catch::Contains("rank 2 of 2"));
+  REQUIRE_THROWS_WITH(Engine(spec, asg), Catch::Contains("rank 2 of 2 does not fit layout 1x2x1"));
+  // A shipped plan is checked: for another layout, or with chunks that do not cover the model.
+  asg.rank = 0;
+  asg.plan = plan::make_plan(plan::plan_inputs(spec), {1, 1, 1});
+  REQUIRE_THROWS_WITH(Engine(spec, asg), Catch::Contains("the plan is for layout 1x1x1"));
+  asg.layout = {1, 1, 1};
+  plan::PlanInputs other = plan::plan_inputs(spec);
+  other.model.n_layers = spec.model.n_layers + 1;
+  asg.plan = plan::make_plan(other, {1, 1, 1});
+  REQUIRE_THROWS_WITH(Engine(spec, asg), Catch::Contains("do not cover the model's"));
 }
 
 TEST_CASE("engine: config A learns the fortunes text", "[engine][slow]") {

@@ -207,8 +207,7 @@ TEST_CASE("engine: errors of the overlapped reduction reach step(), request_abor
       build.emplace_back([&, r] {
         EngineAssignment a;
         a.rank = r;
-        a.world = 2;
-        a.dp = 2;
+        a.layout = {2, 1, 1};
         a.comm.backend = "local";
         a.comm.local_world = local_world;
         // Far past the test's own timeout: only an abort ends the wait for the absent peer.

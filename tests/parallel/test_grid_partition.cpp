@@ -3,10 +3,12 @@
 #include "comm/error.hpp"
 #include "core/error.hpp"
 #include "parallel/grid.hpp"
-#include "parallel/partition.hpp"
+#include "parallel/pipeline.hpp"
+#include "plan/partition.hpp"
 
 using namespace troupe;
 using namespace troupe::parallel;
+using namespace troupe::plan;
 
 TEST_CASE("grid: pipeline places of the worked 2x2x2 example", "[parallel][grid]") {
   struct Row {
@@ -47,7 +49,7 @@ TEST_CASE("partition: contiguous, every stage has a block, head and embedding co
   gpt2.seq_len = 1024;
   gpt2.n_layer = 12;
   gpt2.n_head = 12;
-  StageCosts c = stage_costs(gpt2);
+  StageCosts c = stage_costs(shape_of(gpt2));
   REQUIRE(c.head == Approx(4.93).margin(0.01));  // the V x D GEMM of GPT-2 small ~ 5 blocks
   REQUIRE(c.embedding < 0.01);
 
@@ -56,10 +58,11 @@ TEST_CASE("partition: contiguous, every stage has a block, head and embedding co
       for (int v = 1; v <= 3; ++v) {
         INFO("L " << L << " pp " << pp << " v " << v);
         if (L < pp * v) {
-          REQUIRE_THROWS_WITH(partition_layers(L, pp, v, gpt2), Catch::Contains("cannot give each"));
+          REQUIRE_THROWS_WITH(partition_layers(L, pp, v, stage_costs(shape_of(gpt2))),
+                              Catch::Contains("cannot give each"));
           continue;
         }
-        Partition p = partition_layers(L, pp, v, gpt2);
+        Partition p = partition_layers(L, pp, v, stage_costs(shape_of(gpt2)));
         REQUIRE(p.n_chunks() == pp * v);
         int next = 0;
         for (int k = 0; k < p.n_chunks(); ++k) {
@@ -71,14 +74,14 @@ TEST_CASE("partition: contiguous, every stage has a block, head and embedding co
         }
         REQUIRE(next == L);
         // deterministic
-        Partition q = partition_layers(L, pp, v, gpt2);
+        Partition q = partition_layers(L, pp, v, stage_costs(shape_of(gpt2)));
         for (int k = 0; k < p.n_chunks(); ++k) REQUIRE(q.chunks[k].last == p.chunks[k].last);
         // optimal against the even split when it exists
         if (L % (pp * v) == 0) REQUIRE(p.max_cost() <= L / (pp * v) + c.head + c.embedding + 1e-9);
       }
   // GPT-2 small on 4 stages: the head (~4.9 blocks) leaves the last stage one block,
   // and the other 11 spread evenly (the embedding tips the first stage to 3).
-  Partition p = partition_layers(12, 4, 1, gpt2);
+  Partition p = partition_layers(12, 4, 1, stage_costs(shape_of(gpt2)));
   std::vector<int> sizes;
   for (auto& r : p.chunks) sizes.push_back(r.n_blocks());
   REQUIRE(sizes == std::vector<int>{3, 4, 4, 1});
@@ -94,5 +97,5 @@ TEST_CASE("partition: contiguous, every stage has a block, head and embedding co
   // ties go to earlier chunks
   Partition t = partition_layers(5, 2, 1, StageCosts{1.0, 0.0, 0.0});
   REQUIRE(t.chunks[0].n_blocks() == 3);
-  REQUIRE_THROWS_AS(partition_layers(4, 0, 1, gpt2), Error);
+  REQUIRE_THROWS_AS(partition_layers(4, 0, 1, stage_costs(shape_of(gpt2))), Error);
 }

@@ -14,6 +14,7 @@
 
 using namespace troupe;
 using namespace troupe::parallel;
+using namespace troupe::plan;
 
 namespace {
 
@@ -93,8 +94,8 @@ Outcome pipelined(const model::ModelConfig& cfg, ScheduleKind kind, int pp, int 
         cc.local_world = world;
         cc.timeout = std::chrono::milliseconds(20000);
         auto comm = comm::make_communicator(cc);
-        Schedule s = make_schedule(kind, pp, v, m);
-        Partition part = partition_layers(cfg.n_layer, pp, v, cfg);
+        plan::Schedule s = make_schedule(kind, pp, v, m);
+        Partition part = partition_layers(pp, v, shape_of(cfg));
         auto owned = make_rank_stages(cfg, part, r, check_schedule(s), kB);
         std::vector<model::Stage*> stages;
         for (auto& st : owned) stages.push_back(st.get());
@@ -185,8 +186,8 @@ TEST_CASE("pipeline: interleaved 2 ranks x 2 virtual stages equals the single-st
 TEST_CASE("pipeline: one rank runs the whole model without a communicator", "[parallel][pipeline]") {
   const model::ModelConfig cfg = tiny_gpt(2);
   for (int m : {1, 3}) {
-    Schedule s = one_f_one_b(1, m);
-    Partition part = partition_layers(cfg.n_layer, 1, 1, cfg);
+    plan::Schedule s = one_f_one_b(1, m);
+    Partition part = partition_layers(1, 1, shape_of(cfg));
     auto owned = make_rank_stages(cfg, part, 0, check_schedule(s), kB);
     PipelineExecutor ex(s, 0, {owned[0].get()}, nullptr, kB, kT);
     Data d(m, 0);
@@ -203,7 +204,7 @@ TEST_CASE("pipeline: one rank runs the whole model without a communicator", "[pa
 
 TEST_CASE("pipeline: stages without the slots or ends the table needs are refused", "[parallel][pipeline]") {
   const model::ModelConfig cfg = tiny_gpt(2);
-  Schedule s = gpipe(1, 4);
+  plan::Schedule s = gpipe(1, 4);
   model::Stage few(cfg, model::StageRange::full(cfg), 2, kB);
   REQUIRE_THROWS_WITH(PipelineExecutor(s, 0, {&few}, nullptr, kB, kT),
                       Catch::Contains("has 2 activation slots; the gpipe schedule keeps 4"));
@@ -224,8 +225,8 @@ TEST_CASE("pipeline: a neighbour that never comes is a named timeout, and where(
   cc.size = 2;
   cc.local_world = world;
   auto comm0 = comm::make_communicator(cc);
-  Schedule s = one_f_one_b(2, 2);
-  Partition part = partition_layers(cfg.n_layer, 2, 1, cfg);
+  plan::Schedule s = one_f_one_b(2, 2);
+  Partition part = partition_layers(2, 1, shape_of(cfg));
   auto owned = make_rank_stages(cfg, part, 0, check_schedule(s), kB);
   PipelineExecutor ex(s, 0, {owned[0].get()}, comm0.get(), kB, kT,
                       comm::Options{std::chrono::milliseconds(200)});

@@ -16,10 +16,7 @@ inline EngineAssignment local_assignment(int rank, int dp, int pp, int tp,
                                          const std::shared_ptr<comm::LocalWorld>& world) {
   EngineAssignment a;
   a.rank = rank;
-  a.world = dp * pp * tp;
-  a.dp = dp;
-  a.pp = pp;
-  a.tp = tp;
+  a.layout = {dp, pp, tp};
   a.comm.backend = "local";
   a.comm.local_world = world;
   return a;

@@ -2,10 +2,10 @@
 #include <cmath>
 #include <string>
 
-#include "parallel/schedule.hpp"
+#include "plan/schedule.hpp"
 
 using namespace troupe;
-using namespace troupe::parallel;
+using namespace troupe::plan;
 
 namespace {
 

@@ -1,18 +1,23 @@
-#include "parallel/partition.hpp"
+#include "plan/partition.hpp"
 
 #include <algorithm>
 #include <limits>
 
 #include "core/error.hpp"
 
-namespace troupe::parallel {
+namespace troupe::plan {
 
-StageCosts stage_costs(const model::ModelConfig& cfg) {
-  const double D = cfg.d_model, V = cfg.vocab_size, T = cfg.seq_len;
+ModelShape model_shape(const JobSpec& spec) {
+  return {spec.model.type, spec.model.n_layers, spec.model.d_model, spec.model.vocab_size,
+          spec.model.seq_len};
+}
+
+StageCosts stage_costs(const ModelShape& m) {
+  const double D = m.d_model, V = m.vocab_size, T = m.seq_len;
   // Multiply-adds per token. GPT block: q|k|v 3D^2, attention projection D^2, MLP
   // 8D^2, and causal attention scores + weighted sum averaging T/2 keys: T*D.
   // The MLP model's block is the MLP alone.
-  const double block = cfg.kind == model::ModelKind::gpt ? 12 * D * D + T * D : 8 * D * D;
+  const double block = m.type == ModelType::gpt ? 12 * D * D + T * D : 8 * D * D;
   StageCosts c;
   // Embedding: gather + position add forward, scatter-add backward, ~4D per token.
   c.embedding = 4 * D / block;
@@ -26,8 +31,8 @@ double Partition::max_cost() const {
   return cost.empty() ? 0.0 : *std::max_element(cost.begin(), cost.end());
 }
 
-Partition partition_layers(int n_layers, int pp, int virtual_stages, const model::ModelConfig& cfg) {
-  return partition_layers(n_layers, pp, virtual_stages, stage_costs(cfg));
+Partition partition_layers(int pp, int virtual_stages, const ModelShape& m) {
+  return partition_layers(m.n_layers, pp, virtual_stages, stage_costs(m));
 }
 
 Partition partition_layers(int n_layers, int pp, int virtual_stages, const StageCosts& costs) {
@@ -87,4 +92,4 @@ Partition partition_layers(int n_layers, int pp, int virtual_stages, const Stage
   return p;
 }
 
-}  // namespace troupe::parallel
+}  // namespace troupe::plan

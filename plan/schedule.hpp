@@ -28,7 +28,7 @@
 
 #include "core/error.hpp"
 
-namespace troupe::parallel {
+namespace troupe::plan {
 
 // A table that cannot run; what() says which rank, op and message.
 class ScheduleError : public Error {
@@ -143,4 +143,4 @@ CheckResult check_schedule(const Schedule& s, const CheckOptions& opt = {});
 // shrinks by v because each chunk takes 1/v of the time).
 double theoretical_bubble(ScheduleKind kind, int pp, int v, int m);
 
-}  // namespace troupe::parallel
+}  // namespace troupe::plan

@@ -13,26 +13,49 @@
 
 #include <vector>
 
-#include "model/config.hpp"
+#include "core/spec.hpp"
 
-namespace troupe::parallel {
+namespace troupe::plan {
+
+// Blocks [first, last) of the model, plus the embedding (model chunk 0) and the head
+// (the last model chunk). The whole model is {0, n_layers, true, true}.
+struct LayerRange {
+  int first = 0;
+  int last = 0;
+  bool has_embedding = true;
+  bool has_head = true;
+  int n_blocks() const { return last - first; }
+  bool operator==(const LayerRange& o) const {
+    return first == o.first && last == o.last && has_embedding == o.has_embedding && has_head == o.has_head;
+  }
+};
+
+// What the cost model needs of the model (read from the spec's model section).
+struct ModelShape {
+  ModelType type = ModelType::gpt;
+  int n_layers = 1;
+  int d_model = 1;
+  int vocab_size = 1;
+  int seq_len = 1;
+};
+ModelShape model_shape(const JobSpec& spec);
 
 struct StageCosts {
   double block = 1.0;      // always 1: the unit
   double embedding = 0.0;  // extra on model chunk 0
   double head = 0.0;       // extra on the last model chunk
 };
-StageCosts stage_costs(const model::ModelConfig& cfg);
+StageCosts stage_costs(const ModelShape& m);
 
 struct Partition {
   int pp = 1;
   int virtual_stages = 1;
-  std::vector<model::StageRange> chunks;  // by model chunk k = c * pp + p, k in [0, pp * v)
-  std::vector<double> cost;               // block-equivalents of each model chunk
+  std::vector<LayerRange> chunks;  // by model chunk k = c * pp + p, k in [0, pp * v)
+  std::vector<double> cost;        // block-equivalents of each model chunk
 
   int n_chunks() const { return static_cast<int>(chunks.size()); }
   static int model_chunk(int pp, int p, int c) { return c * pp + p; }
-  const model::StageRange& of(int p, int c) const { return chunks.at(model_chunk(pp, p, c)); }
+  const LayerRange& of(int p, int c) const { return chunks.at(model_chunk(pp, p, c)); }
   double max_cost() const;
 };
 
@@ -41,8 +64,8 @@ struct Partition {
 // the sum of squared chunk costs (the rest as even as possible); remaining ties
 // go to the split that gives earlier chunks more blocks. Deterministic.
 // Throws troupe::Error when n_layers < pp * virtual_stages or a size is < 1.
-Partition partition_layers(int n_layers, int pp, int virtual_stages, const model::ModelConfig& cfg);
+Partition partition_layers(int pp, int virtual_stages, const ModelShape& m);
 // The same with explicit costs (tests, planners with measured costs).
 Partition partition_layers(int n_layers, int pp, int virtual_stages, const StageCosts& costs);
 
-}  // namespace troupe::parallel
+}  // namespace troupe::plan

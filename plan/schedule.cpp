@@ -1,10 +1,10 @@
-#include "parallel/schedule.hpp"
+#include "plan/schedule.hpp"
 
 #include <algorithm>
 #include <map>
 #include <sstream>
 
-namespace troupe::parallel {
+namespace troupe::plan {
 
 namespace {
 
@@ -515,4 +515,4 @@ double theoretical_bubble(ScheduleKind kind, int pp, int v, int m) {
   return (p - 1) / (vv * mm + p - 1);
 }
 
-}  // namespace troupe::parallel
+}  // namespace troupe::plan
