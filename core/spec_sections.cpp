@@ -1,0 +1,450 @@
+// The spec's sections as tables: each key once, with the getter that reads and checks it, then the
+// section's rules. The tables are the schema: the keys they declare are the keys a section accepts
+// and the ones did-you-mean suggests (schema() in spec_validate.cpp walks them), so a key added
+// here is both read and known. docs/job-spec.md describes the same keys for users.
+//
+// Rules run after their section's fields and may read earlier sections (parallel's rules check
+// the model's width and the train batch), which is why the root table lists sections in the order
+// they depend on each other.
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "core/spec_internal.hpp"
+
+namespace troupe::spec_detail {
+
+namespace {
+
+constexpr int64_t kI64Max = std::numeric_limits<int64_t>::max();
+
+// Divisors of n nearest to `near`, to suggest a value that satisfies a divisibility rule.
+std::string nearby_divisors(int64_t n, int64_t near, int64_t min = 1) {
+  std::vector<int64_t> ds;
+  for (int64_t d = 1; d * d <= n && d < 1000000; ++d)
+    if (n % d == 0) {
+      if (d >= min) ds.push_back(d);
+      if (n / d >= min) ds.push_back(n / d);
+    }
+  if (ds.empty())
+    return "none: no divisor of " + std::to_string(n) + " is " + std::to_string(min) + " or more";
+  std::sort(ds.begin(), ds.end());
+  ds.erase(std::unique(ds.begin(), ds.end()), ds.end());
+  std::sort(ds.begin(), ds.end(), [&](int64_t a, int64_t b) {
+    return std::llabs(a - near) < std::llabs(b - near) ||
+           (std::llabs(a - near) == std::llabs(b - near) && a < b);
+  });
+  if (ds.size() > 3) ds.resize(3);
+  std::sort(ds.begin(), ds.end());
+  std::string s;
+  for (size_t i = 0; i < ds.size(); ++i)
+    s += (i ? (i + 1 == ds.size() ? " or " : ", ") : "") + std::to_string(ds[i]);
+  return s;
+}
+
+bool valid_name(const std::string& s) {
+  if (s.empty() || s.size() > 64 || s[0] == '.' || s[0] == '-') return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+           c == '_' || c == '.';
+  });
+}
+
+bool is_gpt(Ctx& ctx, const ModelSpec& m) { return ctx.ok("model.type") && m.type == ModelType::gpt; }
+
+// Each reader below has this shape: `s` is the section, `k` the key the table declares for it.
+using S = Section;
+using K = const std::string;
+
+// ---- model
+
+void model_rules(Section& s, JobSpec& j) {
+  Ctx& ctx = s.ctx();
+  const ModelSpec& m = j.model;
+  if (is_gpt(ctx, m) && ctx.ok("model.d_model") && ctx.ok("model.n_heads") && m.n_heads > 0 &&
+      m.d_model % m.n_heads != 0)
+    ctx.error(
+        ctx.loc("model.n_heads"),
+        "model.d_model (" + std::to_string(m.d_model) + ") is not divisible by model.n_heads (" +
+            std::to_string(m.n_heads) + ")",
+        "each head gets d_model / n_heads channels; e.g. n_heads: " + nearby_divisors(m.d_model, m.n_heads));
+}
+
+const Table& model_table() {
+  static const Table t{
+      {
+          {"type", [](S& s, K& k, JobSpec& j) { s.enumeration(k, j.model.type, true); }},
+          {"vocab_size", [](S& s, K& k, JobSpec& j) { s.integer(k, j.model.vocab_size, 2, 1 << 24); }},
+          {"seq_len", [](S& s, K& k, JobSpec& j) { s.integer(k, j.model.seq_len, 1, 1 << 20, true); }},
+          {"d_model", [](S& s, K& k, JobSpec& j) { s.integer(k, j.model.d_model, 1, 1 << 16, true); }},
+          {"n_layers", [](S& s, K& k, JobSpec& j) { s.integer(k, j.model.n_layers, 1, 4096, true); }},
+          {"n_heads",
+           [](S& s, K& k, JobSpec& j) {
+             if (s.ctx().ok("model.type") && j.model.type == ModelType::mlp) {
+               if (s.has(k))
+                 s.refuse(k, "'model.n_heads' applies only to model.type gpt",
+                          "delete it (an MLP has no attention heads), or set model.type: gpt");
+             } else {
+               s.integer(k, j.model.n_heads, 1, 1 << 16, is_gpt(s.ctx(), j.model));
+             }
+           }},
+          {"init_from", [](S& s, K& k, JobSpec& j) { s.string(k, j.model.init_from); }},
+      },
+      model_rules};
+  return t;
+}
+
+// ---- data
+
+const Table& data_table() {
+  static const Table t{{
+      {"source", [](S& s, K& k, JobSpec& j) { s.enumeration(k, j.data.source); }},
+      {"path",
+       [](S& s, K& k, JobSpec& j) {
+         Ctx& ctx = s.ctx();
+         if (!ctx.ok("data") || !ctx.ok("data.source")) return;
+         if (j.data.source == DataSource::text) {
+           if (ctx.present("data")) s.string(k, j.data.path, true, false);
+         } else if (s.has(k)) {
+           s.refuse(k, "'data.path' is read only when data.source is text",
+                    "delete it, or set data.source: text");
+         }
+       }},
+      {"val_fraction",
+       [](S& s, K& k, JobSpec& j) {
+         s.real(k, j.data.val_fraction, 0.0, true, 1.0, false,
+                "the share of the data held out for evaluation, in [0, 1); e.g. 0.05");
+       }},
+  }};
+  return t;
+}
+
+// ---- train.optimizer
+
+const Table& optimizer_table() {
+  static const Table t{{
+      {"type", [](S& s, K& k, JobSpec& j) { s.choice(k, j.train.optimizer.type, {"adamw"}); }},
+      {"lr",
+       [](S& s, K& k, JobSpec& j) {
+         s.real(k, j.train.optimizer.lr, 0.0, false, 10.0, true,
+                "a learning rate > 0; AdamW typically uses 1e-4 to 3e-3");
+       }},
+      {"beta1",
+       [](S& s, K& k, JobSpec& j) {
+         s.real(k, j.train.optimizer.beta1, 0.0, true, 1.0, false,
+                "beta1 is in [0, 1); PyTorch's default is 0.9");
+       }},
+      {"beta2",
+       [](S& s, K& k, JobSpec& j) {
+         s.real(k, j.train.optimizer.beta2, 0.0, true, 1.0, false,
+                "beta2 is in [0, 1); GPT training uses 0.95, PyTorch 0.999");
+       }},
+      {"betas",
+       [](S& s, K& k, JobSpec& j) {
+         OptimizerSpec& o = j.train.optimizer;
+         s.real_pair(k, o.beta1, o.beta2, 0.0, 1.0, {"beta1", "beta2"},
+                     "betas is [beta1, beta2], each in [0, 1); GPT training uses [0.9, 0.95], PyTorch "
+                     "[0.9, 0.999]");
+         if (s.has(k) && (s.has("beta1") || s.has("beta2"))) {
+           const std::string both = s.has("beta1") && s.has("beta2") ? "'beta1' and 'beta2'"
+                                    : s.has("beta1")                 ? "'beta1'"
+                                                                     : "'beta2'";
+           Ctx& ctx = s.ctx();
+           ctx.error(
+               ctx.loc("train.optimizer.betas"),
+               "'train.optimizer.betas' is given together with " + both +
+                   ": both spellings set the same values",
+               "keep one spelling: delete betas, or delete " + both + " and write betas: [beta1, beta2]");
+           ctx.mark_bad("train.optimizer.betas");
+         }
+       }},
+      {"eps",
+       [](S& s, K& k, JobSpec& j) {
+         s.real(k, j.train.optimizer.eps, 0.0, false, 1.0, true, "eps is > 0; the usual value is 1e-8");
+       }},
+      {"weight_decay",
+       [](S& s, K& k, JobSpec& j) {
+         s.real(k, j.train.optimizer.weight_decay, 0.0, true, 1e9, true,
+                "weight_decay is >= 0, e.g. 0.1 (0 = off)");
+       }},
+  }};
+  return t;
+}
+
+// ---- train
+
+void train_rules(Section& s, JobSpec& j) {
+  Ctx& ctx = s.ctx();
+  const TrainSpec& t = j.train;
+  const DataSpec& d = j.data;
+  if (ctx.ok("train.steps") && ctx.ok("train.warmup_steps") && t.warmup_steps > t.steps)
+    ctx.error(ctx.loc("train.warmup_steps"),
+              "train.warmup_steps (" + std::to_string(t.warmup_steps) + ") is longer than train.steps (" +
+                  std::to_string(t.steps) + ")",
+              "warm-up is part of the run; use warmup_steps <= steps");
+  if (ctx.ok("train.min_lr") && ctx.ok("train.optimizer.lr") && t.min_lr > t.optimizer.lr)
+    ctx.error(ctx.loc("train.min_lr"),
+              "train.min_lr (" + fmt_real(t.min_lr) + ") is above train.optimizer.lr (" +
+                  fmt_real(t.optimizer.lr) + ")",
+              "the schedule decays from lr down to min_lr; e.g. min_lr: " + short_real(t.optimizer.lr / 10));
+  if (ctx.ok("train.global_batch") && ctx.ok("train.micro_batch") && t.micro_batch > t.global_batch)
+    ctx.error(ctx.loc("train.micro_batch"),
+              "train.micro_batch (" + std::to_string(t.micro_batch) +
+                  ") is larger than train.global_batch (" + std::to_string(t.global_batch) + ")",
+              "a micro-batch is a slice of the global batch; use micro_batch <= global_batch");
+  if (ctx.ok("train.eval_every") && t.eval_every > 0 && ctx.ok("data.val_fraction") &&
+      ctx.ok("data.source") && d.source == DataSource::text && d.val_fraction == 0)
+    ctx.error(ctx.loc("train.eval_every"), "train.eval_every is set but data.val_fraction is 0",
+              "evaluation reads the held-out split; set data.val_fraction (e.g. 0.05) or eval_every: 0");
+}
+
+const Table& train_table() {
+  static const Table t{
+      {
+          {"steps",
+           [](S& s, K& k, JobSpec& j) {
+             s.integer(k, j.train.steps, 1, kI64Max, true, "train.steps must be 1 or more");
+           }},
+          {"global_batch",
+           [](S& s, K& k, JobSpec& j) { s.integer(k, j.train.global_batch, 1, 1 << 24, true); }},
+          // A positive integer or auto (0, left to the planner); absent means global_batch / data,
+          // filled in by parallel's rules once the data degree is known.
+          {"micro_batch", [](S& s, K& k, JobSpec& j) { s.degree(k, j.train.micro_batch, 1 << 24); }},
+          {"optimizer", nullptr, &optimizer_table()},
+          {"lr_schedule", [](S& s, K& k, JobSpec& j) { s.enumeration(k, j.train.lr_schedule); }},
+          {"warmup_steps", [](S& s, K& k, JobSpec& j) { s.integer(k, j.train.warmup_steps, 0, kI64Max); }},
+          {"min_lr",
+           [](S& s, K& k, JobSpec& j) {
+             s.real(k, j.train.min_lr, 0.0, true, 10.0, true,
+                    "min_lr is >= 0 and at most the optimizer's lr");
+           }},
+          {"grad_clip",
+           [](S& s, K& k, JobSpec& j) {
+             s.real(k, j.train.grad_clip, 0.0, true, 1e12, true,
+                    "grad_clip is a max L2 norm >= 0 (0 = off), e.g. 1.0");
+           }},
+          {"precision", [](S& s, K& k, JobSpec& j) { s.enumeration(k, j.train.precision); }},
+          {"recompute", [](S& s, K& k, JobSpec& j) { s.enumeration(k, j.train.recompute); }},
+          {"seed", [](S& s, K& k, JobSpec& j) { s.seed(k, j.train.seed); }},
+          {"eval_every",
+           [](S& s, K& k, JobSpec& j) {
+             s.integer(k, j.train.eval_every, 0, kI64Max, false,
+                       "eval_every is 0 (off) or a step interval >= 1");
+           }},
+          {"eval_batches", [](S& s, K& k, JobSpec& j) { s.integer(k, j.train.eval_batches, 1, 1 << 20); }},
+          {"log_every", [](S& s, K& k, JobSpec& j) { s.integer(k, j.train.log_every, 1, kI64Max); }},
+      },
+      train_rules};
+  return t;
+}
+
+// ---- parallel
+
+void parallel_rules(Section& s, JobSpec& j) {
+  Ctx& ctx = s.ctx();
+  const ModelSpec& m = j.model;
+  TrainSpec& t = j.train;
+  const ParallelSpec& p = j.parallel;
+
+  const bool tp_ok = ctx.ok("parallel.tensor") && p.tensor > 0;
+  if (tp_ok && is_gpt(ctx, m) && ctx.ok("model.n_heads") && m.n_heads > 0 && m.n_heads % p.tensor != 0)
+    ctx.error(
+        ctx.loc("parallel.tensor"),
+        "model.n_heads (" + std::to_string(m.n_heads) + ") is not divisible by parallel.tensor (" +
+            std::to_string(p.tensor) + ")",
+        "tensor parallelism splits attention by heads; e.g. tensor: " + nearby_divisors(m.n_heads, p.tensor));
+  if (tp_ok && ctx.ok("model.d_model") && m.d_model > 0 && m.d_model % p.tensor != 0)
+    ctx.error(
+        ctx.loc("parallel.tensor"),
+        "model.d_model (" + std::to_string(m.d_model) + ") is not divisible by parallel.tensor (" +
+            std::to_string(p.tensor) + ")",
+        "tensor parallelism splits the model's width; e.g. tensor: " + nearby_divisors(m.d_model, p.tensor));
+
+  // micro_batch as read: written as a number (> 0), written as auto (0), or not written.
+  const bool dp_ok = ctx.ok("parallel.data") && p.data > 0;
+  const bool micro_given = ctx.present("train.micro_batch");
+  if (dp_ok && ctx.ok("train.global_batch") && ctx.ok("train.micro_batch") && t.global_batch > 0) {
+    if (micro_given && t.micro_batch > 0) {
+      int64_t per_step = int64_t(p.data) * t.micro_batch;
+      if (t.global_batch % per_step != 0)
+        ctx.error(
+            ctx.loc("train.micro_batch"),
+            "train.global_batch (" + std::to_string(t.global_batch) +
+                ") is not divisible by parallel.data x train.micro_batch (" + std::to_string(p.data) + " x " +
+                std::to_string(t.micro_batch) + " = " + std::to_string(per_step) + ")",
+            "each data-parallel rank runs a whole number of micro-batches per step; e.g. micro_batch: " +
+                nearby_divisors(t.global_batch / std::max(1, p.data), t.micro_batch));
+    } else if (!micro_given) {
+      if (t.global_batch % p.data != 0)
+        ctx.error(ctx.loc("train.global_batch"),
+                  "train.global_batch (" + std::to_string(t.global_batch) +
+                      ") is not divisible by parallel.data (" + std::to_string(p.data) + ")",
+                  "every data-parallel rank takes an equal share; use a global_batch that is a multiple of " +
+                      std::to_string(p.data));
+      else
+        t.micro_batch = t.global_batch / p.data;
+    }
+  }
+
+  const bool vs_ok = ctx.ok("parallel.virtual_stages");
+  const bool sched_ok = ctx.ok("parallel.schedule");
+  const bool pp_ok = ctx.ok("parallel.pipeline") && p.pipeline > 0;
+  if (sched_ok && vs_ok && p.schedule == Schedule::interleaved && p.virtual_stages < 2)
+    ctx.error(ctx.loc("parallel.schedule"), "schedule interleaved needs parallel.virtual_stages of 2 or more",
+              "set parallel.virtual_stages: 2 (model chunks per pipeline rank), or use schedule: 1f1b");
+  if (sched_ok && pp_ok && p.schedule == Schedule::interleaved && p.pipeline < 2)
+    ctx.error(ctx.loc("parallel.schedule"), "schedule interleaved needs parallel.pipeline of 2 or more",
+              "interleaving spreads model chunks over pipeline ranks; set pipeline: 2 or use schedule: 1f1b");
+  if (sched_ok && vs_ok && p.schedule != Schedule::interleaved && p.virtual_stages > 1)
+    ctx.error(ctx.loc("parallel.virtual_stages"),
+              "parallel.virtual_stages " + std::to_string(p.virtual_stages) + " needs schedule interleaved",
+              "set parallel.schedule: interleaved, or virtual_stages: 1");
+  if (pp_ok && vs_ok && ctx.ok("model.n_layers") && m.n_layers > 0) {
+    int64_t chunks = int64_t(p.pipeline) * p.virtual_stages;
+    if (m.n_layers < chunks)
+      ctx.error(ctx.loc("parallel.pipeline"),
+                "model.n_layers (" + std::to_string(m.n_layers) + ") is fewer than the " +
+                    std::to_string(chunks) + " pipeline stages (pipeline x virtual_stages = " +
+                    std::to_string(p.pipeline) + " x " + std::to_string(p.virtual_stages) + ")",
+                "every stage needs at least one layer; lower parallel.pipeline or raise model.n_layers");
+    else if (sched_ok && p.schedule == Schedule::interleaved && p.virtual_stages > 1 &&
+             m.n_layers % chunks != 0)
+      ctx.error(ctx.loc("parallel.virtual_stages"),
+                "model.n_layers (" + std::to_string(m.n_layers) +
+                    ") is not divisible by pipeline x virtual_stages (" + std::to_string(chunks) + ")",
+                "the interleaved schedule gives every model chunk the same number of layers; e.g. "
+                "virtual_stages: " +
+                    nearby_divisors(m.n_layers / std::max(1, p.pipeline), p.virtual_stages, 2));
+  }
+}
+
+const Table& parallel_table() {
+  static const Table t{
+      {
+          {"data", [](S& s, K& k, JobSpec& j) { s.degree(k, j.parallel.data, 65536); }},
+          {"pipeline", [](S& s, K& k, JobSpec& j) { s.degree(k, j.parallel.pipeline, 4096); }},
+          {"tensor", [](S& s, K& k, JobSpec& j) { s.degree(k, j.parallel.tensor, 4096); }},
+          {"schedule", [](S& s, K& k, JobSpec& j) { s.enumeration(k, j.parallel.schedule); }},
+          {"virtual_stages",
+           [](S& s, K& k, JobSpec& j) { s.integer(k, j.parallel.virtual_stages, 1, 1024); }},
+      },
+      parallel_rules};
+  return t;
+}
+
+// ---- resources, checkpoint, fault
+
+const Table& resources_table() {
+  static const Table t{{
+      {"device", [](S& s, K& k, JobSpec& j) { s.enumeration(k, j.resources.device); }},
+      {"threads_per_worker",
+       [](S& s, K& k, JobSpec& j) { s.integer(k, j.resources.threads_per_worker, 1, 1024); }},
+      {"memory_per_device", [](S& s, K& k, JobSpec& j) { s.size(k, j.resources.memory_per_device); }},
+  }};
+  return t;
+}
+
+const Table& checkpoint_table() {
+  static const Table t{{
+      {"dir", [](S& s, K& k, JobSpec& j) { s.string(k, j.checkpoint.dir); }},
+      {"every",
+       [](S& s, K& k, JobSpec& j) {
+         s.integer(k, j.checkpoint.every, 0, kI64Max, false,
+                   "checkpoint.every is 0 (off) or a step interval >= 1");
+       }},
+      {"keep",
+       [](S& s, K& k, JobSpec& j) {
+         s.integer(k, j.checkpoint.keep, 1, 1 << 20, false,
+                   "checkpoint.keep is how many checkpoints to keep, 1 or more");
+       }},
+      {"async", [](S& s, K& k, JobSpec& j) { s.boolean(k, j.checkpoint.async); }},
+  }};
+  return t;
+}
+
+const Table& fault_table() {
+  static const Table t{{
+      {"max_restarts", [](S& s, K& k, JobSpec& j) { s.integer(k, j.fault.max_restarts, 0, 1 << 20); }},
+      {"heartbeat", [](S& s, K& k, JobSpec& j) { s.duration(k, j.fault.heartbeat, false); }},
+      {"step_timeout", [](S& s, K& k, JobSpec& j) { s.duration(k, j.fault.step_timeout, true); }},
+  }};
+  return t;
+}
+
+// ---- elastic
+
+void elastic_rules(Section& s, JobSpec& j) {
+  Ctx& ctx = s.ctx();
+  const ElasticSpec& e = j.elastic;
+  const ParallelSpec& p = j.parallel;
+  const bool min_ok = ctx.ok("elastic.min_devices") && e.min_devices > 0;
+  const bool max_ok = ctx.ok("elastic.max_devices") && e.max_devices > 0;
+  if (min_ok && max_ok && e.min_devices > e.max_devices)
+    ctx.error(ctx.loc("elastic.min_devices"),
+              "elastic.min_devices (" + std::to_string(e.min_devices) + ") is above elastic.max_devices (" +
+                  std::to_string(e.max_devices) + ")",
+              "min_devices <= max_devices");
+  if (!ctx.ok("parallel.data") || !ctx.ok("parallel.pipeline") || !ctx.ok("parallel.tensor")) return;
+  auto n = layout_devices(p);
+  if (!n) return;
+  std::string layout =
+      std::to_string(p.data) + "x" + std::to_string(p.pipeline) + "x" + std::to_string(p.tensor);
+  if (min_ok && *n < e.min_devices)
+    ctx.error(ctx.loc("elastic.min_devices"),
+              "the layout " + layout + " uses " + std::to_string(*n) +
+                  " devices, fewer than elastic.min_devices (" + std::to_string(e.min_devices) + ")",
+              "data x pipeline x tensor must lie within [min_devices, max_devices]");
+  if (max_ok && *n > e.max_devices)
+    ctx.error(ctx.loc("elastic.max_devices"),
+              "the layout " + layout + " uses " + std::to_string(*n) +
+                  " devices, more than elastic.max_devices (" + std::to_string(e.max_devices) + ")",
+              "data x pipeline x tensor must lie within [min_devices, max_devices]");
+}
+
+const Table& elastic_table() {
+  static const Table t{
+      {
+          {"min_devices",
+           [](S& s, K& k, JobSpec& j) {
+             s.integer(k, j.elastic.min_devices, 0, 1 << 20, false, "0 (the planned layout's size) or more");
+           }},
+          {"max_devices",
+           [](S& s, K& k, JobSpec& j) {
+             s.integer(k, j.elastic.max_devices, 0, 1 << 20, false, "0 (the planned layout's size) or more");
+           }},
+      },
+      elastic_rules};
+  return t;
+}
+
+// ---- the document
+
+void read_name(Section& s, const std::string& k, JobSpec& j) {
+  s.string(k, j.name, true);
+  Ctx& ctx = s.ctx();
+  if (ctx.present("name") && ctx.ok("name") && !valid_name(j.name))
+    ctx.error(ctx.loc("name"), "job name '" + shown(j.name) + "' is not a valid name",
+              "use 1-64 letters, digits, '-', '_' or '.', not starting with '-' or '.'; it names the run "
+              "directory");
+}
+
+constexpr bool kRequired = true;
+
+}  // namespace
+
+const Table& spec_table() {
+  static const Table t{{
+      {"name", read_name},
+      {"model", nullptr, &model_table(), kRequired},
+      {"data", nullptr, &data_table(), kRequired},
+      {"train", nullptr, &train_table(), kRequired},
+      {"parallel", nullptr, &parallel_table()},
+      {"resources", nullptr, &resources_table()},
+      {"checkpoint", nullptr, &checkpoint_table()},
+      {"fault", nullptr, &fault_table()},
+      {"elastic", nullptr, &elastic_table()},
+  }};
+  return t;
+}
+
+}  // namespace troupe::spec_detail
