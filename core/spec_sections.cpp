@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "core/layout.hpp"
 #include "core/spec_internal.hpp"
 
 namespace troupe::spec_detail {
@@ -387,8 +388,7 @@ void elastic_rules(Section& s, JobSpec& j) {
   if (!ctx.ok("parallel.data") || !ctx.ok("parallel.pipeline") || !ctx.ok("parallel.tensor")) return;
   auto n = layout_devices(p);
   if (!n) return;
-  std::string layout =
-      std::to_string(p.data) + "x" + std::to_string(p.pipeline) + "x" + std::to_string(p.tensor);
+  const std::string layout = Layout{p.data, p.pipeline, p.tensor}.str();
   if (min_ok && *n < e.min_devices)
     ctx.error(ctx.loc("elastic.min_devices"),
               "the layout " + layout + " uses " + std::to_string(*n) +
