@@ -23,5 +23,6 @@ void add_worker_command(CLI::App& app, int* exit_code);
 void add_client_commands(CLI::App& app, int* exit_code);  // submit, status, list, watch, cancel
 void add_ckpt_command(CLI::App& app, int* exit_code);     // ls, inspect, verify, export
 void add_secret_command(CLI::App& app, int* exit_code);   // init
+void add_plan_command(CLI::App& app, int* exit_code);
 
 }  // namespace troupe::cli

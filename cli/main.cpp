@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   int exit_code = troupe::cli::kOk;
   troupe::cli::add_version_command(app, &exit_code);
   troupe::cli::add_validate_command(app, &exit_code);
+  troupe::cli::add_plan_command(app, &exit_code);
   troupe::cli::add_run_command(app, &exit_code);
   troupe::cli::add_sample_command(app, &exit_code);
   troupe::cli::add_coordinator_command(app, &exit_code);

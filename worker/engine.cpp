@@ -508,7 +508,7 @@ struct Engine::Impl {
       set_where("checkpoint step " + std::to_string(next_step) + ": writing");
       last_committed = write_snapshot(*snap);
     }
-    set_where("idle after checkpoint");
+    set_where("idle after the checkpoint of step " + std::to_string(next_step));
     return dir;
   }
 };

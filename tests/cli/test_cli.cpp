@@ -71,6 +71,26 @@ TEST_CASE("cli: validate accepts every shipped config and prints the resolved sp
   CHECK(one.out.find("max_restarts:") != std::string::npos);
 }
 
+TEST_CASE("cli: plan prints the stage layers and every rank's place, and refuses a spec that cannot run",
+          "[cli]") {
+  Result r = cli("plan configs/layouts/tiny_dp2_pp2_tp2.yaml");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("layout 2x2x2, 2 micro-batches of 2 rows, 1f1b") != std::string::npos);
+  CHECK(r.out.find("rank 5: dp 1 pp 0 tp 1, layers [0,2)+embedding") != std::string::npos);
+  CHECK(r.out.find("rank 7: dp 1 pp 1 tp 1, layers [2,4)+head") != std::string::npos);
+  const std::string dir = temp_dir("plan");
+  const std::string odd =
+      write_file(dir, "odd.yaml",
+                 "name: odd\nmodel: {type: gpt, seq_len: 16, d_model: 32, n_layers: 2, n_heads: 2}\n"
+                 "data: {source: synthetic}\ntrain: {steps: 2, global_batch: 4}\n"
+                 "parallel: {pipeline: 4}\n");
+  Result bad = cli("plan " + odd);
+  CHECK(bad.code == 2);
+  CHECK(bad.out.find("odd.yaml:5:22: error: model.n_layers (2) is fewer than the 4 pipeline stages") !=
+        std::string::npos);
+}
+
 TEST_CASE("cli: an invalid spec exits 2 with file:line:col and starts nothing", "[cli]") {
   const std::string dir = temp_dir("invalid");
   std::string spec =
