@@ -140,14 +140,16 @@ struct StepMetrics {
   double compute_ms = 0, comm_ms = 0, bubble_ms = 0;  // the step's split on this rank
 };
 
-// A rank finished: ok, or failed with a named error.
+// A rank finished (ok: all its steps, or up to a resize's checkpoint when
+// drained), or failed with a named cause.
 struct WorkerResult {
   std::string job_id;
   int32_t generation = 0;
   int32_t rank = 0;
   bool ok = false;
-  std::string error_name;  // e.g. "engine_error", "aborted"
+  std::string error_name;  // !ok: to_string(FailureCause) (core/failure.hpp), e.g. "engine_error"
   std::string message;
+  bool drained = false;  // ok: it checkpointed after the drain step and stopped (a resize)
 };
 
 // A rendezvous key, namespaced by (job, generation, group).
@@ -230,7 +232,7 @@ typename Inspector::result_type inspect(Inspector& f, StepMetrics& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, WorkerResult& x) {
   return f(caf::meta::type_name("WorkerResult"), x.job_id, x.generation, x.rank, x.ok, x.error_name,
-           x.message);
+           x.message, x.drained);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, CkptFile& x) {
@@ -279,7 +281,7 @@ using agent_actor =
                      caf::reacts_to<shutdown_atom>>;
 
 // Answered at once while the engine thread computes.
-// A drained rank checkpoints after the given step and reports WorkerResult{ok, "drained"}.
+// A drained rank checkpoints after the given step and reports a WorkerResult with ok and drained.
 using worker_actor =
     caf::typed_actor<caf::reacts_to<abort_atom, std::string>, caf::replies_to<where_atom>::with<std::string>,
                      caf::reacts_to<drain_atom, int64_t>>;

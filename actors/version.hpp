@@ -6,6 +6,6 @@
 
 namespace troupe::actors {
 
-constexpr int32_t kProtocolVersion = 3;
+constexpr int32_t kProtocolVersion = 4;
 
 }  // namespace troupe::actors

@@ -1,14 +1,23 @@
 // The client API's requests, answered from the coordinator's state (plain C++;
 // the ZeroMQ transport is api_server.hpp). docs/api.md documents every message.
 //
-//   {"op":"submit","spec":"<yaml>","filename":"job.yaml"} -> {"ok":true,"job":"<id>","state":"queued",...}
-//   {"op":"status","job":"<id>"}                          -> {"ok":true,"job":{...}}
-//   {"op":"list"}                                         ->
-//   {"ok":true,"jobs":[...],"agents":[...],"devices":{...}}
-//   {"op":"cancel","job":"<id>"}                          -> {"ok":true,"job":"<id>","state":"cancelled"}
-//   {"op":"scale","job":"<id>","devices":N}               -> {"ok":true,"job":"<id>","devices":N,"after_step":S,...}
-// Failures: {"ok":false,"error":"<name>","message":"..."}. The ZeroMQ server
-// refuses bytes that are not UTF-8 before they reach here (bad_request).
+//   {"op":"submit","spec":"<yaml>","filename":"job.yaml","resume":"<ckpt dir>"}
+//       -> {"ok":true,"job":"<id>","state":"queued","reason":"...","run_dir":"..."}
+//       (state: queued, or launching when it was placed at once; filename and resume are
+//       optional; errors invalid_spec with "diagnostics", invalid_job)
+//   {"op":"status","job":"<id>"} -> {"ok":true,"job":{...}}           (state.hpp: job_json)
+//   {"op":"list"}                -> {"ok":true,"jobs":[...],"agents":[...],"devices":{...}}
+//   {"op":"cancel","job":"<id>"} -> {"ok":true,"job":"<id>","state":"cancelled"}
+//       (errors unknown_job, already_finished)
+//   {"op":"scale","job":"<id>","devices":N}
+//       -> {"ok":true,"job":"<id>","devices":N,"after_step":S,"from_layout":"2x1x1"}
+//       (a drain after step S, then a relaunch at the new size; errors unknown_job, cannot_scale)
+// Failures: {"ok":false,"error":"<name>","message":"..."}; a missing or mistyped
+// field is bad_request, another op unknown_op. Before a request reaches here the
+// ZeroMQ server has checked its token (unauthorized), that it is UTF-8 and a JSON
+// object (bad_request, bad_json), and answered "info" itself. These are names of
+// refused requests; why a job failed is its "failure" (core/failure.hpp), where
+// invalid_spec names a spec that a worker's engine refused.
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -1,18 +1,20 @@
+// The coordinator actor: turns CoordinatorState's Actions into messages, and
+// every message it takes into a call of CoordinatorState once it has been
+// checked (actors/validate.hpp) and its sender authorized
+// (coordinator_actor_auth.cpp). Its run directories and event feed are
+// coordinator_actor_events.cpp.
 #include "coordinator/coordinator_actor.hpp"
 
 #include <cstring>
 #include <filesystem>
 #include <iostream>
-#include <map>
 #include <memory>
-#include <tuple>
 
 #include "actors/secret.hpp"
 #include "actors/validate.hpp"
-#include "checkpoint/commit.hpp"
 #include "coordinator/api.hpp"
-#include "coordinator/state.hpp"
-#include "core/run_dir.hpp"
+#include "coordinator/coordinator_actor_state.hpp"
+#include "core/failure.hpp"
 #include "core/text.hpp"
 #include "plan/plan.hpp"
 
@@ -20,173 +22,12 @@ namespace troupe::coord {
 
 namespace {
 
-using namespace troupe::actors;
-
-struct WorkerRef {
-  std::string job;
-  int32_t generation = 0;
-  int32_t rank = 0;
-};
-
-using RankKey = std::tuple<std::string, int32_t, int32_t>;  // (job, generation, rank)
-
-struct CoordActorState {
-  std::unique_ptr<CoordinatorState> st;
-  // Who may speak for what (every peer already holds the cluster secret; these
-  // keep one from speaking for another). A message counts for a rank or an agent
-  // only from the process (CAF node) of the handle registered below in `workers`
-  // or `agents`: CAF names the node on the connection, the sender cannot choose it.
-  std::map<RankKey, std::string> launch_tokens;  // issued with a launch, spent by the registration
-  std::map<RankKey, std::string> launch_agents;  // the agent that was asked to start the rank
-  uint64_t refused = 0;                          // messages refused so far (logged, rate-limited)
-  CoordinatorActorOptions opt;
-  std::map<std::string, agent_actor> agents;  // agent id -> handle
-  std::map<caf::actor_addr, std::string> agent_ids;
-  std::map<caf::actor_addr, WorkerRef> worker_refs;
-  std::map<std::tuple<std::string, int32_t, int32_t>, worker_actor> workers;
-  std::map<std::string, std::unique_ptr<RunDir>> run_dirs;
-  struct Waiter {
-    caf::typed_response_promise<StoreValue> promise;
-    std::string ns, key;
-  };
-  std::map<uint64_t, Waiter> waiters;
-  std::map<std::tuple<std::string, int32_t, int32_t>, std::string> lost_reasons;
-  // Checkpoint reports per (job generation, step) until every rank has reported.
-  checkpoint::CommitTracker ckpt;
-  std::map<std::tuple<std::string, int32_t, int64_t>, std::vector<caf::typed_response_promise<CkptCommitted>>>
-      ckpt_waiting;
-  uint64_t ticks = 0;
-  static inline const char* name = "troupe.coordinator";
-};
-
-using self_ptr = coordinator_actor::stateful_pointer<CoordActorState>;
-
-// A refused message is logged (the first 20, then every 1000th: a flood does not fill the disk).
-void refuse(self_ptr self, const char* what, const std::string& why) {
-  auto n = ++self->state.refused;
-  if (n <= 20 || n % 1000 == 0) {
-    auto sender = self->current_sender();
-    std::cerr << "troupe coordinator: refused " << what << " from "
-              << (sender ? caf::to_string(sender->node()) : std::string("an anonymous sender")) << ": "
-              << sanitize_utf8(why, 512) << " (" << n << " refused so far)" << std::endl;
-  }
-}
-
-// A handler that threw: the actor lives on (an exception would end it), the cause is logged.
-void internal_error(const char* what, const std::exception& e) {
-  std::cerr << "troupe coordinator: internal error in " << what << ": " << sanitize_utf8(e.what(), 4096)
-            << std::endl;
-}
-
-bool from_node(self_ptr self, const caf::node_id& node) {
-  auto sender = self->current_sender();
-  return sender && node && sender->node() == node;
-}
-
-// The API arrives from this process's own API thread, never over the network.
-bool from_local(self_ptr self) { return from_node(self, self->node()); }
-
-// The process that registered as (job, generation, rank). This process itself
-// (`troupe run`, tests) may speak for any rank: it is the coordinator.
-bool from_worker(self_ptr self, const std::string& job, int32_t generation, int32_t rank) {
-  auto it = self->state.workers.find({job, generation, rank});
-  return (it != self->state.workers.end() && from_node(self, it->second->node())) || from_local(self);
-}
-
-// Any process that registered as a rank of (job, generation).
-bool from_job_worker(self_ptr self, const std::string& job, int32_t generation) {
-  if (from_local(self)) return true;
-  auto& w = self->state.workers;
-  for (auto it = w.lower_bound({job, generation, 0});
-       it != w.end() && std::get<0>(it->first) == job && std::get<1>(it->first) == generation; ++it)
-    if (from_node(self, it->second->node())) return true;
-  return false;
-}
-
-// The agent that was asked to start (job, generation, rank).
-bool from_launching_agent(self_ptr self, const std::string& job, int32_t generation, int32_t rank) {
-  auto& s = self->state;
-  auto a = s.launch_agents.find({job, generation, rank});
-  if (a == s.launch_agents.end()) return false;
-  auto n = s.agents.find(a->second);
-  return n != s.agents.end() && from_node(self, n->second->node());
-}
+using namespace troupe::coord::actor;
 
 // The recovery clock and the step watchdog run every kTick; ranks are asked
 // "where are you" every kWhereEveryTicks ticks.
 constexpr auto kTick = std::chrono::milliseconds(100);
 constexpr uint64_t kWhereEveryTicks = 5;
-
-// A full disk: the step_N.tmp directories the ranks began are removed (never a committed step_N).
-void remove_partial_checkpoints(const std::string& root, RunDir& rd) {
-  std::error_code ec;
-  for (auto it = std::filesystem::directory_iterator(root, ec);
-       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (name.rfind("step_", 0) != 0 || name.size() < 9 || name.compare(name.size() - 4, 4, ".tmp") != 0)
-      continue;
-    std::error_code rm;
-    std::filesystem::remove_all(it->path(), rm);
-    rd.event("removed the partial checkpoint " + it->path().string() +
-             (rm ? " (failed: " + rm.message() + ")" : ""));
-  }
-}
-
-void record_event(self_ptr self, nlohmann::json e) {
-  auto& s = self->state;
-  e["time"] = utc_timestamp();
-  const std::string kind = e.value("event", "");
-  const std::string job = e.value("job", "");
-  try {
-    if (kind == "submitted") {
-      std::filesystem::path dir = e["run_dir"].get<std::string>();
-      auto rd = std::make_unique<RunDir>(dir.parent_path().string(), e["name"].get<std::string>(), job);
-      rd->write_spec(e["spec"].get<std::string>());
-      rd->event("submitted job " + job + " (" + e["name"].get<std::string>() + ", layout " +
-                e["layout"].get<std::string>() + ")");
-      s.run_dirs[job] = std::move(rd);
-      e.erase("spec");
-    } else if (auto it = s.run_dirs.find(job); it != s.run_dirs.end()) {
-      RunDir& rd = *it->second;
-      if (kind == "state") {
-        std::string reason = e.value("reason", "");
-        rd.event("state " + e["state"].get<std::string>() + (reason.empty() ? "" : ": " + reason));
-      } else if (kind == "waiting") {
-        rd.event("waiting: " + e.value("reason", ""));
-      } else if (kind == "step") {
-        rd.metrics(e["metrics"]);
-      } else if (kind == "checkpoint") {
-        rd.event("checkpoint committed: " + e.value("dir", ""));
-      } else if (kind == "worker_exit") {
-        rd.event("worker " + e.value("message", ""));
-      } else if (kind == "failure") {
-        std::string where = e.value("where", "");
-        rd.event("failure " + e.value("cause", "") + " in generation " +
-                 std::to_string(e.value("generation", 0)) + ": " + e.value("message", "") +
-                 (where.empty() ? "" : " [rank was in: " + where + "]"));
-        if (e.value("cause", "") == "disk_full")
-          if (const Job* j = s.st->job(job)) remove_partial_checkpoints(s.st->checkpoint_root(*j), rd);
-      } else if (kind == "relaunch") {
-        std::string from = e.value("resume_from", "");
-        rd.event("relaunch generation " + std::to_string(e.value("generation", 0)) + " as " +
-                 e.value("layout", "") + " (was " + e.value("from_layout", "") + ") " +
-                 (from.empty() ? "from scratch" : "from " + from));
-      } else if (kind == "resize") {
-        rd.event("resize to " + std::to_string(e.value("devices", 0)) + " devices after step " +
-                 std::to_string(e.value("after_step", int64_t{0})));
-      } else if (kind == "log") {
-        rd.event(e.value("message", ""));
-      }
-    }
-  } catch (const std::exception& ex) {
-    // A full disk must not take the coordinator down; the event still goes out.
-    e["run_dir_error"] = ex.what();
-  }
-  if (s.opt.on_event) s.opt.on_event(json_text(e));
-  if (kind == "state" && (e["state"] == "succeeded" || e["state"] == "failed" || e["state"] == "cancelled")) {
-    s.run_dirs.erase(job);
-  }
-}
 
 // A generation that ends commits nothing more: its ranks waiting on a checkpoint hear why.
 void drop_checkpoints(self_ptr self, const std::string& job, int32_t generation, const std::string& why) {
@@ -238,24 +79,6 @@ void take_shard(self_ptr self, const CkptShard& r, caf::typed_response_promise<C
   }
   for (auto& p : s.ckpt_waiting[key]) p.deliver(out);
   s.ckpt_waiting.erase(key);
-}
-
-// Saves the job table when an event changed it (a step or an agent does not).
-void persist(self_ptr self, const std::vector<nlohmann::json>& events) {
-  auto& s = self->state;
-  if (s.opt.state_dir.empty()) return;
-  bool changed = false;
-  for (const auto& e : events) {
-    const std::string kind = e.value("event", "");
-    changed = changed || (kind != "step" && kind != "agent" && kind != "log" && kind != "worker_exit");
-  }
-  if (!changed) return;
-  try {
-    save_table(s.opt.state_dir, s.st->table_json());
-  } catch (const std::exception& ex) {
-    // The jobs keep running; the table on disk is the previous one, intact.
-    std::cerr << "troupe coordinator: cannot save the job table: " << ex.what() << std::endl;
-  }
 }
 
 void apply(self_ptr self, Actions&& a) {
@@ -317,26 +140,6 @@ void wake_waiters(self_ptr self, const std::vector<uint64_t>& ids) {
     it->second.promise.deliver(StoreValue{true, v ? *v : std::string(), ""});
     s.waiters.erase(it);
   }
-}
-
-// "" when a store request may be served: a well-formed key, a bounded value,
-// from a registered rank of a current generation.
-std::string store_refusal(self_ptr self, const StoreKey& k, size_t value_bytes) {
-  if (auto why = check(k); !why.empty()) {
-    refuse(self, "a store request", why);
-    return why;
-  }
-  if (value_bytes > kMaxStoreValue) {
-    refuse(self, "a store request", "value of " + std::to_string(value_bytes) + " bytes");
-    return "store value too large";
-  }
-  std::string refusal = self->state.st->store_refusal(k.job_id, k.generation);
-  if (!refusal.empty()) return refusal;
-  if (!from_job_worker(self, k.job_id, k.generation)) {
-    refuse(self, "a store request", "not from a registered rank of job " + k.job_id);
-    return "not a registered rank of this job generation";
-  }
-  return "";
 }
 
 coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorOptions opt) {
@@ -521,7 +324,11 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
         }
         try {
           Actions a;
-          self->state.st->worker_done(r.job_id, r.generation, r.rank, r.ok, r.error_name, r.message, &a);
+          if (r.ok)
+            self->state.st->worker_done(r.job_id, r.generation, r.rank, r.drained, &a);
+          else  // the name is the peer's: only a cause a worker reports is believed
+            self->state.st->worker_failed(r.job_id, r.generation, r.rank,
+                                          reported_failure_cause(r.error_name), r.message, &a);
           apply(self, std::move(a));
         } catch (const std::exception& e) {
           internal_error("worker result", e);

@@ -2,6 +2,11 @@
 // step metrics and rendezvous store. Every entry point returns the side effects
 // the actor shell must carry out (launch, abort, kill, publish) as values, so
 // all of the scheduling logic is tested without actors or processes.
+//
+// Where it lives: state.cpp (agents, the job state machine, workers' reports),
+// state_recovery.cpp (restarts, relaunches, the watchdog, resizing; the policy
+// they apply is policy.hpp), state_persist.cpp (the job table of --state-dir),
+// state_views.cpp (the API's JSON).
 #pragma once
 
 #include <cstdint>
@@ -17,6 +22,7 @@
 #include "coordinator/metrics.hpp"
 #include "coordinator/registry.hpp"
 #include "coordinator/rendezvous.hpp"
+#include "core/failure.hpp"
 
 namespace troupe::coord {
 
@@ -47,6 +53,7 @@ struct RankSlot {
   int pid = 0;
   bool registered = false;  // the worker process asked for its assignment
   bool done = false;        // it reported success
+  bool drained = false;     // with done: it stopped after the checkpoint of a resize
   bool exited = false;      // its agent reaped it
   std::string where;        // its last answer to "where are you" ("" = none yet)
   double where_ms = 0;      // when it answered
@@ -56,9 +63,9 @@ struct Job {
   std::string id;
   JobRequest request;
   JobState state = JobState::queued;
-  Layout layout;             // of the current generation (request.layout until a resize)
-  std::string reason;        // why it waits, or why it failed / was cancelled
-  std::string failure_name;  // e.g. "worker_killed", "engine_error", "agent_lost"
+  Layout layout;                        // of the current generation (request.layout until a resize)
+  std::string reason;                   // why it waits, or why it failed / was cancelled
+  std::optional<FailureCause> failure;  // why it failed (failed jobs only)
   int generation = 0;
   std::string run_dir;
   std::vector<RankSlot> ranks;  // by rank, once placed
@@ -158,8 +165,11 @@ class CoordinatorState {
   WorkerAssignment register_worker(int protocol, const std::string& job_id, int generation, int rank,
                                    const std::string& host, int pid, Actions* out);
   void step(const std::string& job_id, int generation, const StepSample& sample, Actions* out);
-  void worker_done(const std::string& job_id, int generation, int rank, bool ok,
-                   const std::string& error_name, const std::string& message, Actions* out);
+  // The rank finished: all its steps, or (drained) up to the checkpoint of a resize.
+  void worker_done(const std::string& job_id, int generation, int rank, bool drained, Actions* out);
+  // The rank failed with a cause it named (core/failure.hpp: reported_failure_cause).
+  void worker_failed(const std::string& job_id, int generation, int rank, FailureCause cause,
+                     const std::string& message, Actions* out);
   // The agent reaped the process: exit_code >= 0, or the signal that ended it.
   void worker_exited(const std::string& job_id, int generation, int rank, int pid, int exit_code, int signal,
                      Actions* out);
@@ -187,7 +197,7 @@ class CoordinatorState {
     find_checkpoint_ = std::move(f);
   }
 
-  // ---- queries
+  // ---- queries (the JSON views: coordinator/state_views.cpp)
   const Job* job(const std::string& job_id) const;
   const std::map<std::string, Job>& jobs() const { return jobs_; }
   nlohmann::json job_json(const Job& job) const;
@@ -199,7 +209,7 @@ class CoordinatorState {
   // "" if (job, generation) may use the store, else why not.
   std::string store_refusal(const std::string& job_id, int generation) const;
 
-  // ---- persistence (`troupe coordinator --state-dir`)
+  // ---- persistence (`troupe coordinator --state-dir`; coordinator/state_persist.cpp)
   // The job table: every job's id, name, request (resolved spec, layout, policy),
   // state, generation, restarts, run dir, checkpoint and failures, in submission order.
   nlohmann::json table_json() const;
@@ -216,17 +226,29 @@ class CoordinatorState {
 
  private:
   Job* find(const std::string& job_id);
+  // The job that a message of (job_id, generation, rank) concerns: nullptr unless
+  // `generation` is the job's current one and `rank` one of its ranks. News of an
+  // old generation, or of a rank outside the world, changes nothing.
+  Job* rank_job(const std::string& job_id, int generation, int rank);
+  // The same, and nullptr once the job has ended.
+  Job* live_rank_job(const std::string& job_id, int generation, int rank);
   void transition(Job& job, JobState to, const std::string& reason, Actions* out);
-  void fail(Job& job, const std::string& name, const std::string& message, Actions* out);
+  // Ends the job's current generation: the job goes to `to` (a terminal state, or
+  // recovering), its live workers are aborted with `abort_reason` ("" when every
+  // rank has finished), its devices and rendezvous keys are freed. Recovering moves
+  // the job to generation + 1, to relaunch from relaunch_at_ms (0 = at once). A
+  // relaunch after a backoff is left to tick(); every other end schedules at once.
+  void end_generation(Job& job, JobState to, const std::string& reason, const std::string& abort_reason,
+                      double relaunch_at_ms, Actions* out);
+  void fail(Job& job, FailureCause cause, const std::string& message, Actions* out);
   // Aborts the job's live workers and asks their agents to kill what is left.
   void stop_workers(Job& job, const std::string& reason, Actions* out);
   bool try_place(Job& job, Actions* out);
-  // A rank failed: restart the job (recovering) when its policy allows, else fail it.
-  void on_failure(Job& job, const std::string& name, const std::string& message, int rank, Actions* out);
+  // A rank failed: restart the job (recovering) when its policy allows, else fail it
+  // (coordinator/policy.hpp: judge_failure).
+  void on_failure(Job& job, FailureCause cause, const std::string& message, int rank, Actions* out);
   // Recovering: plan on the free devices and launch generation + 1, or keep waiting.
   void try_relaunch(Job& job, double now, Actions* out);
-  // The largest data size <= want that fits `free` devices, the batch and the elastic bounds (0 = none).
-  int fit_dp(const Job& job, int want, int free_devices) const;
   void launch(Job& job, const std::vector<DeviceRef>& devices, Actions* out);
   // Jobs below elastic.max_devices grow onto free devices.
   void grow(Actions* out);

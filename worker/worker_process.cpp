@@ -19,6 +19,7 @@
 #include "worker/agent.hpp"
 #include "worker/coordinator_store.hpp"
 #include "worker/engine.hpp"
+#include "worker/failure.hpp"
 #include "worker/node.hpp"
 #include "worker/train_loop.hpp"
 
@@ -191,24 +192,16 @@ WorkerResult train(const Assignment& a, const coordinator_actor& coord, const wo
     control.engine = nullptr;
     control.phase = drained ? "drained" : "finished";
     res.ok = true;
-    if (drained) res.error_name = "drained";
-  } catch (const EngineAborted&) {
-    std::lock_guard<std::mutex> lock(control.mu);
-    res.error_name = "aborted";
-    res.message = control.abort_reason.empty() ? "aborted" : control.abort_reason;
-  } catch (const SpecError& e) {
-    res.error_name = "invalid_spec";
-    res.message = e.what();
-  } catch (const checkpoint::DiskFullError& e) {
-    res.error_name = "disk_full";
-    res.message = e.what();
-  } catch (const comm::CommError& e) {
-    // peer_lost, timed_out, ...: the data plane's own name for what went wrong.
-    res.error_name = std::string("comm_") + comm::to_string(e.code());
-    res.message = e.what();
-  } catch (const std::exception& e) {
-    res.error_name = "engine_error";
-    res.message = e.what();
+    res.drained = drained;
+  } catch (...) {
+    std::string abort_reason;
+    {
+      std::lock_guard<std::mutex> lock(control.mu);
+      abort_reason = control.abort_reason;
+    }
+    WorkerFailure f = failure_of(std::current_exception(), abort_reason);
+    res.error_name = to_string(f.cause);
+    res.message = f.message;
   }
   return res;
 }

@@ -47,7 +47,12 @@ inline bool wait_until(const std::function<bool()>& pred, std::chrono::milliseco
 inline bool process_alive(int pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
   if (!stat) return false;
-  std::string s((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  std::string s;
+  try {
+    s.assign(std::istreambuf_iterator<char>(stat), std::istreambuf_iterator<char>());
+  } catch (const std::ios_base::failure&) {
+    return false;  // reaped between open and read: reading its stat fails with ESRCH
+  }
   auto paren = s.rfind(')');
   return paren != std::string::npos && paren + 2 < s.size() && s[paren + 2] != 'Z';
 }

@@ -12,6 +12,7 @@
 #include "core/error.hpp"
 
 using namespace troupe::coord;
+using troupe::FailureCause;
 
 namespace {
 
@@ -140,9 +141,9 @@ TEST_CASE("placement: two jobs that fit run at once, a third waits with a reason
   Actions done;
   for (int r = 0; r < 2; ++r) f.st.register_worker(7, j1, 0, r, "h1", 200 + r, &done);
   CHECK(f.st.job(j1)->state == JobState::running);
-  f.st.worker_done(j1, 0, 0, true, "", "", &done);
+  f.st.worker_done(j1, 0, 0, /*drained=*/false, &done);
   CHECK(f.st.job(j1)->state == JobState::running);
-  f.st.worker_done(j1, 0, 1, true, "", "", &done);
+  f.st.worker_done(j1, 0, 1, /*drained=*/false, &done);
   CHECK(f.st.job(j1)->state == JobState::succeeded);
   CHECK(f.st.job(j3)->state == JobState::launching);
   REQUIRE(done.launches.size() == 1);
@@ -171,7 +172,7 @@ TEST_CASE("workers: registration checks protocol, generation, rank and duplicate
   auto bad = f.st.register_worker(5, j, 0, 0, "h", 1, &m);
   CHECK(bad.refused.find("worker speaks protocol 5, the coordinator speaks protocol 7") != std::string::npos);
   CHECK(f.st.job(j)->state == JobState::failed);
-  CHECK(f.st.job(j)->failure_name == "protocol_mismatch");
+  CHECK(f.st.job(j)->failure == FailureCause::protocol_mismatch);
 }
 
 TEST_CASE("failures: a killed worker fails its job by name and stops the others", "[failures]") {
@@ -187,7 +188,7 @@ TEST_CASE("failures: a killed worker fails its job by name and stops the others"
   f.st.worker_exited(j, 0, 1, 301, -1, 9, &x);
   const Job* job = f.st.job(j);
   CHECK(job->state == JobState::failed);
-  CHECK(job->failure_name == "worker_killed");
+  CHECK(job->failure == FailureCause::worker_killed);
   CHECK(job->reason.find("rank 1 (pid 301, cpu:1 on h1) was killed by SIGKILL") != std::string::npos);
   REQUIRE(x.aborts.size() == 1);
   CHECK(x.aborts[0].rank == 0);
@@ -196,7 +197,7 @@ TEST_CASE("failures: a killed worker fails its job by name and stops the others"
   // Late news about a finished job changes nothing.
   Actions late;
   f.st.worker_lost(j, 0, 0, "gone", &late);
-  CHECK(job->failure_name == "worker_killed");
+  CHECK(job->failure == FailureCause::worker_killed);
   CHECK(late.kills.empty());
 }
 
@@ -227,7 +228,7 @@ TEST_CASE("agent loss fails the jobs on it", "[failures]") {
   auto j = f.st.submit(request("x", 1), &a);
   Actions l;
   f.st.remove_agent(r.message, &l);
-  CHECK(f.st.job(j)->failure_name == "agent_lost");
+  CHECK(f.st.job(j)->failure == FailureCause::agent_lost);
   CHECK(f.st.job(j)->reason.find("h1 (pid 42) disconnected") != std::string::npos);
   CHECK(f.st.registry().total("cpu") == 0);
 }
@@ -382,7 +383,7 @@ TEST_CASE("recovery: a killed rank aborts every survivor and relaunches generati
   CHECK(x.launches.empty());  // backoff first
   // Old-generation news is dropped.
   Actions late;
-  r.f.st.worker_done(r.job, 0, 0, false, "aborted", "aborted", &late);
+  r.f.st.worker_failed(r.job, 0, 0, FailureCause::aborted, "aborted", &late);
   CHECK(r.j().state == JobState::recovering);
   Actions t;
   r.f.st.tick(now_ms() + 1000, &t);
@@ -404,7 +405,7 @@ TEST_CASE("recovery: without a checkpoint the relaunch starts from scratch (or t
     return std::string();
   });
   Actions x;
-  r.f.st.worker_done(r.job, 0, 0, false, "engine_error", "kernel failed", &x);
+  r.f.st.worker_failed(r.job, 0, 0, FailureCause::engine_error, "kernel failed", &x);
   CHECK(r.j().state == JobState::recovering);
   Actions t;
   r.f.st.tick(now_ms() + 1000, &t);
@@ -427,18 +428,57 @@ TEST_CASE("recovery: max_restarts exceeded fails the job with its cause", "[reco
   Actions y;
   r.f.st.worker_exited(r.job, 1, 0, 100, 3, 0, &y);
   CHECK(r.j().state == JobState::failed);
-  CHECK(r.j().failure_name == "worker_exited");
+  CHECK(r.j().failure == FailureCause::worker_exited);
   CHECK(r.j().reason.find("exited with code 3") != std::string::npos);
   CHECK(r.j().reason.find("after 1 restart(s); fault.max_restarts = 1") != std::string::npos);
   CHECK(r.f.st.registry().free("cpu") == 2);
 }
 
-TEST_CASE("recovery: invalid specs and protocol mismatches are not retried", "[recovery]") {
-  Running r(1, 1, elastic(3));
+TEST_CASE("recovery: invalid specs and full disks are not retried", "[recovery]") {
+  for (FailureCause cause : {FailureCause::invalid_spec, FailureCause::disk_full}) {
+    Running r(1, 1, elastic(3));
+    Actions x;
+    r.f.st.worker_failed(r.job, 0, 0, cause, "bad", &x);
+    CHECK(r.j().state == JobState::failed);
+    CHECK(r.j().failure == cause);
+    CHECK(r.j().restarts == 0);
+    CHECK(r.j().reason == std::string(to_string(cause)) + ": rank 0: bad");
+    // The failure is recorded like any other (the actor removes partial checkpoints on disk_full).
+    REQUIRE(r.j().failures.size() == 1);
+    CHECK(r.j().failures[0]["cause"] == to_string(cause));
+    bool announced = false;
+    for (const auto& e : x.events)
+      announced = announced || (e["event"] == "failure" && e["cause"] == to_string(cause));
+    CHECK(announced);
+  }
+}
+
+TEST_CASE("workers: news of another generation or a rank outside the world changes nothing", "[workers]") {
+  Running r(2, 2, elastic(3));
+  const int64_t messages = r.j().control_messages;
   Actions x;
-  r.f.st.worker_done(r.job, 0, 0, false, "invalid_spec", "bad", &x);
-  CHECK(r.j().state == JobState::failed);
-  CHECK(r.j().restarts == 0);
+  r.f.st.worker_failed(r.job, 1, 0, FailureCause::engine_error, "old", &x);  // not yet a generation
+  r.f.st.worker_failed(r.job, 0, 2, FailureCause::engine_error, "no such rank", &x);
+  r.f.st.worker_failed(r.job, 0, -1, FailureCause::engine_error, "no such rank", &x);
+  r.f.st.worker_done(r.job, 0, 5, /*drained=*/false, &x);
+  r.f.st.worker_lost(r.job, 0, 9, "gone", &x);
+  r.f.st.worker_exited(r.job, 0, 7, 1, 0, 9, &x);
+  r.f.st.worker_where(r.job, 0, 3, "nowhere");
+  r.f.st.worker_launched(r.job, 0, 4, 99);
+  r.f.st.step(r.job, 0, StepSample{6, 0, 2.0, 1e-3, 64, 10.0, 1.0, {}}, &x);
+  r.f.st.worker_failed("nope", 0, 0, FailureCause::engine_error, "unknown job", &x);
+  CHECK(r.j().state == JobState::running);
+  CHECK(r.j().failures.empty());
+  CHECK(r.j().control_messages == messages);
+  CHECK(x.events.empty());
+  CHECK(x.aborts.empty());
+  // A job that ended takes no more results.
+  Actions c;
+  REQUIRE(r.f.st.cancel(r.job, "by the user", &c, nullptr));
+  r.f.st.worker_failed(r.job, 0, 0, FailureCause::engine_error, "late", &c);
+  r.f.st.worker_done(r.job, 0, 1, /*drained=*/false, &c);
+  CHECK(r.j().state == JobState::cancelled);
+  CHECK(r.j().failures.empty());
 }
 
 TEST_CASE("recovery: an agent lost shrinks the data dimension within min_devices", "[recovery][elastic]") {
@@ -479,7 +519,7 @@ TEST_CASE("recovery: below min_devices the job waits for replacements, then fail
   Actions late;
   q.f.st.tick(now_ms() + 1000 + q.j().request.replacement_wait_ms + 1000, &late);
   CHECK(q.j().state == JobState::failed);
-  CHECK(q.j().failure_name == "no_devices");
+  CHECK(q.j().failure == FailureCause::no_devices);
 }
 
 TEST_CASE("recovery: the data size keeps global_batch divisible by data x micro_batch",
@@ -550,9 +590,9 @@ TEST_CASE("scale: drain at a step boundary, relaunch at the new size from the dr
   CHECK(r.j().drain_step == at);
   CHECK_FALSE(r.f.st.scale(r.job, 4, &x, &why));  // one resize at a time
   Actions d;
-  r.f.st.worker_done(r.job, 0, 0, true, "drained", "", &d);
+  r.f.st.worker_done(r.job, 0, 0, /*drained=*/true, &d);
   CHECK(r.j().state == JobState::running);
-  r.f.st.worker_done(r.job, 0, 1, true, "drained", "", &d);
+  r.f.st.worker_done(r.job, 0, 1, /*drained=*/true, &d);
   CHECK(r.j().state == JobState::launching);
   CHECK(r.j().generation == 1);
   CHECK(r.j().restarts == 0);  // a resize is not a failure
@@ -573,7 +613,27 @@ TEST_CASE("elastic growth: a new agent makes a job below max_devices grow", "[el
   REQUIRE(g.drains.size() == 1);
   CHECK(f.st.job(job)->target_dp == 2);
   Actions d;
-  f.st.worker_done(job, 0, 0, true, "drained", "", &d);
+  f.st.worker_done(job, 0, 0, /*drained=*/true, &d);
   CHECK(f.st.job(job)->layout.str() == "2x1x1");
   CHECK(d.launches.size() == 2);
+}
+
+TEST_CASE("recovery: during the backoff the freed devices stay with the recovering job", "[recovery]") {
+  JobRequest req = elastic(1);
+  req.restart_backoff_ms = 500;
+  Running r(1, 1, req);  // one device held, one free
+  Actions q;
+  auto waiting = r.f.st.submit(request("q", 2), &q);
+  REQUIRE(r.f.st.job(waiting)->state == JobState::queued);
+  Actions x;
+  r.f.st.worker_exited(r.job, 0, 0, 100, -1, 9, &x);
+  CHECK(r.j().state == JobState::recovering);
+  CHECK(r.f.st.registry().free("cpu") == 2);
+  CHECK(x.launches.empty());
+  CHECK(r.f.st.job(waiting)->state == JobState::queued);
+  Actions t;
+  r.f.st.tick(now_ms() + 1000, &t);
+  CHECK(r.j().state == JobState::launching);
+  CHECK(r.j().generation == 1);
+  CHECK(r.f.st.job(waiting)->state == JobState::queued);
 }

@@ -63,7 +63,7 @@ TEST_CASE("job table: save and load round-trip, live jobs become recovering as g
   // recovering after a failure; job5 is cancelled while queued.
   std::string done = st.submit(job_request("done", 1), &a);
   REQUIRE(st.register_worker(7, done, 0, 0, "h1", 100, &a).refused.empty());
-  st.worker_done(done, 0, 0, true, "", "", &a);
+  st.worker_done(done, 0, 0, /*drained=*/false, &a);
   REQUIRE(job_of(st, done).state == JobState::succeeded);
 
   std::string running = st.submit(job_request("running", 1), &a);
@@ -176,4 +176,26 @@ TEST_CASE("job table: a malformed table is refused with a reason", "[table]") {
   r.layout = {1, 1, 1};
   full.submit(r, &a);
   CHECK_THROWS_AS(full.load_table(full.table_json(), &a), troupe::Error);
+}
+
+TEST_CASE("job table: a failed job keeps its cause, an unknown cause is refused", "[table]") {
+  CoordinatorState st("/tmp/troupe-table-runs", 7);
+  Actions a;
+  REQUIRE(st.register_agent(7, "h1", 10, {"cpu:0"}, &a).accepted);
+  std::string id = st.submit(job_request("bad", 1), &a);
+  REQUIRE(st.register_worker(7, id, 0, 0, "h1", 100, &a).refused.empty());
+  st.worker_failed(id, 0, 0, troupe::FailureCause::invalid_spec, "unknown key", &a);
+  REQUIRE(job_of(st, id).state == JobState::failed);
+  nlohmann::json table = st.table_json();
+  CHECK(entry(table, id)["failure_name"] == "invalid_spec");
+  CoordinatorState back("/tmp/troupe-table-runs", 7);
+  Actions loaded;
+  back.load_table(table, &loaded);
+  CHECK(job_of(back, id).failure == troupe::FailureCause::invalid_spec);
+  CHECK(back.job_json(job_of(back, id))["failure"] == "invalid_spec");
+  CHECK(back.table_json() == table);
+
+  table["jobs"][0]["failure_name"] = "made_up";
+  CoordinatorState other("/tmp/troupe-table-runs", 7);
+  CHECK_THROWS_AS(other.load_table(table, &loaded), troupe::Error);
 }

@@ -1,0 +1,79 @@
+// Who may send what. Every peer already holds the cluster secret; these checks
+// keep one from speaking for another: a message counts for a rank or an agent
+// only from the process (CAF node) of the handle registered for it.
+#include <iostream>
+
+#include "actors/validate.hpp"
+#include "coordinator/coordinator_actor_state.hpp"
+#include "core/text.hpp"
+
+namespace troupe::coord::actor {
+
+namespace {
+
+// CAF names the node on the connection: the sender cannot choose it.
+bool from_node(self_ptr self, const caf::node_id& node) {
+  auto sender = self->current_sender();
+  return sender && node && sender->node() == node;
+}
+
+}  // namespace
+
+void refuse(self_ptr self, const char* what, const std::string& why) {
+  auto n = ++self->state.refused;
+  if (n <= 20 || n % 1000 == 0) {
+    auto sender = self->current_sender();
+    std::cerr << "troupe coordinator: refused " << what << " from "
+              << (sender ? caf::to_string(sender->node()) : std::string("an anonymous sender")) << ": "
+              << sanitize_utf8(why, 512) << " (" << n << " refused so far)" << std::endl;
+  }
+}
+
+void internal_error(const char* what, const std::exception& e) {
+  std::cerr << "troupe coordinator: internal error in " << what << ": " << sanitize_utf8(e.what(), 4096)
+            << std::endl;
+}
+
+bool from_local(self_ptr self) { return from_node(self, self->node()); }
+
+bool from_worker(self_ptr self, const std::string& job, int32_t generation, int32_t rank) {
+  auto it = self->state.workers.find({job, generation, rank});
+  return (it != self->state.workers.end() && from_node(self, it->second->node())) || from_local(self);
+}
+
+bool from_job_worker(self_ptr self, const std::string& job, int32_t generation) {
+  if (from_local(self)) return true;
+  auto& w = self->state.workers;
+  for (auto it = w.lower_bound({job, generation, 0});
+       it != w.end() && std::get<0>(it->first) == job && std::get<1>(it->first) == generation; ++it)
+    if (from_node(self, it->second->node())) return true;
+  return false;
+}
+
+bool from_launching_agent(self_ptr self, const std::string& job, int32_t generation, int32_t rank) {
+  auto& s = self->state;
+  auto a = s.launch_agents.find({job, generation, rank});
+  if (a == s.launch_agents.end()) return false;
+  auto n = s.agents.find(a->second);
+  return n != s.agents.end() && from_node(self, n->second->node());
+}
+
+std::string store_refusal(self_ptr self, const StoreKey& k, size_t value_bytes) {
+  if (auto why = check(k); !why.empty()) {
+    refuse(self, "a store request", why);
+    return why;
+  }
+  if (value_bytes > kMaxStoreValue) {
+    refuse(self, "a store request", "value of " + std::to_string(value_bytes) + " bytes");
+    return "store value too large";
+  }
+  std::string refusal = self->state.st->store_refusal(k.job_id, k.generation);
+  if (!refusal.empty()) return refusal;
+  if (!from_job_worker(self, k.job_id, k.generation)) {
+    refuse(self, "a store request", "not from a registered rank of job " + k.job_id);
+    return "not a registered rank of this job generation";
+  }
+  return "";
+}
+
+}  // namespace troupe::coord::actor

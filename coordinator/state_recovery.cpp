@@ -1,0 +1,171 @@
+// CoordinatorState's clock: recovery of failed generations (restart or fail,
+// relaunch on the devices there are), the step watchdog, and resizing. The
+// decisions are coordinator/policy.hpp's; this file applies them.
+#include <algorithm>
+#include <cstdio>
+
+#include "coordinator/policy.hpp"
+#include "coordinator/state.hpp"
+
+namespace troupe::coord {
+
+std::string CoordinatorState::checkpoint_root(const Job& job) const {
+  return job.request.checkpoint_dir.empty() ? job.run_dir + "/ckpt" : job.request.checkpoint_dir;
+}
+
+void CoordinatorState::on_failure(Job& job, FailureCause cause, const std::string& message, int rank,
+                                  Actions* out) {
+  if (is_terminal(job.state) || job.state == JobState::recovering) return;
+  const std::string name = to_string(cause);
+  // Judged on the failures before this one.
+  const FailureVerdict verdict = judge_failure(job, cause, message);
+  nlohmann::json f = {{"event", "failure"},
+                      {"job", job.id},
+                      {"generation", job.generation},
+                      {"cause", name},
+                      {"rank", rank},
+                      {"message", message},
+                      {"layout", job.layout.str()},
+                      {"step", job.last_step + 1}};
+  if (rank >= 0 && rank < static_cast<int>(job.ranks.size())) {
+    const RankSlot& s = job.ranks[rank];
+    f["host"] = s.host;
+    f["pid"] = s.pid;
+    f["device"] = s.device.device;
+    f["where"] = s.where;
+  }
+  nlohmann::json where = nlohmann::json::object();
+  for (size_t r = 0; r < job.ranks.size(); ++r)
+    if (!job.ranks[r].where.empty()) where[std::to_string(r)] = job.ranks[r].where;
+  f["ranks_where"] = where;
+  f["time_ms"] = now_ms();
+  f["before_first_step"] = !job.stepped;
+  job.failures.push_back(f);
+  if (job.failures.size() > 32) job.failures.erase(job.failures.begin());
+  out->events.push_back(f);
+
+  if (!verdict.restart) {
+    fail(job, cause, verdict.message, out);
+    return;
+  }
+  ++job.restarts;
+  // Every survivor aborts its communicators now, so none waits for a timeout.
+  end_generation(job, JobState::recovering,
+                 name + ": " + message + "; restart " + std::to_string(job.restarts) + " of " +
+                     std::to_string(job.request.max_restarts),
+                 "generation " + std::to_string(job.generation) + " aborted: " + name,
+                 now_ms() + restart_backoff_ms(job.request.restart_backoff_ms, job.restarts), out);
+}
+
+void CoordinatorState::try_relaunch(Job& job, double now, Actions* out) {
+  if (job.state != JobState::recovering || now < job.relaunch_at_ms) return;
+  const int unit = job.layout.pp * job.layout.tp;
+  int want = job.target_dp > 0 ? job.target_dp : job.layout.dp;
+  int free_devices = registry_.free(job.request.device_kind);
+  int d = fit_data_size(job, want, free_devices);
+  if (d == 0) {
+    std::string why = "waiting for devices: " + std::to_string(free_devices) + " " + job.request.device_kind +
+                      " free, the job needs " + std::to_string(min_devices(job)) +
+                      " (a multiple of pipeline x tensor = " + std::to_string(unit) + ")";
+    if (now >= job.recovery_deadline_ms) {
+      fail(job, FailureCause::no_devices, why, out);
+      return;
+    }
+    if (why != job.reason) {
+      job.reason = why;
+      out->events.push_back(
+          {{"event", "waiting"}, {"job", job.id}, {"state", "recovering"}, {"reason", why}});
+    }
+    return;
+  }
+  std::string why;
+  auto devices = registry_.allocate(job.id, job.request.device_kind, d * unit, &why);
+  if (!devices) return;
+  Layout from = job.layout;
+  job.layout.dp = d;
+  job.target_dp = 0;
+  std::vector<std::string> skipped;
+  std::string ckpt = find_checkpoint_(checkpoint_root(job), &skipped);
+  for (const auto& s : skipped)
+    out->events.push_back({{"event", "log"}, {"job", job.id}, {"message", "checkpoint skipped: " + s}});
+  job.resume_from = ckpt.empty() ? job.request.resume_from : ckpt;
+  out->events.push_back({{"event", "relaunch"},
+                         {"job", job.id},
+                         {"generation", job.generation},
+                         {"from_layout", from.str()},
+                         {"layout", job.layout.str()},
+                         {"resume_from", job.resume_from}});
+  launch(job, *devices, out);
+}
+
+void CoordinatorState::tick(double now, Actions* out) {
+  for (const auto& id : order_) {
+    Job& j = jobs_.at(id);
+    if (j.state == JobState::recovering) {
+      try_relaunch(j, now, out);
+      continue;
+    }
+    if (j.state != JobState::running || j.last_progress_ms <= 0) continue;
+    double limit = step_timeout_ms(j);
+    if (now - j.last_progress_ms <= limit) continue;
+    // Blame the rank furthest behind: a rank inside a collective that never
+    // returns names the op; the others wait for it.
+    std::string detail;
+    int rank = -1;
+    for (size_t r = 0; r < j.ranks.size(); ++r) {
+      const RankSlot& s = j.ranks[r];
+      if (s.done) continue;
+      if (rank < 0) rank = static_cast<int>(r);
+      detail += (detail.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " (pid " +
+                std::to_string(s.pid) + " on " + s.host + "): " + (s.where.empty() ? "?" : s.where);
+    }
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "no step completed for %.1f s (limit %.1f s); ",
+                  (now - j.last_progress_ms) / 1000.0, limit / 1000.0);
+    on_failure(j, FailureCause::step_timeout, buf + detail, rank, out);
+  }
+}
+
+double CoordinatorState::step_timeout_ms(const Job& job) const {
+  return coord::step_timeout_ms(job.request, job.step_ms);
+}
+
+bool CoordinatorState::scale(const std::string& job_id, int devices, Actions* out, std::string* why) {
+  Job* j = find(job_id);
+  std::string no = j ? resize_refusal(*j, devices, registry_.free(j->request.device_kind))
+                     : "unknown job '" + job_id + "'";
+  if (!no.empty()) {
+    if (why) *why = no;
+    return false;
+  }
+  const int64_t at = drain_step(*j);
+  j->drain_step = at;
+  j->target_dp = devices / (j->layout.pp * j->layout.tp);
+  out->events.push_back({{"event", "resize"},
+                         {"job", job_id},
+                         {"generation", j->generation},
+                         {"from_layout", j->layout.str()},
+                         {"devices", devices},
+                         {"after_step", at}});
+  for (size_t r = 0; r < j->ranks.size(); ++r)
+    out->drains.push_back({job_id, j->generation, static_cast<int>(r), at});
+  return true;
+}
+
+void CoordinatorState::grow(Actions* out) {
+  for (const auto& id : order_) {
+    Job& j = jobs_.at(id);
+    int d = grow_data_size(j, registry_.free(j.request.device_kind));
+    if (d == 0) continue;
+    // Free devices go to a queued job of the same kind first.
+    bool someone_waits = false;
+    for (const auto& [qid, q] : jobs_)
+      someone_waits =
+          someone_waits || (q.state == JobState::queued && q.request.device_kind == j.request.device_kind);
+    if (someone_waits) continue;
+    std::string why;
+    scale(j.id, d * j.layout.pp * j.layout.tp, out, &why);  // a job too close to its end just finishes
+  }
+}
+
+}  // namespace troupe::coord
