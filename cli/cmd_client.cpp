@@ -66,9 +66,15 @@ void print_job(const nlohmann::json& j) {
   if (!j.value("reason", "").empty()) std::cout << "  " << j["reason"].get<std::string>() << "\n";
   if (j.contains("run_dir")) std::cout << "  run dir: " << j["run_dir"].get<std::string>() << "\n";
   if (j.contains("workers"))
-    for (const auto& w : j["workers"])
+    for (const auto& w : j["workers"]) {
       std::cout << "  rank " << w["rank"].get<int>() << ": " << w["host"].get<std::string>() << " "
-                << w["device"].get<std::string>() << " pid " << w["pid"].get<int>() << "\n";
+                << w["device"].get<std::string>() << " pid " << w["pid"].get<int>();
+      // The rank's grid coordinates and stage layers in the generation's plan.
+      if (w.contains("layers"))
+        std::cout << "  dp " << w["dp"].get<int>() << " pp " << w["pp"].get<int>() << " tp "
+                  << w["tp"].get<int>() << "  layers " << w["layers"].get<std::string>();
+      std::cout << "\n";
+    }
 }
 
 }  // namespace

@@ -255,8 +255,8 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
             out.dp = l.dp;
             out.pp = l.pp;
             out.tp = l.tp;
-            const plan::Plan p =
-                plan::make_plan(plan::plan_inputs(parse_spec(j.request.spec_yaml, "spec.yaml")), l);
+            // The generation's plan, computed once at launch (CoordinatorState::launch).
+            const plan::Plan& p = j.plan;
             const plan::RankPlace place = plan::rank_place(p, w.rank);
             out.dp_index = place.coord.d;
             out.pp_index = place.coord.p;

@@ -64,14 +64,22 @@ int min_devices(const Job& job) {
   return std::min(n, job.layout.world());
 }
 
+std::string plan_refusal(const Job& job, int d) {
+  try {
+    plan::make_plan(job.request.plan, {d, job.layout.pp, job.layout.tp});
+    return "";
+  } catch (const std::exception& e) {
+    return "data " + std::to_string(d) + " cannot be planned: " + e.what();
+  }
+}
+
 int fit_data_size(const Job& job, int want, int free_devices) {
   const int unit = job.layout.pp * job.layout.tp;
   const int least = min_devices(job);
   for (int d = want; d >= 1; --d) {
     if (d * unit < least) return 0;
     if (d * unit > free_devices) continue;
-    int rows = d * std::max(job.request.micro_batch, 1);
-    if (job.request.global_batch > 0 && job.request.global_batch % rows != 0) continue;
+    if (!plan_refusal(job, d).empty()) continue;
     return d;
   }
   return 0;
@@ -94,10 +102,7 @@ std::string resize_refusal(const Job& job, int devices, int free_devices) {
            " devices is not a multiple of pipeline x tensor = " + std::to_string(unit) +
            " (the layout keeps them)";
   int d = devices / unit;
-  int micro = std::max(job.request.micro_batch, 1);
-  if (job.request.global_batch > 0 && job.request.global_batch % (d * micro) != 0)
-    return "global_batch " + std::to_string(job.request.global_batch) + " is not divisible by data " +
-           std::to_string(d) + " x micro_batch " + std::to_string(micro);
+  if (std::string why = plan_refusal(job, d); !why.empty()) return why;
   if (d == job.layout.dp) return "job " + id + " already runs on " + std::to_string(devices) + " devices";
   if (devices > job.layout.world() + free_devices)
     return "not enough free devices: " + std::to_string(devices) + " wanted, " +

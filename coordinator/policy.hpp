@@ -50,9 +50,13 @@ double step_timeout_ms(const JobRequest& request, const std::vector<double>& ste
 // The fewest devices the job runs on: elastic.min_devices (0 = the planned
 // layout's size), and never more than the current generation has.
 int min_devices(const Job& job);
+// "" when the job can be planned (plan::make_plan) with data size d and its pipeline
+// and tensor sizes, else why not: global_batch must split into d replicas of whole
+// micro-batches, and the schedule must run with the micro-batches that leaves.
+std::string plan_refusal(const Job& job, int d);
 // The largest data size <= want whose devices fit `free_devices`, stay at or
-// above min_devices and keep global_batch divisible by data x micro_batch; 0 if none.
-//   pp x tp = 2, global_batch 12, micro_batch 2, want 4, 8 free: data 3 (12 % 6 == 0)
+// above min_devices and can be planned; 0 if none.
+//   pp x tp = 2, global_batch 12, micro_batch 2, want 4, 8 free: data 3 (12 = 3 x 2 x 2)
 int fit_data_size(const Job& job, int want, int free_devices);
 // "" when a running job may be resized to `devices` devices with `free_devices`
 // more free, else why not (the API's cannot_scale message).

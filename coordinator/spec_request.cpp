@@ -9,7 +9,7 @@ JobRequest job_request(const JobSpec& spec) {
   r.device_kind = to_string(spec.resources.device);
   auto degree = [](int d) { return d > 0 ? d : 1; };
   r.layout = {degree(spec.parallel.data), degree(spec.parallel.pipeline), degree(spec.parallel.tensor)};
-  r.n_layers = spec.model.n_layers > 0 ? spec.model.n_layers : 1;
+  r.plan = plan::plan_inputs(spec);
   r.total_steps = spec.train.steps;
   r.checkpoint_dir = spec.checkpoint.dir;
   r.checkpoint_keep = spec.checkpoint.keep;
@@ -17,8 +17,6 @@ JobRequest job_request(const JobSpec& spec) {
   r.step_timeout_ms = static_cast<double>(spec.fault.step_timeout.count());
   r.min_devices = spec.elastic.min_devices;
   r.max_devices = spec.elastic.max_devices;
-  r.global_batch = static_cast<int>(spec.train.global_batch);
-  r.micro_batch = static_cast<int>(spec.train.micro_batch);
   return r;
 }
 

@@ -204,6 +204,14 @@ bool CoordinatorState::try_place(Job& job, Actions* out) {
 }
 
 void CoordinatorState::launch(Job& job, const std::vector<DeviceRef>& devices, Actions* out) {
+  // The generation's plan, once: every rank gets it in its Assignment and status shows it.
+  try {
+    job.plan = plan::make_plan(job.request.plan, job.layout);
+  } catch (const std::exception& e) {
+    job.ranks.clear();
+    fail(job, FailureCause::invalid_spec, "no plan for layout " + job.layout.str() + ": " + e.what(), out);
+    return;
+  }
   job.ranks.assign(devices.size(), RankSlot{});
   for (size_t r = 0; r < devices.size(); ++r) {
     job.ranks[r].device = devices[r];

@@ -23,6 +23,7 @@
 #include "coordinator/registry.hpp"
 #include "coordinator/rendezvous.hpp"
 #include "core/failure.hpp"
+#include "plan/plan.hpp"
 
 namespace troupe::coord {
 
@@ -32,19 +33,20 @@ struct JobRequest {
   std::string spec_yaml;  // resolved, every default filled in
   std::string device_kind = "cpu";
   Layout layout;
-  int n_layers = 1;
+  // What the plan of each generation depends on (model shape, batch, schedule): the
+  // layout may change with a resize, the rest does not.
+  plan::PlanInputs plan;
   int64_t total_steps = 0;
   std::string resume_from;  // checkpoint directory every rank resumes from ("" = fresh)
   // Failure handling and elasticity (spec keys fault.*, elastic.*, checkpoint.dir).
   std::string checkpoint_dir;  // "" = <run dir>/ckpt
   int checkpoint_keep = 0;     // checkpoint.keep: committed steps kept (0 = all)
   int max_restarts = 0;
-  double restart_backoff_ms = 250;        // before the first relaunch; doubles with each restart, at most 8 s
-  double step_timeout_ms = 0;             // 0 = max(10 s, 20 x the median step time)
-  double replacement_wait_ms = 60000;     // how long a recovering job waits for devices
-  int min_devices = 0;                    // 0 = the planned layout's size
-  int max_devices = 0;                    // 0 = the planned layout's size
-  int global_batch = 0, micro_batch = 0;  // a data size must divide global_batch / micro_batch
+  double restart_backoff_ms = 250;     // before the first relaunch; doubles with each restart, at most 8 s
+  double step_timeout_ms = 0;          // 0 = max(10 s, 20 x the median step time)
+  double replacement_wait_ms = 60000;  // how long a recovering job waits for devices
+  int min_devices = 0;                 // 0 = the planned layout's size
+  int max_devices = 0;                 // 0 = the planned layout's size
 };
 
 struct RankSlot {
@@ -63,8 +65,9 @@ struct Job {
   std::string id;
   JobRequest request;
   JobState state = JobState::queued;
-  Layout layout;                        // of the current generation (request.layout until a resize)
-  std::string reason;                   // why it waits, or why it failed / was cancelled
+  Layout layout;       // of the current generation (request.layout until a resize)
+  plan::Plan plan;     // of the current generation: computed once at launch, shipped to every rank
+  std::string reason;  // why it waits, or why it failed / was cancelled
   std::optional<FailureCause> failure;  // why it failed (failed jobs only)
   int generation = 0;
   std::string run_dir;

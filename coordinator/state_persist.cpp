@@ -34,12 +34,40 @@ JobState state_from(const std::string& name) {
   return JobState::failed;
 }
 
+nlohmann::json plan_inputs_json(const plan::PlanInputs& p) {
+  return {{"model", p.model.type == ModelType::gpt ? "gpt" : "mlp"},
+          {"n_layers", p.model.n_layers},
+          {"d_model", p.model.d_model},
+          {"vocab_size", p.model.vocab_size},
+          {"seq_len", p.model.seq_len},
+          {"global_batch", p.global_batch},
+          {"micro_batch", p.micro_batch},
+          {"schedule", plan::schedule_name(p.schedule)},
+          {"virtual_stages", p.virtual_stages}};
+}
+
+plan::PlanInputs plan_inputs_from(const nlohmann::json& x) {
+  plan::PlanInputs p;
+  const std::string model = x.at("model").get<std::string>();
+  TROUPE_CHECK(model == "gpt" || model == "mlp", "unknown model type '", model, "' in the job table");
+  p.model.type = model == "gpt" ? ModelType::gpt : ModelType::mlp;
+  p.model.n_layers = x.at("n_layers").get<int>();
+  p.model.d_model = x.at("d_model").get<int>();
+  p.model.vocab_size = x.at("vocab_size").get<int>();
+  p.model.seq_len = x.at("seq_len").get<int>();
+  p.global_batch = x.at("global_batch").get<int>();
+  p.micro_batch = x.at("micro_batch").get<int>();
+  p.schedule = plan::schedule_from_name(x.at("schedule").get<std::string>());
+  p.virtual_stages = x.at("virtual_stages").get<int>();
+  return p;
+}
+
 nlohmann::json request_json(const JobRequest& r) {
   return {{"name", r.name},
           {"spec_yaml", r.spec_yaml},
           {"device_kind", r.device_kind},
           {"layout", layout_json(r.layout)},
-          {"n_layers", r.n_layers},
+          {"plan", plan_inputs_json(r.plan)},
           {"total_steps", r.total_steps},
           {"resume_from", r.resume_from},
           {"checkpoint_dir", r.checkpoint_dir},
@@ -49,9 +77,7 @@ nlohmann::json request_json(const JobRequest& r) {
           {"step_timeout_ms", r.step_timeout_ms},
           {"replacement_wait_ms", r.replacement_wait_ms},
           {"min_devices", r.min_devices},
-          {"max_devices", r.max_devices},
-          {"global_batch", r.global_batch},
-          {"micro_batch", r.micro_batch}};
+          {"max_devices", r.max_devices}};
 }
 
 JobRequest request_from(const nlohmann::json& x) {
@@ -60,7 +86,7 @@ JobRequest request_from(const nlohmann::json& x) {
   r.spec_yaml = x.at("spec_yaml").get<std::string>();
   r.device_kind = x.at("device_kind").get<std::string>();
   r.layout = layout_from(x.at("layout"));
-  r.n_layers = x.at("n_layers").get<int>();
+  r.plan = plan_inputs_from(x.at("plan"));
   r.total_steps = x.at("total_steps").get<int64_t>();
   r.resume_from = x.at("resume_from").get<std::string>();
   r.checkpoint_dir = x.at("checkpoint_dir").get<std::string>();
@@ -71,8 +97,6 @@ JobRequest request_from(const nlohmann::json& x) {
   r.replacement_wait_ms = x.at("replacement_wait_ms").get<double>();
   r.min_devices = x.at("min_devices").get<int>();
   r.max_devices = x.at("max_devices").get<int>();
-  r.global_batch = x.at("global_batch").get<int>();
-  r.micro_batch = x.at("micro_batch").get<int>();
   return r;
 }
 

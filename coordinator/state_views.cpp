@@ -17,6 +17,15 @@ nlohmann::json CoordinatorState::job_json(const Job& j) const {
                        {"registered", s.registered},
                        {"done", s.done},
                        {"exited", s.exited}});
+    // Where the rank sits in the generation's plan: the same line its worker log prints.
+    if (j.plan.layout == j.layout && int(r) < j.plan.layout.world()) {
+      const plan::RankPlace place = plan::rank_place(j.plan, int(r));
+      workers.back().update({{"dp", place.coord.d},
+                             {"pp", place.coord.p},
+                             {"tp", place.coord.t},
+                             {"layers", plan::layers_str(place.chunks)},
+                             {"place", place.str()}});
+    }
   }
   nlohmann::json out = {{"id", j.id},
                         {"name", j.request.name},

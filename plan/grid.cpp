@@ -4,22 +4,32 @@
 
 namespace troupe::plan {
 
+namespace {
+
+// A plan that cannot be made is the user's to fix (a layout, a batch): a plain message, no file:line.
+template <class... Args>
+void require(bool ok, const Args&... message) {
+  if (!ok) throw Error(detail::concat(message...));
+}
+
+}  // namespace
+
 void check_layout(const Layout& l) {
-  TROUPE_CHECK(l.dp >= 1 && l.pp >= 1 && l.tp >= 1, "layout ", l.str(),
-               ": data, pipeline and tensor degrees must be >= 1");
+  require(l.dp >= 1 && l.pp >= 1 && l.tp >= 1, "layout ", l.str(),
+          ": data, pipeline and tensor degrees must be >= 1");
 }
 
 int rank_of(const Layout& l, const Coord& c) {
   check_layout(l);
-  TROUPE_CHECK(c.d >= 0 && c.d < l.dp && c.p >= 0 && c.p < l.pp && c.t >= 0 && c.t < l.tp,
-               "grid coordinate (d ", c.d, ", p ", c.p, ", t ", c.t, ") is outside layout ", l.str());
+  require(c.d >= 0 && c.d < l.dp && c.p >= 0 && c.p < l.pp && c.t >= 0 && c.t < l.tp, "grid coordinate (d ",
+          c.d, ", p ", c.p, ", t ", c.t, ") is outside layout ", l.str());
   return (c.d * l.pp + c.p) * l.tp + c.t;
 }
 
 Coord coord_of(const Layout& l, int rank) {
   check_layout(l);
-  TROUPE_CHECK(rank >= 0 && rank < l.world(), "rank ", rank, " is outside layout ", l.str(), " (", l.world(),
-               " ranks)");
+  require(rank >= 0 && rank < l.world(), "rank ", rank, " is outside layout ", l.str(), " (", l.world(),
+          " ranks)");
   return {rank / (l.pp * l.tp), (rank / l.tp) % l.pp, rank % l.tp};
 }
 

@@ -6,6 +6,16 @@
 
 namespace troupe::plan {
 
+namespace {
+
+// A plan that cannot be made is the user's to fix (a layout, a batch): a plain message, no file:line.
+template <class... Args>
+void require(bool ok, const Args&... message) {
+  if (!ok) throw Error(detail::concat(message...));
+}
+
+}  // namespace
+
 ScheduleKind schedule_kind(troupe::Schedule s) {
   switch (s) {
     case troupe::Schedule::gpipe:
@@ -66,14 +76,13 @@ Plan base_plan(const PlanInputs& in, const Layout& layout) {
   check_layout(layout);
   Plan p;
   p.layout = layout;
-  TROUPE_CHECK(in.global_batch >= 1, "train.global_batch must be >= 1");
-  TROUPE_CHECK(in.global_batch % layout.dp == 0, "global_batch ", in.global_batch,
-               " is not divisible by data ", layout.dp,
-               ": use a global_batch that is a multiple of the data degree");
+  require(in.global_batch >= 1, "train.global_batch must be >= 1");
+  require(in.global_batch % layout.dp == 0, "global_batch ", in.global_batch, " is not divisible by data ",
+          layout.dp, ": use a global_batch that is a multiple of the data degree");
   p.local_rows = in.global_batch / layout.dp;
   p.micro_batch = in.micro_batch > 0 ? in.micro_batch : p.local_rows;
-  TROUPE_CHECK(p.local_rows % p.micro_batch == 0, "global_batch / data = ", p.local_rows,
-               " is not a multiple of micro_batch ", p.micro_batch);
+  require(p.local_rows % p.micro_batch == 0, "global_batch / data = ", p.local_rows,
+          " is not a multiple of micro_batch ", p.micro_batch);
   p.n_micro = p.local_rows / p.micro_batch;
   // A pipeline of one stage has no schedule: its one chunk runs the micro-batches in turn.
   p.schedule = layout.pp > 1 ? in.schedule : ScheduleKind::one_f_one_b;
@@ -102,16 +111,16 @@ Plan make_plan(const PlanInputs& in, const Layout& layout, int micro_batch, cons
   fixed.micro_batch = micro_batch;
   Plan p = base_plan(fixed, layout);
   const int S = layout.pp * p.virtual_stages, L = in.model.n_layers;
-  TROUPE_CHECK(int(b.size()) == S + 1, "plan: ", b.size(), " chunk boundaries for ", S,
-               " model chunks (pipeline ", layout.pp, " x virtual ", p.virtual_stages, "); want ", S + 1);
-  TROUPE_CHECK(b.front() == 0 && b.back() == L, "plan: chunk boundaries [", b.front(), ", ", b.back(),
-               "] do not cover the model's ", L, " layers");
+  require(int(b.size()) == S + 1, "plan: ", b.size(), " chunk boundaries for ", S, " model chunks (pipeline ",
+          layout.pp, " x virtual ", p.virtual_stages, "); want ", S + 1);
+  require(b.front() == 0 && b.back() == L, "plan: chunk boundaries [", b.front(), ", ", b.back(),
+          "] do not cover the model's ", L, " layers");
   const StageCosts costs = stage_costs(in.model);
   p.partition.pp = layout.pp;
   p.partition.virtual_stages = p.virtual_stages;
   for (int k = 0; k < S; ++k) {
-    TROUPE_CHECK(b[size_t(k + 1)] > b[size_t(k)], "plan: model chunk ", k, " holds no layer (boundaries ",
-                 b[size_t(k)], ", ", b[size_t(k + 1)], ")");
+    require(b[size_t(k + 1)] > b[size_t(k)], "plan: model chunk ", k, " holds no layer (boundaries ",
+            b[size_t(k)], ", ", b[size_t(k + 1)], ")");
     p.partition.chunks.push_back({b[size_t(k)], b[size_t(k + 1)], k == 0, k == S - 1});
     p.partition.cost.push_back((b[size_t(k + 1)] - b[size_t(k)]) * costs.block +
                                (k == 0 ? costs.embedding : 0.0) + (k == S - 1 ? costs.head : 0.0));

@@ -15,6 +15,8 @@ Job running(int dp, int pp = 1, int tp = 1, int64_t steps = 10) {
   j.id = "j";
   j.state = JobState::running;
   j.request.layout = {dp, pp, tp};
+  j.request.plan.model.n_layers = 4;
+  j.request.plan.global_batch = 840;  // divisible by every data size a test asks for
   j.request.total_steps = 1000;
   j.request.max_restarts = 2;
   j.layout = j.request.layout;
@@ -122,8 +124,8 @@ TEST_CASE("policy: the watchdog limit and the median step time", "[policy][watch
 TEST_CASE("policy: the data size fits the free devices, min_devices and the global batch",
           "[policy][elastic]") {
   Job j = running(4, 2, 1);  // pipeline x tensor = 2
-  j.request.global_batch = 12;
-  j.request.micro_batch = 2;
+  j.request.plan.global_batch = 12;
+  j.request.plan.micro_batch = 2;
   CHECK(min_devices(j) == 8);  // the planned size
   j.request.min_devices = 2;
   CHECK(min_devices(j) == 2);
@@ -140,8 +142,8 @@ TEST_CASE("policy: the data size fits the free devices, min_devices and the glob
 
 TEST_CASE("policy: a resize is refused with a reason, and drains a few steps ahead", "[policy][elastic]") {
   Job j = running(2, 1, 1, /*steps=*/10);
-  j.request.global_batch = 8;
-  j.request.micro_batch = 1;
+  j.request.plan.global_batch = 8;
+  j.request.plan.micro_batch = 1;
   CHECK(drain_step(j) == 9 + 3);  // no step time measured: 3 steps
   j.step_ms = {10, 10, 10};       // 300 ms = 30 steps
   CHECK(drain_step(j) == 9 + 31);
@@ -151,9 +153,11 @@ TEST_CASE("policy: a resize is refused with a reason, and drains a few steps ahe
   CHECK(resize_refusal(j, 2, 2) == "job j already runs on 2 devices");
   CHECK(resize_refusal(j, 0, 2) ==
         "0 devices is not a multiple of pipeline x tensor = 1 (the layout keeps them)");
-  j.request.global_batch = 6;
-  CHECK(resize_refusal(j, 4, 2) == "global_batch 6 is not divisible by data 4 x micro_batch 1");
-  j.request.global_batch = 8;
+  j.request.plan.global_batch = 6;
+  CHECK(resize_refusal(j, 4, 2) ==
+        "data 4 cannot be planned: global_batch 6 is not divisible by data 4: use a "
+        "global_batch that is a multiple of the data degree");
+  j.request.plan.global_batch = 8;
   j.request.total_steps = 40;
   CHECK(resize_refusal(j, 4, 2) == "job j ends (step 40) before it could be resized");
   j.request.total_steps = 1000;
@@ -169,8 +173,8 @@ TEST_CASE("policy: a resize is refused with a reason, and drains a few steps ahe
 
 TEST_CASE("policy: a running job grows towards max_devices on free devices", "[policy][elastic]") {
   Job j = running(1);
-  j.request.global_batch = 8;
-  j.request.micro_batch = 1;
+  j.request.plan.global_batch = 8;
+  j.request.plan.micro_batch = 1;
   CHECK(grow_data_size(j, 4) == 0);  // max_devices 0 = the planned size: no growth
   j.request.max_devices = 4;
   CHECK(grow_data_size(j, 0) == 0);

@@ -22,7 +22,8 @@ JobRequest request(const std::string& name, int dp, int pp = 1, int tp = 1, cons
   r.spec_yaml = "name: " + name + "\n";
   r.device_kind = kind;
   r.layout = {dp, pp, tp};
-  r.n_layers = 4;
+  r.plan.model.n_layers = 4;
+  r.plan.global_batch = 840;  // divisible by every data size a test asks for
   r.total_steps = 3;
   return r;
 }
@@ -302,7 +303,7 @@ TEST_CASE("spec request: layout, device and resolved YAML come from the job spec
   CHECK(r.layout.pp == 2);
   CHECK(r.layout.tp == 1);
   CHECK(r.device_kind == "cpu");
-  CHECK(r.n_layers == 4);
+  CHECK(r.plan.model.n_layers == 4);
   CHECK(r.total_steps > 0);
   CHECK(troupe::parse_spec(r.spec_yaml, "resolved.yaml").name == r.name);
   CHECK_THROWS_AS(job_request_from_yaml("name: [oops", "bad.yaml"), troupe::SpecError);
@@ -340,8 +341,8 @@ JobRequest elastic(int max_restarts, int min_devices = 0, int max_devices = 0) {
   r.max_restarts = max_restarts;
   r.min_devices = min_devices;
   r.max_devices = max_devices;
-  r.global_batch = 8;
-  r.micro_batch = 1;
+  r.plan.global_batch = 8;
+  r.plan.micro_batch = 1;
   r.total_steps = 1000;
   r.restart_backoff_ms = 100;
   return r;
@@ -525,8 +526,8 @@ TEST_CASE("recovery: below min_devices the job waits for replacements, then fail
 TEST_CASE("recovery: the data size keeps global_batch divisible by data x micro_batch",
           "[recovery][elastic]") {
   JobRequest req = elastic(2, 1);
-  req.global_batch = 12;
-  req.micro_batch = 2;  // data 3 divides (12 % 6 == 0), data 4 does not (12 % 8 != 0)
+  req.plan.global_batch = 12;
+  req.plan.micro_batch = 2;  // data 3 divides (12 % 6 == 0), data 4 does not (12 % 8 != 0)
   Running r(3, 3, req);
   Actions x;
   r.f.st.worker_exited(r.job, 0, 0, 100, -1, 9, &x);
@@ -538,7 +539,7 @@ TEST_CASE("recovery: the data size keeps global_batch divisible by data x micro_
   r.register_all();
   std::string why;
   CHECK_FALSE(r.f.st.scale(r.job, 4, &t, &why));
-  CHECK(why == "global_batch 12 is not divisible by data 4 x micro_batch 2");
+  CHECK(why == "data 4 cannot be planned: global_batch / data = 3 is not a multiple of micro_batch 2");
 }
 
 TEST_CASE("watchdog: a running job with no step within step_timeout fails over naming where ranks are",

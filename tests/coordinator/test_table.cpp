@@ -16,12 +16,12 @@ JobRequest job_request(const std::string& name, int dp) {
   r.name = name;
   r.spec_yaml = "name: " + name + "\ntrain:\n  steps: 20\n";
   r.layout = {dp, 1, 1};
-  r.n_layers = 2;
+  r.plan.model.n_layers = 2;
   r.total_steps = 20;
   r.max_restarts = 2;
   r.restart_backoff_ms = 1e9;  // a recovering job stays recovering while the test looks at it
-  r.global_batch = 8;
-  r.micro_batch = 2;
+  r.plan.global_batch = 8;
+  r.plan.micro_batch = 2;
   r.checkpoint_dir = "/ckpt/" + name;
   return r;
 }
@@ -119,7 +119,7 @@ TEST_CASE("job table: save and load round-trip, live jobs become recovering as g
   CHECK(r.last_loss == 3.25);
   CHECK(r.run_dir == job_of(st, running).run_dir);
   CHECK(r.request.spec_yaml == job_request("running", 1).spec_yaml);
-  CHECK(r.request.global_batch == 8);
+  CHECK(r.request.plan.global_batch == 8);
   CHECK(r.request.checkpoint_dir == "/ckpt/running");
   CHECK(r.ranks.empty());
   CHECK(r.reason.find("coordinator restarted") != std::string::npos);
