@@ -13,6 +13,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/dtype_convert.hpp"
+
 namespace fs = std::filesystem;
 
 namespace troupe::checkpoint {
@@ -364,9 +366,11 @@ TensorSource::TensorSource(const std::string& path) : path_(path) {
       } catch (const nlohmann::json::exception& e) {
         throw CheckpointError(r.path() + ": malformed 'slices' entry of " + param + ": " + e.what());
       }
-      if (info.dtype != DType::f32)
+      if (!is_floating(info.dtype))
         throw CheckpointError(r.path() + ": tensor " + name + " is " +
-                              safetensors::dtype_to_string(info.dtype) + ", checkpoints hold F32");
+                              safetensors::dtype_to_string(info.dtype) +
+                              ", checkpoints hold floating-point tensors (F32, BF16, F16, F64)");
+      st.dtype = info.dtype;
       if (local_shape(st.slice) != st.local || st.slice.split_dim >= int(st.local.size()))
         throw CheckpointError(r.path() + ": tensor " + name + " has shape " + shape_str(st.local) +
                               ", its slice metadata says " + shape_str(local_shape(st.slice)));
@@ -405,6 +409,7 @@ void TensorSource::read_slice(const std::string& name, const SliceSpec& want, fl
   int64_t numel = 1;
   for (auto d : DL) numel *= d;
   std::vector<char> covered(size_t(numel), 0);
+  std::vector<char> staging;  // a run of a BF16 / F16 / F64 tensor before conversion
   std::vector<Piece> want_pieces = want.pieces;
   if (want.split_dim < 0) want_pieces = {Piece{}};
   for (const Stored& st : it->second) {
@@ -451,9 +456,15 @@ void TensorSource::read_slice(const std::string& name, const SliceSpec& want, fl
           }
           auto first = covered.begin() + dof, last = first + run;
           if (std::find(first, last, 0) != last) {
-            readers_[st.reader].read_bytes(name, uint64_t(so) * sizeof(float), uint64_t(run) * sizeof(float),
-                                           dst + dof);
-            bytes_read_ += uint64_t(run) * sizeof(float);
+            const uint64_t esz = dtype_size(st.dtype);
+            if (st.dtype == DType::f32) {
+              readers_[st.reader].read_bytes(name, uint64_t(so) * esz, uint64_t(run) * esz, dst + dof);
+            } else {
+              staging.resize(size_t(run) * esz);
+              readers_[st.reader].read_bytes(name, uint64_t(so) * esz, uint64_t(run) * esz, staging.data());
+              convert(st.dtype, staging.data(), DType::f32, dst + dof, size_t(run));
+            }
+            bytes_read_ += uint64_t(run) * esz;
             std::fill(first, last, 1);
           }
           int k = int(r) - 1;  // odometer over the dims [0, r) outside the run

@@ -129,18 +129,23 @@ class TensorSource {
   bool contains(const std::string& name) const;
   std::vector<std::string> names() const;  // sorted
   Shape global_shape(const std::string& name) const;
-  // Copies the whole f32 tensor `name` of exactly `shape` into dst; throws CheckpointError
-  // when it is missing or has another dtype or shape.
+  // Reads land in f32 destinations. A tensor stored as BF16, F16 or F64 is converted on
+  // the way (core/dtype_convert.hpp: exact from BF16 and F16, F64 rounded to nearest);
+  // a file holding an integer tensor is refused when opened.
+  //
+  // Copies the whole tensor `name` of exactly `shape` into dst; throws CheckpointError
+  // when it is missing or has another shape.
   void read(const std::string& name, const Shape& shape, float* dst) const;
   // Fills dst (local_shape(want) floats) with the slice `want` of tensor `name`, assembled
   // from whatever slices the shards hold. Throws CheckpointError when the global shapes
   // disagree or the stored slices do not cover it.
   void read_slice(const std::string& name, const SliceSpec& want, float* dst) const;
-  uint64_t bytes_read() const { return bytes_read_; }
+  uint64_t bytes_read() const { return bytes_read_; }  // bytes of the stored dtype
 
  private:
   struct Stored {
     size_t reader = 0;
+    DType dtype = DType::f32;
     SliceSpec slice;
     Shape local;
   };

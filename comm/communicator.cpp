@@ -12,34 +12,6 @@
 
 namespace troupe::comm {
 
-size_t dtype_size(DType t) {
-  switch (t) {
-    case DType::f32:
-      return 4;
-    case DType::f64:
-      return 8;
-    case DType::i32:
-      return 4;
-    case DType::i64:
-      return 8;
-  }
-  return 0;
-}
-
-const char* to_string(DType t) {
-  switch (t) {
-    case DType::f32:
-      return "f32";
-    case DType::f64:
-      return "f64";
-    case DType::i32:
-      return "i32";
-    case DType::i64:
-      return "i64";
-  }
-  return "?";
-}
-
 const char* to_string(ReduceOp op) {
   switch (op) {
     case ReduceOp::sum:
@@ -85,10 +57,28 @@ void Communicator::check_usable(const char* op) {
                                             "]; build a new one"));
 }
 
-void Communicator::check_dtype_op(const char* op, DType dtype, ReduceOp rop) {
-  if (dtype_size(dtype) == 0) fail(CommErrc::invalid_argument, op, -1, "unknown dtype");
+void Communicator::check_dtype_op(const char* op, DType dtype, ReduceOp rop, bool reduces) {
+  if (!is_valid(dtype)) fail(CommErrc::invalid_argument, op, -1, "unknown dtype");
   if (rop != ReduceOp::sum && rop != ReduceOp::avg && rop != ReduceOp::max && rop != ReduceOp::min)
     fail(CommErrc::invalid_argument, op, -1, "unknown reduce op");
+  if (reduces && !can_reduce(dtype))
+    fail(CommErrc::invalid_argument, op, -1,
+         std::string(dtype_name(dtype)) + " buffers cannot be reduced by the " + backend() + " backend (" +
+             dtype_name(dtype) + " moves with allgather, broadcast and send/recv)");
+}
+
+bool Communicator::can_reduce(DType dtype) const {
+  switch (dtype) {
+    case DType::f32:
+    case DType::f64:
+    case DType::i32:
+    case DType::i64:
+    case DType::bf16:
+    case DType::f16:
+      return true;
+    default:
+      return false;
+  }
 }
 
 // Runs a backend operation: refuses on a poisoned communicator, poisons it on
@@ -115,7 +105,7 @@ void Communicator::guarded(const char* op, F&& f) {
 
 void Communicator::allreduce(void* data, size_t count, DType dtype, ReduceOp op, const Options& opt) {
   guarded("allreduce", [&] {
-    check_dtype_op("allreduce", dtype, op);
+    check_dtype_op("allreduce", dtype, op, true);
     if (count == 0 || size_ == 1) return;
     if (!data) fail(CommErrc::invalid_argument, "allreduce", -1, "null buffer");
     do_allreduce(data, count, dtype, op, opt);
@@ -125,7 +115,7 @@ void Communicator::allreduce(void* data, size_t count, DType dtype, ReduceOp op,
 void Communicator::reduce_scatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op,
                                   const Options& opt) {
   guarded("reduce_scatter", [&] {
-    check_dtype_op("reduce_scatter", dtype, op);
+    check_dtype_op("reduce_scatter", dtype, op, true);
     if (count == 0) return;
     if (!in || !out) fail(CommErrc::invalid_argument, "reduce_scatter", -1, "null buffer");
     if (size_ == 1) {
@@ -138,7 +128,7 @@ void Communicator::reduce_scatter(const void* in, void* out, size_t count, DType
 
 void Communicator::allgather(const void* in, void* out, size_t count, DType dtype, const Options& opt) {
   guarded("allgather", [&] {
-    check_dtype_op("allgather", dtype, ReduceOp::sum);
+    check_dtype_op("allgather", dtype, ReduceOp::sum, false);
     if (count == 0) return;
     if (!in || !out) fail(CommErrc::invalid_argument, "allgather", -1, "null buffer");
     if (size_ == 1) {
@@ -151,7 +141,7 @@ void Communicator::allgather(const void* in, void* out, size_t count, DType dtyp
 
 void Communicator::broadcast(void* data, size_t count, DType dtype, int root, const Options& opt) {
   guarded("broadcast", [&] {
-    check_dtype_op("broadcast", dtype, ReduceOp::sum);
+    check_dtype_op("broadcast", dtype, ReduceOp::sum, false);
     if (root < 0 || root >= size_)
       fail(CommErrc::invalid_argument, "broadcast", -1,
            "root " + std::to_string(root) + " outside [0, " + std::to_string(size_) + ")");

@@ -22,6 +22,18 @@
 //   this rank fail with CommError{aborted} promptly, and tells the peers (they
 //   fail with peer_lost).
 // * One thread uses a communicator at a time (abort() excepted).
+//
+// Element types are troupe::DType (core/dtype.hpp). Every dtype moves through
+// allgather, broadcast and send/recv (bytes). Reductions (allreduce,
+// reduce_scatter) take f32, f64, i32, i64, bf16 and f16; u8 is refused with
+// CommError{invalid_argument} naming the dtype and the backend. The 16-bit
+// floats are reduced in f32 arithmetic:
+//   local, gloo same-host (shm)  every rank's values summed in f32, rounded once
+//                                (an average divides the f32 sum, then rounds)
+//   gloo TCP                     gloo's reduction function adds in f32 and rounds
+//                                each partial sum to the buffer's type, per hop
+//   nccl                         ncclBfloat16 / ncclFloat16, NCCL's own reduction
+// so a 16-bit sum over n ranks may differ in its last bits between backends.
 #pragma once
 
 #include <atomic>
@@ -35,34 +47,13 @@
 
 #include "comm/error.hpp"
 #include "comm/store.hpp"
+#include "core/dtype.hpp"
 
 namespace troupe::comm {
 
-enum class DType { f32, f64, i32, i64 };
 enum class ReduceOp { sum, avg, max, min };
 
-size_t dtype_size(DType t);
-const char* to_string(DType t);
 const char* to_string(ReduceOp op);
-
-template <class T>
-constexpr DType dtype_of();
-template <>
-constexpr DType dtype_of<float>() {
-  return DType::f32;
-}
-template <>
-constexpr DType dtype_of<double>() {
-  return DType::f64;
-}
-template <>
-constexpr DType dtype_of<int32_t>() {
-  return DType::i32;
-}
-template <>
-constexpr DType dtype_of<int64_t>() {
-  return DType::i64;
-}
 
 struct Options {
   std::chrono::milliseconds timeout{30000};
@@ -96,6 +87,7 @@ class Communicator {
   const std::string& group() const { return group_; }
   virtual const char* backend() const = 0;
 
+  // Buffers are `count` elements of `dtype` (bf16 / f16: uint16_t bit patterns).
   // data (count) <- reduce over ranks of data (count).
   void allreduce(void* data, size_t count, DType dtype, ReduceOp op, const Options& opt = {});
   // out (count) <- reduce over ranks of in[rank*count .. (rank+1)*count); in is (size*count).
@@ -158,10 +150,15 @@ class Communicator {
   // Poisons the communicator with this error and throws it.
   [[noreturn]] void fail(CommErrc code, const char* op, int peer, const std::string& detail);
   bool abort_requested() const { return abort_requested_.load(); }
+  // Whether allreduce / reduce_scatter take this dtype: f32, f64, i32, i64, bf16,
+  // f16. A backend without a reduction for one of them overrides this, and the
+  // call is refused with CommError{invalid_argument} naming the dtype and backend.
+  virtual bool can_reduce(DType dtype) const;
 
  private:
   void check_usable(const char* op);
-  void check_dtype_op(const char* op, DType dtype, ReduceOp rop);
+  // `reduces`: the op combines values (allreduce, reduce_scatter), not only moves them.
+  void check_dtype_op(const char* op, DType dtype, ReduceOp rop, bool reduces);
   template <class F>
   void guarded(const char* op, F&& f);
 

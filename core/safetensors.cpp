@@ -65,6 +65,8 @@ const char* dtype_to_string(DType dt) {
       return "I64";
     case DType::u8:
       return "U8";
+    case DType::f64:
+      return "F64";
   }
   return "?";
 }
@@ -76,6 +78,7 @@ DType dtype_from_string(const std::string& s) {
   if (s == "I32") return DType::i32;
   if (s == "I64") return DType::i64;
   if (s == "U8") return DType::u8;
+  if (s == "F64") return DType::f64;
   throw FormatError("unsupported safetensors dtype \"" + s + "\"");
 }
 

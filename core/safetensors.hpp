@@ -27,7 +27,7 @@ class FormatError : public Error {
   using Error::Error;
 };
 
-// "F32", "BF16", "F16", "I32", "I64", "U8" <-> DType.
+// "F32", "F64", "BF16", "F16", "I32", "I64", "U8" <-> DType.
 const char* dtype_to_string(DType dt);
 DType dtype_from_string(const std::string& s);  // throws FormatError on unknown names
 

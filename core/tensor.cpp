@@ -1,51 +1,12 @@
 #include "core/tensor.hpp"
 
-#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
+#include "core/allocator.hpp"
 #include "core/error.hpp"
 
 namespace troupe {
-
-size_t dtype_size(DType dt) {
-  switch (dt) {
-    case DType::f32:
-      return 4;
-    case DType::bf16:
-      return 2;
-    case DType::f16:
-      return 2;
-    case DType::i32:
-      return 4;
-    case DType::i64:
-      return 8;
-    case DType::u8:
-      return 1;
-  }
-  TROUPE_CHECK(false, "unknown dtype ", static_cast<int>(dt));
-  return 0;
-}
-
-const char* dtype_name(DType dt) {
-  switch (dt) {
-    case DType::f32:
-      return "f32";
-    case DType::bf16:
-      return "bf16";
-    case DType::f16:
-      return "f16";
-    case DType::i32:
-      return "i32";
-    case DType::i64:
-      return "i64";
-    case DType::u8:
-      return "u8";
-  }
-  return "?";
-}
-
-const char* device_name(Device d) { return d == Device::cpu ? "cpu" : "cuda"; }
 
 int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
@@ -65,20 +26,22 @@ std::string shape_str(const Shape& shape) {
 }
 
 Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
-  // CUDA allocation lives in the CUDA build; the CPU build refuses it clearly.
-  TROUPE_CHECK(device == Device::cpu, "this build allocates CPU tensors only");
+  Allocator* alloc = allocator_for(device);
+  // A device allocator is the device build's to register; without one, refuse clearly.
+  TROUPE_CHECK(alloc != nullptr, "no allocator is registered for ", device_name(device),
+               " tensors: this build allocates CPU tensors only");
+  return empty(std::move(shape), dtype, *alloc);
+}
+
+Tensor Tensor::empty(Shape shape, DType dtype, Allocator& alloc) {
   Tensor t;
   t.numel_ = shape_numel(shape);
   t.shape_ = std::move(shape);
   t.dtype_ = dtype;
-  t.device_ = device;
-  size_t bytes = t.nbytes();
-  // aligned_alloc wants a multiple of the alignment; a zero-size tensor still gets a buffer.
-  size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
-  if (rounded == 0) rounded = kAlignment;
-  void* p = std::aligned_alloc(kAlignment, rounded);
-  TROUPE_CHECK(p != nullptr, "out of memory allocating ", bytes, " bytes");
-  t.storage_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  t.device_ = alloc.device();
+  void* p = alloc.allocate(t.nbytes());
+  Allocator* a = &alloc;
+  t.storage_ = std::shared_ptr<void>(p, [a](void* q) { a->deallocate(q); });
   t.data_ = p;
   return t;
 }
@@ -86,6 +49,12 @@ Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
 Tensor Tensor::zeros(Shape shape, DType dtype, Device device) {
   Tensor t = empty(std::move(shape), dtype, device);
   t.zero_();
+  return t;
+}
+
+Tensor Tensor::zeros(Shape shape, DType dtype, Allocator& alloc) {
+  Tensor t = empty(std::move(shape), dtype, alloc);
+  alloc.zero(t.data_, t.nbytes());
   return t;
 }
 
@@ -153,14 +122,34 @@ Tensor Tensor::reshape(Shape shape) const {
   return t;
 }
 
+namespace {
+
+Allocator& device_allocator(Device d) {
+  Allocator* a = allocator_for(d);
+  TROUPE_CHECK(a != nullptr, "no allocator is registered for ", device_name(d), " tensors");
+  return *a;
+}
+
+}  // namespace
+
 void Tensor::zero_() {
-  if (numel_ > 0) std::memset(data_, 0, nbytes());
+  if (numel_ == 0) return;
+  if (device_ == Device::cpu)
+    std::memset(data_, 0, nbytes());
+  else
+    device_allocator(device_).zero(data_, nbytes());
 }
 
 void Tensor::copy_from(const Tensor& src) {
   TROUPE_CHECK(src.dtype_ == dtype_ && src.numel_ == numel_, "copy_from ", dtype_name(src.dtype_),
                shape_str(src.shape_), " into ", dtype_name(dtype_), shape_str(shape_));
-  if (numel_ > 0 && src.data_ != data_) std::memmove(data_, src.data_, nbytes());
+  TROUPE_CHECK(src.device_ == device_, "copy_from a ", device_name(src.device_), " tensor into a ",
+               device_name(device_), " one: copies between devices are the device build's");
+  if (numel_ == 0 || src.data_ == data_) return;
+  if (device_ == Device::cpu)
+    std::memmove(data_, src.data_, nbytes());
+  else
+    device_allocator(device_).copy(data_, src.data_, nbytes());
 }
 
 Tensor Tensor::clone() const {

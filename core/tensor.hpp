@@ -6,6 +6,10 @@
 // allocation (shared by its views, which keep it alive) or is a non-owning
 // view of memory someone else manages (Tensor::view_of), which must outlive it.
 // Tensors are always contiguous, row-major.
+//
+// Memory comes from an Allocator (core/allocator.hpp): the CPU one unless the
+// device's or an explicit one is given. Element access through f32() / data()
+// is host access: only CPU tensors may be read that way.
 #pragma once
 
 #include <cstddef>
@@ -14,15 +18,11 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.hpp"
+
 namespace troupe {
 
-enum class DType : uint8_t { f32, bf16, f16, i32, i64, u8 };
-enum class Device : uint8_t { cpu, cuda };
-
-size_t dtype_size(DType dt);
-// Lower-case names used in logs and errors: "f32", "bf16", ...
-const char* dtype_name(DType dt);
-const char* device_name(Device d);
+class Allocator;
 
 using Shape = std::vector<int64_t>;
 int64_t shape_numel(const Shape& shape);
@@ -34,9 +34,13 @@ class Tensor {
 
   Tensor() = default;  // undefined: numel() == 0, data() == nullptr
 
-  // Owning, uninitialised / zero-filled allocations.
+  // Owning, uninitialised / zero-filled allocations from the device's allocator
+  // (allocator_for(device)); a device without one registered is refused.
   static Tensor empty(Shape shape, DType dtype = DType::f32, Device device = Device::cpu);
   static Tensor zeros(Shape shape, DType dtype = DType::f32, Device device = Device::cpu);
+  // The same from `alloc`, which must outlive the tensor; device() is alloc.device().
+  static Tensor empty(Shape shape, DType dtype, Allocator& alloc);
+  static Tensor zeros(Shape shape, DType dtype, Allocator& alloc);
   // Non-owning view of `data`; the caller keeps the memory alive.
   static Tensor view_of(void* data, Shape shape, DType dtype = DType::f32, Device device = Device::cpu);
 
@@ -65,8 +69,9 @@ class Tensor {
   // View with a new shape of the same numel; one dim may be -1 (inferred).
   Tensor reshape(Shape shape) const;
 
+  // On a non-CPU tensor these two go through its device's registered allocator.
   void zero_();
-  // Byte copy from a tensor of the same dtype and numel (shapes may differ).
+  // Byte copy from a tensor of the same dtype, numel and device (shapes may differ).
   void copy_from(const Tensor& src);
   Tensor clone() const;
 

@@ -3,65 +3,67 @@
 #include <algorithm>
 
 #include "core/error.hpp"
-#include "kernels/cpu/kernels.hpp"
 
 namespace troupe::model {
-namespace k = troupe::kernels::cpu;
+using kernels::Out;
 
 namespace {
 size_t sz(int64_t n) { return static_cast<size_t>(n); }
 }  // namespace
 
-Linear Linear::bind(ParamStore& ps, const std::string& prefix) {
+Linear Linear::bind(ParamStore& ps, const std::string& prefix, const kernels::Kernels& k) {
   Param& w = ps.get(prefix + ".weight");
   Param& b = ps.get(prefix + ".bias");
   TROUPE_CHECK(w.data.ndim() == 2 && b.data.ndim() == 1 && b.data.size(0) == w.data.size(0),
                "bad linear parameters ", prefix);
   Linear l;
-  l.w = w.data.f32();
+  l.k = &k;
+  l.w = w.compute.f32();
   l.dw = w.grad.f32();
-  l.b = b.data.f32();
+  l.b = b.compute.f32();
   l.db = b.grad.f32();
   l.out = static_cast<int>(w.data.size(0));
   l.in = static_cast<int>(w.data.size(1));
   return l;
 }
 
-void Linear::forward(float* y, const float* x, int N) const { k::linear_forward(y, x, w, b, N, in, out); }
+void Linear::forward(float* y, const float* x, int N) const { k->linear_forward(y, x, w, b, N, in, out); }
 
-void Linear::backward(float* dx, const float* dy, const float* x, int N, k::Out dx_mode) const {
-  k::linear_backward(dx, dw, b ? db : nullptr, dy, x, w, N, in, out, dx_mode);
+void Linear::backward(float* dx, const float* dy, const float* x, int N, Out dx_mode) const {
+  k->linear_backward(dx, dw, b ? db : nullptr, dy, x, w, N, in, out, dx_mode);
 }
 
-LayerNorm LayerNorm::bind(ParamStore& ps, const std::string& prefix) {
+LayerNorm LayerNorm::bind(ParamStore& ps, const std::string& prefix, const kernels::Kernels& k) {
   Param& w = ps.get(prefix + ".weight");
   Param& b = ps.get(prefix + ".bias");
   LayerNorm l;
-  l.w = w.data.f32();
+  l.k = &k;
+  l.w = w.compute.f32();
   l.dw = w.grad.f32();
-  l.b = b.data.f32();
+  l.b = b.compute.f32();
   l.db = b.grad.f32();
   l.C = static_cast<int>(w.data.size(0));
   return l;
 }
 
 void LayerNorm::forward(float* y, float* mean, float* rstd, const float* x, int N) const {
-  k::layernorm_forward(y, mean, rstd, x, w, b, N, C);
+  k->layernorm_forward(y, mean, rstd, x, w, b, N, C);
 }
 
 void LayerNorm::backward(float* dx, const float* dy, const float* x, const float* mean, const float* rstd,
                          int N) const {
-  k::layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, N, C);
+  k->layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, N, C);
 }
 
-Workspace::Workspace(const ModelConfig& cfg, int max_B, const TensorShard& shard) {
+Workspace::Workspace(const ModelConfig& cfg, int max_B, const TensorShard& shard, Allocator& alloc) {
   const int64_t N = int64_t{max_B} * cfg.seq_len, D = cfg.d_model, H = shard.hidden(cfg);
-  dres = Tensor::zeros({N, D});
-  tmp_d = Tensor::zeros({N, D});
-  dh = Tensor::zeros({N, H});
+  auto f32 = [&](Shape s) { return Tensor::zeros(std::move(s), DType::f32, alloc); };
+  dres = f32({N, D});
+  tmp_d = f32({N, D});
+  dh = f32({N, H});
   if (cfg.kind == ModelKind::gpt) {
-    dqkv = Tensor::zeros({N, 3 * D / shard.size});
-    datt = Tensor::zeros({int64_t{max_B}, shard.n_head(cfg), cfg.seq_len, cfg.seq_len});
+    dqkv = f32({N, 3 * D / shard.size});
+    datt = f32({int64_t{max_B}, shard.n_head(cfg), cfg.seq_len, cfg.seq_len});
   }
 }
 
@@ -75,9 +77,9 @@ void row_parallel_forward(const Linear& l, const TensorGroup& tp, float* y, cons
     l.forward(y, x, N);
     return;
   }
-  k::linear_forward(y, x, l.w, nullptr, N, l.in, l.out);
+  l.k->linear_forward(y, x, l.w, nullptr, N, l.in, l.out);
   reduce_from_tensor_region_forward(tp, y, sz(int64_t{N} * l.out));
-  for (int n = 0; n < N; ++n) k::add_inplace(y + sz(int64_t{n} * l.out), l.b, sz(l.out));
+  for (int n = 0; n < N; ++n) l.k->add_inplace(y + sz(int64_t{n} * l.out), l.b, sz(l.out));
 }
 
 }  // namespace
@@ -85,24 +87,26 @@ void row_parallel_forward(const Linear& l, const TensorGroup& tp, float* y, cons
 // ---------------------------------------------------------------- MLP sublayer
 
 MlpSublayer::MlpSublayer(ParamStore& ps, const std::string& prefix, const ModelConfig& cfg, int n_slots,
-                         int max_B, const TensorGroup& tp)
+                         int max_B, const TensorGroup& tp, const DeviceContext& ctx)
     : tp_(tp),
+      k_(ctx.kernels),
       H_(static_cast<int>(tp.shard.hidden(cfg))),
-      ln_2_(LayerNorm::bind(ps, prefix + ".ln_2")),
-      c_fc_(Linear::bind(ps, prefix + ".mlp.c_fc")),
-      c_proj_(Linear::bind(ps, prefix + ".mlp.c_proj")),
+      ln_2_(LayerNorm::bind(ps, prefix + ".ln_2", *ctx.kernels)),
+      c_fc_(Linear::bind(ps, prefix + ".mlp.c_fc", *ctx.kernels)),
+      c_proj_(Linear::bind(ps, prefix + ".mlp.c_proj", *ctx.kernels)),
       acts_(std::make_shared<std::vector<Acts>>()) {
   const int64_t N = int64_t{max_B} * cfg.seq_len, D = cfg.d_model;
   TROUPE_CHECK(c_fc_.in == D && c_fc_.out == H_ && c_proj_.in == H_ && c_proj_.out == D, prefix,
                ": MLP shard shapes do not match hidden ", H_, " of tensor shard ", tp.shard.rank, "/",
                tp.size());
+  auto f32 = [&](Shape s) { return Tensor::zeros(std::move(s), DType::f32, *ctx.alloc); };
   for (int s = 0; s < n_slots; ++s) {
     Acts a;
-    a.ln = Tensor::zeros({N, D});
-    a.mean = Tensor::zeros({N});
-    a.rstd = Tensor::zeros({N});
-    a.h_pre = Tensor::zeros({N, H_});
-    a.h = Tensor::zeros({N, H_});
+    a.ln = f32({N, D});
+    a.mean = f32({N});
+    a.rstd = f32({N});
+    a.h_pre = f32({N, H_});
+    a.h = f32({N, H_});
     acts_->push_back(std::move(a));
   }
 }
@@ -113,9 +117,9 @@ void MlpSublayer::forward(int slot, float* y, const float* x, int N, Workspace& 
   ln_2_.forward(a.ln.f32(), a.mean.f32(), a.rstd.f32(), x, N);
   copy_to_tensor_region_forward(tp_, a.ln.f32(), sz(int64_t{N} * D));
   c_fc_.forward(a.h_pre.f32(), a.ln.f32(), N);
-  k::gelu_forward(a.h.f32(), a.h_pre.f32(), sz(int64_t{N} * H_));
+  k_->gelu_forward(a.h.f32(), a.h_pre.f32(), sz(int64_t{N} * H_));
   row_parallel_forward(c_proj_, tp_, ws.tmp_d.f32(), a.h.f32(), N);
-  k::residual_forward(y, x, ws.tmp_d.f32(), sz(int64_t{N} * D));
+  k_->residual_forward(y, x, ws.tmp_d.f32(), sz(int64_t{N} * D));
 }
 
 void MlpSublayer::backward(int slot, float* dres, const float* x, int N, Workspace& ws) {
@@ -126,9 +130,9 @@ void MlpSublayer::backward(int slot, float* dres, const float* x, int N, Workspa
   float* dln = ws.tmp_d.f32();
   // The residual path passes dres through unchanged; the branch adds into it via ln_2.
   reduce_from_tensor_region_backward(tp_, dres, sz(nd));
-  c_proj_.backward(dh, dres, a.h.f32(), N, k::Out::overwrite);
-  k::gelu_backward_inplace(dh, a.h_pre.f32(), sz(nh));
-  c_fc_.backward(dln, dh, a.ln.f32(), N, k::Out::overwrite);
+  c_proj_.backward(dh, dres, a.h.f32(), N, Out::overwrite);
+  k_->gelu_backward_inplace(dh, a.h_pre.f32(), sz(nh));
+  c_fc_.backward(dln, dh, a.ln.f32(), N, Out::overwrite);
   copy_to_tensor_region_backward(tp_, dln, sz(nd));
   ln_2_.backward(dres, dln, x, a.mean.f32(), a.rstd.f32(), N);
 }
@@ -136,30 +140,32 @@ void MlpSublayer::backward(int slot, float* dres, const float* x, int N, Workspa
 // ---------------------------------------------------------------- GPT block
 
 GptBlock::GptBlock(ParamStore& ps, int layer, const ModelConfig& cfg, int n_slots, int max_B,
-                   const TensorGroup& tp)
+                   const TensorGroup& tp, const DeviceContext& ctx)
     : tp_(tp),
+      k_(ctx.kernels),
       D_(cfg.d_model),
       NH_(tp.shard.n_head(cfg)),
       HS_(cfg.head_dim()),
-      ln_1_(LayerNorm::bind(ps, "h." + std::to_string(layer) + ".ln_1")),
-      c_attn_(Linear::bind(ps, "h." + std::to_string(layer) + ".attn.c_attn")),
-      c_proj_(Linear::bind(ps, "h." + std::to_string(layer) + ".attn.c_proj")),
+      ln_1_(LayerNorm::bind(ps, "h." + std::to_string(layer) + ".ln_1", *ctx.kernels)),
+      c_attn_(Linear::bind(ps, "h." + std::to_string(layer) + ".attn.c_attn", *ctx.kernels)),
+      c_proj_(Linear::bind(ps, "h." + std::to_string(layer) + ".attn.c_proj", *ctx.kernels)),
       acts_(std::make_shared<std::vector<Acts>>()),
-      mlp_(ps, "h." + std::to_string(layer), cfg, n_slots, max_B, tp) {
+      mlp_(ps, "h." + std::to_string(layer), cfg, n_slots, max_B, tp, ctx) {
   const int64_t T = cfg.seq_len, N = int64_t{max_B} * T, D = D_, A = int64_t{NH_} * HS_;
   // The attention kernel takes the local head count; the head size stays D/NH.
   TROUPE_CHECK(c_attn_.in == D && c_attn_.out == 3 * A && c_proj_.in == A && c_proj_.out == D, "h.", layer,
                ": attention shard shapes do not match ", NH_, " heads of ", HS_, " on tensor shard ",
                tp.shard.rank, "/", tp.size());
+  auto f32 = [&](Shape s) { return Tensor::zeros(std::move(s), DType::f32, *ctx.alloc); };
   for (int s = 0; s < n_slots; ++s) {
     Acts a;
-    a.ln = Tensor::zeros({N, D});
-    a.mean = Tensor::zeros({N});
-    a.rstd = Tensor::zeros({N});
-    a.qkv = Tensor::zeros({N, 3 * A});
-    a.att = Tensor::zeros({int64_t{max_B}, NH_, T, T});
-    a.atty = Tensor::zeros({N, A});
-    a.mid = Tensor::zeros({N, D});
+    a.ln = f32({N, D});
+    a.mean = f32({N});
+    a.rstd = f32({N});
+    a.qkv = f32({N, 3 * A});
+    a.att = f32({int64_t{max_B}, NH_, T, T});
+    a.atty = f32({N, A});
+    a.mid = f32({N, D});
     acts_->push_back(std::move(a));
   }
 }
@@ -170,9 +176,9 @@ void GptBlock::forward(int slot, float* y, const float* x, int B, int T, Workspa
   ln_1_.forward(a.ln.f32(), a.mean.f32(), a.rstd.f32(), x, N);
   copy_to_tensor_region_forward(tp_, a.ln.f32(), sz(int64_t{N} * D_));
   c_attn_.forward(a.qkv.f32(), a.ln.f32(), N);
-  k::attention_forward(a.atty.f32(), a.att.f32(), a.qkv.f32(), B, T, NH_, HS_);
+  k_->attention_forward(a.atty.f32(), a.att.f32(), a.qkv.f32(), B, T, NH_, HS_);
   row_parallel_forward(c_proj_, tp_, ws.tmp_d.f32(), a.atty.f32(), N);
-  k::residual_forward(a.mid.f32(), x, ws.tmp_d.f32(), sz(int64_t{N} * D_));
+  k_->residual_forward(a.mid.f32(), x, ws.tmp_d.f32(), sz(int64_t{N} * D_));
   mlp_.forward(slot, y, a.mid.f32(), N, ws);
 }
 
@@ -183,11 +189,10 @@ void GptBlock::backward(int slot, float* dres, const float* x, int B, int T, Wor
   mlp_.backward(slot, dres, a.mid.f32(), N, ws);
   reduce_from_tensor_region_backward(tp_, dres, sz(nd));
   float* dtmp = ws.tmp_d.f32();
-  c_proj_.backward(dtmp, dres, a.atty.f32(), N, k::Out::overwrite);  // datty (N, NH_*HS_)
+  c_proj_.backward(dtmp, dres, a.atty.f32(), N, Out::overwrite);  // datty (N, NH_*HS_)
   float* dqkv = ws.dqkv.f32();
-  k::attention_backward(dqkv, ws.datt.f32(), dtmp, a.qkv.f32(), a.att.f32(), B, T, NH_, HS_,
-                        k::Out::overwrite);
-  c_attn_.backward(dtmp, dqkv, a.ln.f32(), N, k::Out::overwrite);  // dln_1
+  k_->attention_backward(dqkv, ws.datt.f32(), dtmp, a.qkv.f32(), a.att.f32(), B, T, NH_, HS_, Out::overwrite);
+  c_attn_.backward(dtmp, dqkv, a.ln.f32(), N, Out::overwrite);  // dln_1
   // The key bias shifts every score of a query by the same amount, which softmax
   // ignores: its gradient is exactly zero. Computed, it is rounding noise that AdamW
   // (dividing by its own running size) would turn into steps of size lr, different in
@@ -206,8 +211,8 @@ void GptBlock::share_activations(Block& owner) {
 // ---------------------------------------------------------------- MLP block
 
 MlpBlock::MlpBlock(ParamStore& ps, int layer, const ModelConfig& cfg, int n_slots, int max_B,
-                   const TensorGroup& tp)
-    : mlp_(ps, "h." + std::to_string(layer), cfg, n_slots, max_B, tp) {}
+                   const TensorGroup& tp, const DeviceContext& ctx)
+    : mlp_(ps, "h." + std::to_string(layer), cfg, n_slots, max_B, tp, ctx) {}
 
 void MlpBlock::forward(int slot, float* y, const float* x, int B, int T, Workspace& ws) {
   mlp_.forward(slot, y, x, B * T, ws);

@@ -1,6 +1,9 @@
-// Layers with explicit forward and backward over the CPU kernels.
+// Layers with explicit forward and backward over a kernel table (kernels/kernels.hpp,
+// from the stage's DeviceContext; the fp32 CPU kernels in this build).
 //
-// A layer does not own parameters: it points into a stage's ParamStore. A block
+// A layer does not own parameters: it points into a stage's ParamStore, reading the
+// weights' compute copy (Param::compute, the f32 master itself in this build) and
+// accumulating into the f32 grads. A block
 // owns its activations, one set per micro-batch slot, allocated once for the
 // largest (B, T) so a pipeline schedule can keep several micro-batches in flight.
 // Backward scratch is shared (one backward runs at a time) in a Workspace.
@@ -17,8 +20,9 @@
 #include <vector>
 
 #include "core/tensor.hpp"
-#include "kernels/cpu/kernels.hpp"
+#include "kernels/kernels.hpp"
 #include "model/config.hpp"
+#include "model/device_context.hpp"
 #include "model/params.hpp"
 #include "model/tensor_parallel.hpp"
 
@@ -26,28 +30,31 @@ namespace troupe::model {
 
 // y(N,out) = x(N,in) @ W(out,in)^T + b(out).
 struct Linear {
+  const kernels::Kernels* k = nullptr;
   const float* w = nullptr;
   float* dw = nullptr;
   const float* b = nullptr;  // may be null (tied LM head)
   float* db = nullptr;
   int in = 0, out = 0;
 
-  static Linear bind(ParamStore& ps, const std::string& prefix);  // prefix.weight, prefix.bias
+  // prefix.weight, prefix.bias
+  static Linear bind(ParamStore& ps, const std::string& prefix, const kernels::Kernels& k);
   void forward(float* y, const float* x, int N) const;
   // dx(N,in) += dy @ W (= with Out::overwrite; dx may be null); dW, db +=.
   void backward(float* dx, const float* dy, const float* x, int N,
-                kernels::cpu::Out dx_mode = kernels::cpu::Out::accumulate) const;
+                kernels::Out dx_mode = kernels::Out::accumulate) const;
 };
 
 // Per-row LayerNorm over C with affine weight/bias; eps = 1e-5.
 struct LayerNorm {
+  const kernels::Kernels* k = nullptr;
   const float* w = nullptr;
   float* dw = nullptr;
   const float* b = nullptr;
   float* db = nullptr;
   int C = 0;
 
-  static LayerNorm bind(ParamStore& ps, const std::string& prefix);
+  static LayerNorm bind(ParamStore& ps, const std::string& prefix, const kernels::Kernels& k);
   void forward(float* y, float* mean, float* rstd, const float* x, int N) const;
   void backward(float* dx, const float* dy, const float* x, const float* mean, const float* rstd,
                 int N) const;
@@ -56,8 +63,9 @@ struct LayerNorm {
 // Backward scratch shared by the blocks of one stage, sized for the largest micro-batch.
 struct Workspace {
   Workspace() = default;
-  // Sized for tensor shard `shard`: H = 4D/tp hidden units, NH/tp heads.
-  Workspace(const ModelConfig& cfg, int max_B, const TensorShard& shard = {});
+  // Sized for tensor shard `shard`: H = 4D/tp hidden units, NH/tp heads; from `alloc`.
+  Workspace(const ModelConfig& cfg, int max_B, const TensorShard& shard = {},
+            Allocator& alloc = cpu_allocator());
   Tensor dres;   // (B,T,D)  gradient flowing down the residual stream
   Tensor tmp_d;  // (B,T,D)  forward projection outputs; backward dln / datty
   Tensor dqkv;   // (B,T,3D/tp)
@@ -84,13 +92,14 @@ class Block {
 class MlpSublayer {
  public:
   MlpSublayer(ParamStore& ps, const std::string& prefix, const ModelConfig& cfg, int n_slots, int max_B,
-              const TensorGroup& tp = {});
+              const TensorGroup& tp = {}, const DeviceContext& ctx = DeviceContext::cpu());
   void forward(int slot, float* y, const float* x, int N, Workspace& ws);
   void backward(int slot, float* dres, const float* x, int N, Workspace& ws);
   void share_activations(MlpSublayer& owner) { acts_ = owner.acts_; }
 
  private:
   TensorGroup tp_;
+  const kernels::Kernels* k_;
   int H_;  // local hidden units
   LayerNorm ln_2_;
   Linear c_fc_, c_proj_;
@@ -107,13 +116,14 @@ class MlpSublayer {
 class GptBlock : public Block {
  public:
   GptBlock(ParamStore& ps, int layer, const ModelConfig& cfg, int n_slots, int max_B,
-           const TensorGroup& tp = {});
+           const TensorGroup& tp = {}, const DeviceContext& ctx = DeviceContext::cpu());
   void forward(int slot, float* y, const float* x, int B, int T, Workspace& ws) override;
   void backward(int slot, float* dres, const float* x, int B, int T, Workspace& ws) override;
   void share_activations(Block& owner) override;
 
  private:
   TensorGroup tp_;
+  const kernels::Kernels* k_;
   int D_, NH_, HS_;  // NH_: local heads (NH/tp); HS_ = D/NH
   LayerNorm ln_1_;
   Linear c_attn_, c_proj_;
@@ -132,7 +142,7 @@ class GptBlock : public Block {
 class MlpBlock : public Block {
  public:
   MlpBlock(ParamStore& ps, int layer, const ModelConfig& cfg, int n_slots, int max_B,
-           const TensorGroup& tp = {});
+           const TensorGroup& tp = {}, const DeviceContext& ctx = DeviceContext::cpu());
   void forward(int slot, float* y, const float* x, int B, int T, Workspace& ws) override;
   void backward(int slot, float* dres, const float* x, int B, int T, Workspace& ws) override;
   void share_activations(Block& owner) override;

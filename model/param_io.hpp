@@ -12,8 +12,9 @@
 namespace troupe::model {
 
 // Fills p.data with its slice (split_dim and p.slice_pieces(), local shape) of the file's
-// tensor `p.name`, which must be F32 of shape p.global_shape. Reads only the bytes of the
-// slice.
+// tensor `p.name`, which must have shape p.global_shape. Reads only the bytes of the
+// slice. F32 is read as is; BF16, F16 and F64 are converted to f32 (core/dtype_convert.hpp).
+// The compute copy is the caller's to refresh (ParamStore::refresh_compute).
 void load_param(const safetensors::Reader& file, Param& p);
 void load_params(const safetensors::Reader& file, std::vector<Param>& params);
 

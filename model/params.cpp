@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/dtype_convert.hpp"
 #include "core/error.hpp"
 #include "core/rng.hpp"
 
@@ -149,7 +150,10 @@ std::vector<ParamSpec> param_specs(const ModelConfig& cfg, const StageRange& ran
   }
   if (range.has_head) {
     add_layernorm(out, "ln_f", D);
-    if (!range.has_embedding) out.push_back(weight("wte.weight", {V, D}, kInitStd));
+    if (!range.has_embedding) {
+      out.push_back(weight("wte.weight", {V, D}, kInitStd));
+      out.back().tied_copy = true;  // the LM head's copy of the first stage's wte
+    }
   }
   return out;
 }
@@ -182,7 +186,9 @@ void init_param(float* out, const ParamSpec& spec, uint64_t seed) {
       }
 }
 
-ParamStore::ParamStore(const std::vector<ParamSpec>& specs, uint64_t seed) {
+ParamStore::ParamStore(const std::vector<ParamSpec>& specs, uint64_t seed, DType compute_dtype) {
+  TROUPE_CHECK(compute_dtype == DType::f32 || compute_dtype == DType::bf16 || compute_dtype == DType::f16,
+               "parameters compute in f32, bf16 or f16, not ", dtype_name(compute_dtype));
   std::vector<int64_t> offsets;
   int64_t total = 0;
   for (const auto& s : specs) {
@@ -193,6 +199,7 @@ ParamStore::ParamStore(const std::vector<ParamSpec>& specs, uint64_t seed) {
   }
   flat_data_ = Tensor::zeros({total});
   flat_grad_ = Tensor::zeros({total});
+  flat_compute_ = compute_dtype == DType::f32 ? flat_data_ : Tensor::zeros({total}, compute_dtype);
   for (size_t i = 0; i < specs.size(); ++i) {
     const ParamSpec& s = specs[i];
     TROUPE_CHECK(!contains(s.name), "duplicate parameter ", s.name);
@@ -205,11 +212,22 @@ ParamStore::ParamStore(const std::vector<ParamSpec>& specs, uint64_t seed) {
     p.offset = s.offset;
     p.pieces = s.pieces;
     p.decay = s.decay;
+    p.tied_copy = s.tied_copy;
     p.data = flat_data_.slice(offsets[i], offsets[i] + n).reshape(local);
     p.grad = flat_grad_.slice(offsets[i], offsets[i] + n).reshape(local);
+    p.compute =
+        compute_dtype == DType::f32 ? p.data : flat_compute_.slice(offsets[i], offsets[i] + n).reshape(local);
     init_param(p.data.f32(), s, seed);
     params_.push_back(std::move(p));
   }
+  refresh_compute();
+}
+
+void ParamStore::refresh_compute() {
+  if (flat_compute_.data() == flat_data_.data()) return;  // f32: the compute copy is the master
+  // One pass over the whole buffer: the zero padding converts to zero.
+  convert(DType::f32, flat_data_.data(), flat_compute_.dtype(), flat_compute_.data(),
+          static_cast<size_t>(flat_data_.numel()));
 }
 
 bool ParamStore::contains(const std::string& name) const {

@@ -44,6 +44,8 @@ struct ParamSpec {
   // Init: N(0, init_std) when init_std > 0, else the constant init_const.
   double init_std = 0.0;
   float init_const = 0.0f;
+  // The LM head's copy of the tied embedding: see Param::tied_copy.
+  bool tied_copy = false;
 
   Shape local_shape() const;  // checks the slice lies inside the global shape
   // The runs along split_dim, in local order ({} when not split).
@@ -58,8 +60,18 @@ struct Param {
   int64_t offset = 0;              // first global index along split_dim (pieces[0].offset)
   std::vector<SlicePiece> pieces;  // as ParamSpec::pieces; empty: one run from offset
   bool decay = false;
-  Tensor data;  // local shape, f32
-  Tensor grad;  // same shape as data
+  // wte.weight held by a stage with the head but not the embedding (the last stage of
+  // a pipeline): a copy of the first stage's wte for the tied LM head, not a parameter
+  // of its own. Both copies get the same update once their grads are summed
+  // (parallel::allreduce_tied_embedding); a global norm counts the weight once and a
+  // checkpoint stores it once, from the embedding's stage.
+  bool tied_copy = false;
+  Tensor data;  // local shape, f32: the master weights the optimizer updates
+  Tensor grad;  // same shape as data, f32
+  // The weights the layers read, in the store's compute dtype: with f32 the very
+  // tensor `data` (one buffer, no copy); otherwise a view of the same shape into the
+  // store's compute buffer, which ParamStore::refresh_compute() rounds from data.
+  Tensor compute;
 
   // The runs along split_dim, in local order ({} when not split): what a checkpoint
   // writes with global offsets, and what load_param reads.
@@ -68,7 +80,7 @@ struct Param {
 
 // The parameters of a stage, in a fixed order: wte.weight, wpe.weight (gpt) when the stage
 // has the embedding; blocks in layer order; ln_f.{weight,bias} and, when the stage has the
-// head but not the embedding, wte.weight (tied LM head) last.
+// head but not the embedding, wte.weight (tied LM head, tied_copy) last.
 //
 // Tensor shard t of tp (Megatron): attn.c_attn weight and bias hold the q, k and v rows
 // of heads [t*NH/tp, (t+1)*NH/tp) (three pieces, local rows q|k|v); mlp.c_fc weight and
@@ -84,10 +96,15 @@ void init_param(float* out, const ParamSpec& spec, uint64_t seed);
 // Parameters of one stage in two flat f32 buffers (values, gradients), each parameter
 // starting at a 64-byte boundary; the padding between parameters is zero and stays zero
 // under the optimizer, so flat_grads() can be reduced or norm-summed as one buffer.
+//
+// Master weights and grads are f32 whatever the compute dtype (llm.c's floatX split).
+// With compute dtype bf16 or f16 a third flat buffer of that dtype holds the weights
+// the layers read (Param::compute), each parameter at the same element offset as in
+// the master buffer; with f32 it is the master buffer itself.
 class ParamStore {
  public:
   ParamStore() = default;
-  ParamStore(const std::vector<ParamSpec>& specs, uint64_t seed);
+  ParamStore(const std::vector<ParamSpec>& specs, uint64_t seed, DType compute_dtype = DType::f32);
 
   std::vector<Param>& params() { return params_; }
   const std::vector<Param>& params() const { return params_; }
@@ -96,12 +113,19 @@ class ParamStore {
   bool contains(const std::string& name) const;
   const Tensor& flat_params() const { return flat_data_; }
   const Tensor& flat_grads() const { return flat_grad_; }
+  // The compute copy of flat_params() (the same tensor when compute_dtype() is f32).
+  const Tensor& flat_compute() const { return flat_compute_; }
+  DType compute_dtype() const { return flat_compute_.dtype(); }
   int64_t num_params() const { return num_params_; }  // sum of local numel, without padding
   void zero_grads() { flat_grad_.zero_(); }
+  // Master -> compute copy after the master weights changed (an optimizer step, a
+  // load): rounds to nearest even into bf16 / f16 (core/dtype_convert.hpp). With
+  // f32 there is nothing to copy. The constructor leaves the copy fresh.
+  void refresh_compute();
 
  private:
   std::vector<Param> params_;
-  Tensor flat_data_, flat_grad_;
+  Tensor flat_data_, flat_grad_, flat_compute_;
   int64_t num_params_ = 0;
 };
 

@@ -4,21 +4,39 @@
 #include <cstring>
 
 #include "core/error.hpp"
-#include "kernels/cpu/kernels.hpp"
 
 namespace troupe::model {
-namespace k = troupe::kernels::cpu;
 
-Stage::Stage(const ModelConfig& cfg, const StageRange& range, int n_slots, int max_micro_batch)
-    : Stage(cfg, range, n_slots, max_micro_batch, TensorShard{}, nullptr) {}
+namespace {
+
+// The contexts a stage can run: CPU (its input and output copies are host memcpy) and
+// f32 compute (the kernel table takes f32 weights). A device or bf16 context is
+// refused here until its copies and kernels exist.
+const DeviceContext& runnable(const DeviceContext& ctx) {
+  ctx.validate();
+  TROUPE_CHECK(ctx.device == Device::cpu, "a stage on ", device_name(ctx.device),
+               " needs device copies of its inputs and outputs: this build runs stages on cpu only");
+  TROUPE_CHECK(ctx.compute_dtype == DType::f32, "a stage computing in ", dtype_name(ctx.compute_dtype),
+               " needs kernels for ", dtype_name(ctx.compute_dtype),
+               " weights: this build computes in f32 only");
+  return ctx;
+}
+
+}  // namespace
 
 Stage::Stage(const ModelConfig& cfg, const StageRange& range, int n_slots, int max_micro_batch,
-             const TensorShard& shard, comm::Communicator* tp_group)
+             const DeviceContext& ctx)
+    : Stage(cfg, range, n_slots, max_micro_batch, TensorShard{}, nullptr, ctx) {}
+
+Stage::Stage(const ModelConfig& cfg, const StageRange& range, int n_slots, int max_micro_batch,
+             const TensorShard& shard, comm::Communicator* tp_group, const DeviceContext& ctx)
     : cfg_(cfg),
       range_(range),
+      ctx_(runnable(ctx)),
+      k_(ctx_.kernels),
       tp_(shard, tp_group),
       max_B_(max_micro_batch),
-      store_(param_specs(cfg, range, shard), cfg.seed) {
+      store_(param_specs(cfg, range, shard), cfg.seed, ctx_.compute_dtype) {
   TROUPE_CHECK(n_slots > 0 && max_micro_batch > 0, "need n_slots > 0 and max_micro_batch > 0, got ", n_slots,
                ", ", max_micro_batch);
   const int64_t T = cfg.seq_len, N = int64_t{max_B_} * T, D = cfg.d_model, V = cfg.vocab_size;
@@ -27,28 +45,32 @@ Stage::Stage(const ModelConfig& cfg, const StageRange& range, int n_slots, int m
     // and the others borrow it; otherwise every block keeps one set per slot.
     const int act_slots = cfg.recompute ? (l == range.first ? 1 : 0) : n_slots;
     if (cfg.kind == ModelKind::gpt)
-      blocks_.push_back(std::make_unique<GptBlock>(store_, l, cfg, act_slots, max_B_, tp_));
+      blocks_.push_back(std::make_unique<GptBlock>(store_, l, cfg, act_slots, max_B_, tp_, ctx_));
     else
-      blocks_.push_back(std::make_unique<MlpBlock>(store_, l, cfg, act_slots, max_B_, tp_));
+      blocks_.push_back(std::make_unique<MlpBlock>(store_, l, cfg, act_slots, max_B_, tp_, ctx_));
     if (cfg.recompute && l > range.first) blocks_.back()->share_activations(*blocks_.front());
   }
+  // The embedding's wte, or on a head-only stage its tied copy (Param::tied_copy): the
+  // embedding and the LM head read the same weights.
   if (range.has_embedding || range.has_head) {
     Param& wte = store_.get("wte.weight");
-    wte_ = wte.data.f32();
+    wte_ = wte.compute.f32();
     dwte_ = wte.grad.f32();
   }
   if (range.has_embedding && cfg.kind == ModelKind::gpt) {
     Param& wpe = store_.get("wpe.weight");
-    wpe_ = wpe.data.f32();
+    wpe_ = wpe.compute.f32();
     dwpe_ = wpe.grad.f32();
   }
+  auto f32 = [&](Shape s) { return Tensor::zeros(std::move(s), DType::f32, *ctx_.alloc); };
   if (range.has_head) {
-    ln_f_ = LayerNorm::bind(store_, "ln_f");
+    ln_f_ = LayerNorm::bind(store_, "ln_f", *k_);
+    head_.k = k_;
     head_.w = wte_;
     head_.dw = dwte_;
     head_.in = static_cast<int>(D);
     head_.out = static_cast<int>(V);
-    dlogits_ = Tensor::zeros({N, V});
+    dlogits_ = f32({N, V});
   }
   const float* flat = store_.flat_grads().f32();
   const size_t n_flat = static_cast<size_t>(store_.flat_grads().numel());
@@ -61,19 +83,19 @@ Stage::Stage(const ModelConfig& cfg, const StageRange& range, int n_slots, int m
         size_t& b = block_begin_[static_cast<size_t>(l - range.first)];
         b = std::min(b, offset_of(p));
       }
-  ws_ = Workspace(cfg, max_B_, shard);
+  ws_ = Workspace(cfg, max_B_, shard, *ctx_.alloc);
   slots_.resize(static_cast<size_t>(n_slots));
   for (Slot& s : slots_) {
-    s.tokens = Tensor::zeros({N}, DType::i32);
-    s.targets = Tensor::zeros({N}, DType::i32);
-    for (int b = 0; b <= range.n_blocks(); ++b) s.resid.push_back(Tensor::zeros({N, D}));
+    s.tokens = Tensor::zeros({N}, DType::i32, *ctx_.alloc);
+    s.targets = Tensor::zeros({N}, DType::i32, *ctx_.alloc);
+    for (int b = 0; b <= range.n_blocks(); ++b) s.resid.push_back(f32({N, D}));
     if (range.has_head) {
-      s.lnf = Tensor::zeros({N, D});
-      s.lnf_mean = Tensor::zeros({N});
-      s.lnf_rstd = Tensor::zeros({N});
-      s.logits = Tensor::zeros({N, V});
+      s.lnf = f32({N, D});
+      s.lnf_mean = f32({N});
+      s.lnf_rstd = f32({N});
+      s.logits = f32({N, V});
     }
-    if (!range.has_embedding) s.dinput = Tensor::zeros({N, D});
+    if (!range.has_embedding) s.dinput = f32({N, D});
   }
 }
 
@@ -99,7 +121,7 @@ double Stage::forward(int slot, const int32_t* tokens, const float* x_in, const 
     for (int i = 0; i < N; ++i)
       TROUPE_CHECK(tokens[i] >= 0 && tokens[i] < V, "token ", tokens[i], " at ", i, " outside [0, ", V, ")");
     std::memcpy(s.tokens.data(), tokens, sizeof(int32_t) * static_cast<size_t>(N));
-    k::embedding_forward(s.resid[0].f32(), s.tokens.i32(), wte_, wpe_, B, T, D, V);
+    k_->embedding_forward(s.resid[0].f32(), s.tokens.i32(), wte_, wpe_, B, T, D, V);
   } else {
     TROUPE_CHECK(x_in != nullptr, "a stage without the embedding needs its input activations");
     std::memcpy(s.resid[0].data(), x_in, sizeof(float) * nd);
@@ -118,7 +140,7 @@ double Stage::forward(int slot, const int32_t* tokens, const float* x_in, const 
                  ")");
   std::memcpy(s.targets.data(), targets, sizeof(int32_t) * static_cast<size_t>(N));
   s.has_targets = true;
-  return k::cross_entropy(nullptr, s.logits.f32(), s.targets.i32(), N, V, 0.0f);
+  return k_->cross_entropy(nullptr, s.logits.f32(), s.targets.i32(), N, V, 0.0f);
 }
 
 void Stage::backward(int slot, const float* dout, float dloss, const ReadyFn& on_ready) {
@@ -139,9 +161,9 @@ void Stage::backward(int slot, const float* dout, float dloss, const ReadyFn& on
     // slot would dominate activation memory for a small D.
     float* dlogits = dlogits_.f32();
     std::fill(dlogits, dlogits + static_cast<size_t>(N) * V, 0.0f);
-    k::cross_entropy(dlogits, s.logits.f32(), s.targets.i32(), N, V, dloss);
+    k_->cross_entropy(dlogits, s.logits.f32(), s.targets.i32(), N, V, dloss);
     float* dlnf = ws_.tmp_d.f32();
-    head_.backward(dlnf, dlogits, s.lnf.f32(), N, k::Out::overwrite);
+    head_.backward(dlnf, dlogits, s.lnf.f32(), N, kernels::Out::overwrite);
     std::fill(dres, dres + nd, 0.0f);
     ln_f_.backward(dres, dlnf, s.resid.back().f32(), s.lnf_mean.f32(), s.lnf_rstd.f32(), N);
     // A full stage's wte (first in the buffer) still takes the embedding's gradient.
@@ -162,7 +184,7 @@ void Stage::backward(int slot, const float* dout, float dloss, const ReadyFn& on
     report(block_begin_[b]);
   }
   if (range_.has_embedding)
-    k::embedding_backward(dwte_, dwpe_, dres, s.tokens.i32(), B, T, D, V);
+    k_->embedding_backward(dwte_, dwpe_, dres, s.tokens.i32(), B, T, D, V);
   else
     std::memcpy(s.dinput.data(), dres, sizeof(float) * nd);
   report(0);

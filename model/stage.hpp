@@ -21,6 +21,12 @@
 // Every shard of a stage is called with the same inputs, in the same order (forward and
 // backward are collective over the group), and returns the same loss, output and
 // input_grad; the replicated parameters' grads are the same on every shard.
+//
+// Device and precision: a stage computes through a DeviceContext (model/device_context.hpp):
+// its kernel table, the allocator of its activations and the compute dtype of its
+// weights. Left out, it is DeviceContext::cpu(), the only one a stage runs in this build
+// (fp32 on CPU); it refuses others, since its input and output copies are host memcpy
+// and its kernels take f32 weights.
 #pragma once
 
 #include <cstddef>
@@ -30,6 +36,7 @@
 
 #include "core/tensor.hpp"
 #include "model/config.hpp"
+#include "model/device_context.hpp"
 #include "model/layers.hpp"
 #include "model/params.hpp"
 
@@ -37,10 +44,12 @@ namespace troupe::model {
 
 class Stage {
  public:
-  Stage(const ModelConfig& cfg, const StageRange& range, int n_slots = 1, int max_micro_batch = 1);
+  Stage(const ModelConfig& cfg, const StageRange& range, int n_slots = 1, int max_micro_batch = 1,
+        const DeviceContext& ctx = DeviceContext::cpu());
   // Tensor shard `shard` over `tp_group` (null, or unused, when shard.size == 1).
   Stage(const ModelConfig& cfg, const StageRange& range, int n_slots, int max_micro_batch,
-        const TensorShard& shard, comm::Communicator* tp_group);
+        const TensorShard& shard, comm::Communicator* tp_group,
+        const DeviceContext& ctx = DeviceContext::cpu());
   ~Stage();
   Stage(const Stage&) = delete;
   Stage& operator=(const Stage&) = delete;
@@ -80,6 +89,7 @@ class Stage {
   int64_t num_params() const { return store_.num_params(); }
 
   const ModelConfig& config() const { return cfg_; }
+  const DeviceContext& device_context() const { return ctx_; }
   const StageRange& range() const { return range_; }
   const TensorShard& tensor_shard() const { return tp_.shard; }
   const TensorGroup& tensor_group() const { return tp_; }
@@ -99,6 +109,8 @@ class Stage {
 
   ModelConfig cfg_;
   StageRange range_;
+  DeviceContext ctx_;
+  const kernels::Kernels* k_;
   TensorGroup tp_;
   int max_B_;
   ParamStore store_;

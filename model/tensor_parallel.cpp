@@ -2,7 +2,6 @@
 
 #include "comm/communicator.hpp"
 #include "core/error.hpp"
-#include "kernels/cpu/kernels.hpp"
 
 namespace troupe::model {
 
@@ -28,10 +27,12 @@ void reduce_from_tensor_region_forward(const TensorGroup& g, float* y, size_t n)
 
 void reduce_from_tensor_region_backward(const TensorGroup&, const float*, size_t) {}
 
-double tensor_parallel_grad_sum_squares(const TensorGroup& g, const std::vector<Param>& params) {
+double tensor_parallel_grad_sum_squares(const TensorGroup& g, const std::vector<Param>& params,
+                                        const kernels::Kernels& k) {
   double split = 0, replicated = 0;
   for (const Param& p : params) {
-    const double s = kernels::cpu::sum_squares(p.grad.f32(), static_cast<size_t>(p.grad.numel()));
+    if (p.tied_copy) continue;
+    const double s = k.sum_squares(p.grad.f32(), static_cast<size_t>(p.grad.numel()));
     (p.split_dim >= 0 ? split : replicated) += s;
   }
   if (g.size() > 1) g.comm->allreduce(&split, 1, comm::ReduceOp::sum);

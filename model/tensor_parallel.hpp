@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "kernels/kernels.hpp"
 #include "model/config.hpp"
 #include "model/params.hpp"
 
@@ -55,8 +56,11 @@ void reduce_from_tensor_region_backward(const TensorGroup& g, const float* dy, s
 
 // Sum of squares of the gradients of the whole model part these shards hold, for
 // global-norm clipping: split parameters (split_dim >= 0) summed over the shards, plus
-// replicated ones counted once (they are the same on every shard). Accumulated in
-// double in parameter order; collective over the group, same bits on every shard.
-double tensor_parallel_grad_sum_squares(const TensorGroup& g, const std::vector<Param>& params);
+// replicated ones counted once (they are the same on every shard). A tied copy
+// (Param::tied_copy) is left out: the weight counts once, on the embedding's stage.
+// Accumulated in double in parameter order; collective over the group, same bits on
+// every shard. `k` computes the per-parameter sums.
+double tensor_parallel_grad_sum_squares(const TensorGroup& g, const std::vector<Param>& params,
+                                        const kernels::Kernels& k = kernels::cpu_kernels());
 
 }  // namespace troupe::model

@@ -219,14 +219,17 @@ std::string PipelineExecutor::where() const {
 void allreduce_tied_embedding(const std::vector<model::Stage*>& stages, comm::Communicator* embedding_group,
                               const comm::Options& options) {
   if (!embedding_group || embedding_group->size() == 1) return;
-  model::Stage* holder = nullptr;
+  // This rank's end of the tie: the embedding's wte.weight (first chunk) or the LM
+  // head's copy of it (last chunk, Param::tied_copy).
+  model::Param* held = nullptr;
   for (model::Stage* st : stages)
-    if (st->store().contains("wte.weight") && (st->range().has_embedding || st->range().has_head)) {
-      TROUPE_CHECK(!holder, "two chunks of one rank hold wte.weight: the embedding group is for two ranks");
-      holder = st;
-    }
-  TROUPE_CHECK(holder, "rank ", embedding_group->rank(), " of the embedding group holds no wte.weight");
-  Tensor& g = holder->param("wte.weight").grad;
+    for (model::Param& p : st->params())
+      if (p.tied_copy || (p.name == "wte.weight" && st->range().has_embedding)) {
+        TROUPE_CHECK(!held, "two chunks of one rank hold wte.weight: the embedding group is for two ranks");
+        held = &p;
+      }
+  TROUPE_CHECK(held, "rank ", embedding_group->rank(), " of the embedding group holds no wte.weight");
+  Tensor& g = held->grad;
   embedding_group->allreduce(g.f32(), static_cast<size_t>(g.numel()), comm::ReduceOp::sum, options);
 }
 

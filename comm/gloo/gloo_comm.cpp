@@ -110,6 +110,8 @@ struct GlooShared {
   bool shm = true;
 };
 
+// The element type gloo sizes the buffer by; bf16 / f16 travel as their bit
+// patterns, and reduce_into does their arithmetic in f32.
 template <class F>
 void with_type(DType dtype, F&& f) {
   switch (dtype) {
@@ -121,6 +123,11 @@ void with_type(DType dtype, F&& f) {
       return f(int32_t{});
     case DType::i64:
       return f(int64_t{});
+    case DType::bf16:
+    case DType::f16:
+      return f(uint16_t{});
+    case DType::u8:
+      return f(uint8_t{});
   }
 }
 
@@ -160,6 +167,9 @@ class GlooCommunicator : public Communicator {
         using T = decltype(zero);
         gloo::AllreduceOptions o(st->ctx);
         o.setOutput(static_cast<T*>(data), count);
+        // gloo's ring combines chunks pairwise into the buffer's type: a bf16 / f16
+        // partial sum is added in f32 and rounded at every hop (the shm path
+        // accumulates all ranks in f32 and rounds once).
         o.setReduceFunction([dtype, op](void* out, const void* a, const void* b, size_t k) {
           reduce_into(dtype, op, out, a, b, k);
         });

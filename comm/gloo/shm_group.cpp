@@ -185,10 +185,11 @@ void ShmGroup::allreduce(void* data, size_t count, DType dtype, ReduceOp op, Dea
     std::memcpy(slot(rank_), d + off * esz, m * esz);
     barrier(dl);
     const auto [lo, hi] = part(m, size_, rank_);
-    char* acc = slot(rank_) + lo * esz;
+    // This rank's range, own slot first, then the others in rank order.
+    std::vector<const void*> ins{slot(rank_) + lo * esz};
     for (int j = 0; j < size_; ++j)
-      if (j != rank_) reduce_into(dtype, op, acc, acc, slot(j) + lo * esz, hi - lo);
-    if (op == ReduceOp::avg) divide_by(dtype, acc, hi - lo, size_);
+      if (j != rank_) ins.push_back(slot(j) + lo * esz);
+    reduce_all(dtype, op, slot(rank_) + lo * esz, ins, hi - lo);
     barrier(dl);
     for (int j = 0; j < size_; ++j) {
       const auto [l, h] = part(m, size_, j);
@@ -209,10 +210,9 @@ void ShmGroup::reduce_scatter(const void* in, void* out, size_t count, DType dty
     for (int j = 0; j < size_; ++j)
       std::memcpy(slot(rank_) + j * m * esz, src + (j * count + off) * esz, m * esz);
     barrier(dl);
-    char* o = dst + off * esz;
-    std::memcpy(o, slot(0) + rank_ * m * esz, m * esz);
-    for (int j = 1; j < size_; ++j) reduce_into(dtype, op, o, o, slot(j) + rank_ * m * esz, m);
-    if (op == ReduceOp::avg) divide_by(dtype, o, m, size_);
+    std::vector<const void*> ins;
+    for (int j = 0; j < size_; ++j) ins.push_back(slot(j) + rank_ * m * esz);
+    reduce_all(dtype, op, dst + off * esz, ins, m);
     barrier(dl);
   }
 }

@@ -76,11 +76,8 @@ class LocalCommunicator : public Communicator {
   void do_allreduce(void* data, size_t count, DType dtype, ReduceOp op, const Options& opt) override {
     const size_t bytes = count * dtype_size(dtype);
     std::vector<char> acc(bytes);
-    collective("allreduce", opt, data, data, [&](const std::vector<const void*>& in) {
-      std::memcpy(acc.data(), in[0], bytes);
-      for (int r = 1; r < size(); ++r) reduce_into(dtype, op, acc.data(), acc.data(), in[r], count);
-      if (op == ReduceOp::avg) divide_by(dtype, acc.data(), count, size());
-    });
+    collective("allreduce", opt, data, data,
+               [&](const std::vector<const void*>& in) { reduce_all(dtype, op, acc.data(), in, count); });
     std::memcpy(data, acc.data(), bytes);
   }
 
@@ -90,10 +87,9 @@ class LocalCommunicator : public Communicator {
     const size_t offset = static_cast<size_t>(rank()) * bytes;
     std::vector<char> acc(bytes);
     collective("reduce_scatter", opt, in, out, [&](const std::vector<const void*>& ins) {
-      std::memcpy(acc.data(), static_cast<const char*>(ins[0]) + offset, bytes);
-      for (int r = 1; r < size(); ++r)
-        reduce_into(dtype, op, acc.data(), acc.data(), static_cast<const char*>(ins[r]) + offset, count);
-      if (op == ReduceOp::avg) divide_by(dtype, acc.data(), count, size());
+      std::vector<const void*> parts;
+      for (const void* p : ins) parts.push_back(static_cast<const char*>(p) + offset);
+      reduce_all(dtype, op, acc.data(), parts, count);
     });
     std::memcpy(out, acc.data(), bytes);
   }

@@ -12,6 +12,14 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// ncclBfloat16 came with NCCL 2.10; an older NCCL refuses bf16 reductions
+// (NcclCommunicator::can_reduce) and moves bf16 as bytes.
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
+constexpr bool kNcclBf16 = true;
+#else
+constexpr bool kNcclBf16 = false;
+#endif
+
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
     case DType::f32:
@@ -22,6 +30,16 @@ ncclDataType_t nccl_type(DType t) {
       return ncclInt32;
     case DType::i64:
       return ncclInt64;
+    case DType::f16:
+      return ncclFloat16;
+    case DType::bf16:
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
+      return ncclBfloat16;
+#else
+      return ncclFloat16;  // never reduced (can_reduce); allgather and broadcast copy 2-byte elements
+#endif
+    case DType::u8:
+      return ncclUint8;
   }
   return ncclFloat32;
 }
@@ -100,6 +118,10 @@ class NcclCommunicator : public Communicator {
   const char* backend() const override { return "nccl"; }
 
  protected:
+  bool can_reduce(DType dtype) const override {
+    return (dtype != DType::bf16 || kNcclBf16) && Communicator::can_reduce(dtype);
+  }
+
   void do_allreduce(void* data, size_t count, DType dtype, ReduceOp op, const Options& opt) override {
     enqueue("allreduce", ncclAllReduce(data, data, count, nccl_type(dtype), nccl_op(op), comm_, stream_));
     wait_stream("allreduce", opt);

@@ -1,6 +1,7 @@
-// CPU kernels: forward and backward of every layer the models use.
+// CPU kernels: forward and backward of every layer the models use. model/ reaches
+// them through the table kernels::cpu_kernels() (kernels/kernels.hpp).
 //
-// Conventions (the CUDA twins in kernels/cuda/ keep the same names and signatures):
+// Conventions (another kernel set for the table keeps the same names and signatures):
 //  * Raw fp32 pointers, row-major, shapes in the comment next to each pointer:
 //    (B,T,C) means B*T*C contiguous floats, C fastest.
 //  * Backward functions ACCUMULATE (+=) into every gradient they write, both
@@ -16,10 +17,12 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/kernels.hpp"
+
 namespace troupe::kernels::cpu {
 
-// How a backward kernel writes an input gradient: += onto what is there, or = .
-enum class Out { accumulate, overwrite };
+// How a backward kernel writes an input gradient (kernels/kernels.hpp).
+using Out = kernels::Out;
 
 // ---------------------------------------------------------------- GEMM
 // Row-major C(M,N) = alpha * op(A) * op(B) + beta * C, op(X) = X or X^T.

@@ -12,6 +12,7 @@
 
 #include "checkpoint/checkpoint.hpp"
 #include "checkpoint/commit.hpp"
+#include "core/dtype_convert.hpp"
 #include "core/safetensors.hpp"
 #include "core/spec.hpp"
 #include "tests/support/local_ranks.hpp"
@@ -128,6 +129,56 @@ TEST_CASE("checkpoint: spread splits replicated slices without overlap and read_
   checkpoint::SliceSpec too_wide{{6, 8}, 1, {{0, 8, 0}}};
   std::vector<float> none(48);
   CHECK_THROWS_AS(src.read_slice("x", too_wide, none.data()), checkpoint::CheckpointError);
+}
+
+TEST_CASE("checkpoint: BF16, F16 and F64 tensors read into f32, converted, and integers are refused",
+          "[checkpoint][dtype]") {
+  const std::string dir = temp_dir("dtypes");
+  // (6, 4) with values that are not all exact in 16 bits: bf16 and f16 round them.
+  std::vector<float> full(24);
+  for (size_t i = 0; i < full.size(); ++i) full[i] = 0.1f * float(i) - 1.0f;
+  for (DType dt : {DType::bf16, DType::f16, DType::f64}) {
+    INFO(dtype_name(dt));
+    std::vector<char> stored(full.size() * dtype_size(dt));
+    convert(DType::f32, full.data(), dt, stored.data(), full.size());
+    std::vector<float> want(full.size());
+    convert(dt, stored.data(), DType::f32, want.data(), want.size());
+    // Two shards of rows [0, 3) and [3, 6), as a dp = 2 spread writes them.
+    std::vector<std::string> files;
+    for (int r = 0; r < 2; ++r) {
+      checkpoint::Spread sp = checkpoint::spread(checkpoint::whole({6, 4}), r, 2);
+      nlohmann::json slices = {{"x", checkpoint::slice_json(sp.stored)}};
+      files.push_back(dir + "/" + dtype_name(dt) + std::to_string(r) + ".safetensors");
+      safetensors::write(files.back(),
+                         {{"x", dt, {sp.end - sp.begin, 4}, stored.data() + sp.begin * 4 * dtype_size(dt)}},
+                         {{"slices", slices.dump()}});
+    }
+    // One shard file is a TensorSource of its own: the rows it holds, of the global shape.
+    checkpoint::TensorSource first(files[0]);
+    checkpoint::SliceSpec rows{{6, 4}, 0, {{0, 3, 0}}};
+    std::vector<float> got(12, -7.f);
+    first.read_slice("x", rows, got.data());
+    for (size_t i = 0; i < 12; ++i) CHECK(got[i] == want[i]);
+    CHECK(first.bytes_read() == 12 * dtype_size(dt));  // the stored bytes, not the f32 ones
+    // The whole tensor from a file of the whole tensor.
+    const std::string whole_file = dir + "/" + dtype_name(dt) + "_whole.safetensors";
+    safetensors::write(whole_file, {{"x", dt, {6, 4}, stored.data()}});
+    checkpoint::TensorSource src(whole_file);
+    std::vector<float> all(24);
+    src.read("x", {6, 4}, all.data());
+    CHECK(all == want);
+    // Columns [1, 3): runs of two elements, each converted.
+    checkpoint::SliceSpec cols{{6, 4}, 1, {{1, 2, 0}}};
+    std::vector<float> c(12);
+    src.read_slice("x", cols, c.data());
+    for (int i = 0; i < 6; ++i)
+      for (int j = 0; j < 2; ++j) CHECK(c[size_t(i * 2 + j)] == want[size_t(i * 4 + 1 + j)]);
+  }
+  const std::vector<int32_t> ints(24);
+  safetensors::write(dir + "/ints.safetensors", {{"x", DType::i32, {6, 4}, ints.data()}});
+  CHECK_THROWS_WITH(checkpoint::TensorSource(dir + "/ints.safetensors"),
+                    Catch::Contains("tensor x is I32") && Catch::Contains("floating-point"));
+  fs::remove_all(dir);
 }
 
 TEST_CASE("checkpoint: saved under one layout, resumed under another, continues the 1x1x1 losses",

@@ -11,6 +11,7 @@
 
 #include "comm/communicator.hpp"
 #include "comm/groups.hpp"
+#include "core/dtype_convert.hpp"
 
 namespace troupe::comm::testing {
 
@@ -114,6 +115,59 @@ inline void check_other_types(Communicator& c) {
   }
 }
 
+// bf16 and f16 (uint16_t bit patterns): the reductions on small integers and
+// halves, exact in both formats whatever the order or rounding, so the oracle is
+// bitwise on every backend; gathers and broadcasts move the bits untouched
+// (NaN payloads and negative zero included).
+inline void check_half_types(Communicator& c) {
+  const int n = c.size();
+  const float s = static_cast<float>(n * (n + 1) / 2);
+  for (DType dt : {DType::bf16, DType::f16}) {
+    const std::string name = dtype_name(dt);
+    auto narrow = [dt](float f) { return dt == DType::bf16 ? f32_to_bf16(f) : f32_to_f16(f); };
+    auto widen = [dt](uint16_t h) { return dt == DType::bf16 ? bf16_to_f32(h) : f16_to_f32(h); };
+    for (size_t count : {size_t{1}, size_t{7}, size_t{3000}}) {
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min}) {
+        std::vector<uint16_t> x(count);
+        for (size_t i = 0; i < count; ++i) x[i] = narrow(value(c.rank(), i));
+        c.allreduce(x.data(), count, dt, op);
+        for (size_t i = 0; i < count; ++i) {
+          const float k = static_cast<float>(i % 13 + 1);
+          float want = s * k;
+          if (op == ReduceOp::avg) want /= static_cast<float>(n);
+          if (op == ReduceOp::max) want = static_cast<float>(n) * k;
+          if (op == ReduceOp::min) want = k;
+          COMM_EXPECT(x[i] == narrow(want), "allreduce " + name + " " + to_string(op) + " count " +
+                                                std::to_string(count) + " element " + std::to_string(i) +
+                                                ": got " + std::to_string(widen(x[i])) + " want " +
+                                                std::to_string(want));
+        }
+      }
+      std::vector<uint16_t> in(count * n), out(count);
+      for (size_t j = 0; j < in.size(); ++j) in[j] = narrow(value(c.rank(), j));
+      c.reduce_scatter(in.data(), out.data(), count, dt, ReduceOp::sum);
+      for (size_t i = 0; i < count; ++i) {
+        const float want = s * static_cast<float>((c.rank() * count + i) % 13 + 1);
+        COMM_EXPECT(out[i] == narrow(want), "reduce_scatter " + name + " element " + std::to_string(i));
+      }
+    }
+    // Bit patterns no arithmetic may touch: a quiet NaN with a payload, -0, the largest finite.
+    const std::vector<uint16_t> odd = {0x7fc1, 0x8000,
+                                       dt == DType::bf16 ? uint16_t{0x7f7f} : uint16_t{0x7bff}};
+    std::vector<uint16_t> mine(3), all(3 * n);
+    for (size_t i = 0; i < 3; ++i)
+      mine[i] = static_cast<uint16_t>(odd[i] ^ (c.rank() == 0 ? 0 : 0x0001u * i));
+    c.allgather(mine.data(), all.data(), 3, dt);
+    for (int r = 0; r < n; ++r)
+      for (size_t i = 0; i < 3; ++i)
+        COMM_EXPECT(all[r * 3 + i] == static_cast<uint16_t>(odd[i] ^ (r == 0 ? 0 : 0x0001u * i)),
+                    "allgather " + name + " from rank " + std::to_string(r));
+    std::vector<uint16_t> b = c.rank() == 0 ? odd : std::vector<uint16_t>(3, 0);
+    c.broadcast(b.data(), 3, dt, 0);
+    COMM_EXPECT(b == odd, "broadcast " + name);
+  }
+}
+
 // Rank 0 sends tags 1, 2, 1 to rank 1 in one batch; rank 1 receives tag 2
 // first: tags match, and the two tag-1 messages keep their order.
 inline void check_tags(Communicator& c) {
@@ -160,6 +214,7 @@ inline void check_all_ops(Communicator& c) {
     check_ring_exchange(c, count);
   }
   check_other_types(c);
+  check_half_types(c);
   check_tags(c);
   c.barrier();
 }

@@ -323,6 +323,74 @@ TEST_CASE("local and gloo: invalid arguments are named errors", "[local][gloo]")
   CHECK_THROWS_AS(make_communicator(cfg), CommError);
 }
 
+TEST_CASE("local and gloo: 16-bit sums accumulate in f32 and round once, except gloo TCP per hop",
+          "[local][gloo][dtype]") {
+  // 256 + 1 + 1 + 1 = 259: one rounding to bf16 (spacing 2 above 256, tie to even) gives
+  // 260. Rounding after every addition loses each 1 (256 + 1 = 257 ties down to 256).
+  struct Case {
+    const char* backend;
+    bool shm;
+  };
+  for (const Case& k : {Case{"local", true}, Case{"gloo", true}, Case{"gloo", false}}) {
+    INFO(k.backend << (k.shm ? "" : " TCP"));
+    auto comms = make_group(k.backend, 4, std::string("acc-") + (k.shm ? "shm" : "tcp"), k.shm);
+    std::vector<uint16_t> got(4);
+    std::vector<float> got16(4);
+    require_no_errors(run_threads(4, [&](int r) {
+      std::vector<uint16_t> x(5, troupe::f32_to_bf16(r == 0 ? 256.f : 1.f));
+      comms[r]->allreduce(x.data(), x.size(), troupe::DType::bf16, ReduceOp::sum);
+      got[r] = x[4];
+      // f16 with the same shape one octave up: spacing 2 above 2048 (11-bit mantissa).
+      std::vector<uint16_t> h(3, troupe::f32_to_f16(r == 0 ? 2048.f : 1.f));
+      comms[r]->allreduce(h.data(), h.size(), troupe::DType::f16, ReduceOp::sum);
+      got16[r] = troupe::f16_to_f32(h[2]);
+    }));
+    for (int r = 0; r < 4; ++r) {
+      INFO("rank " << r);
+      CHECK(got[r] == got[0]);
+      CHECK(got16[r] == got16[0]);
+      if (k.shm) {
+        CHECK(troupe::bf16_to_f32(got[r]) == 260.f);
+        CHECK(got16[r] == 2052.f);
+      } else {
+        // One rounding per hop of gloo's ring: below the f32 sum, never above it.
+        CHECK(troupe::bf16_to_f32(got[r]) >= 256.f);
+        CHECK(troupe::bf16_to_f32(got[r]) <= 260.f);
+        CHECK(got16[r] >= 2048.f);
+        CHECK(got16[r] <= 2052.f);
+      }
+    }
+  }
+}
+
+TEST_CASE("local and gloo: u8 moves but cannot be reduced, a named error naming dtype and backend",
+          "[local][gloo][dtype]") {
+  for (const char* backend : {"local", "gloo"}) {
+    INFO(backend);
+    auto comms = make_group(backend, 2, "u8");
+    std::vector<std::string> what(2);
+    require_no_errors(run_threads(2, [&](int r) {
+      std::vector<uint8_t> all(6), mine{uint8_t(r), uint8_t(10 + r), uint8_t(250 + r)};
+      comms[r]->allgather(mine.data(), all.data(), 3);
+      if (all != std::vector<uint8_t>{0, 10, 250, 1, 11, 251}) throw std::runtime_error("u8 allgather");
+      try {
+        comms[r]->allreduce(mine.data(), 3, ReduceOp::sum);
+        what[r] = "allreduce of u8 ran";
+      } catch (const CommError& e) {
+        if (e.code() != CommErrc::invalid_argument) throw;
+        what[r] = e.what();
+      }
+    }));
+    for (int r = 0; r < 2; ++r) {
+      INFO(what[r]);
+      CHECK(what[r].find("u8") != std::string::npos);
+      CHECK(what[r].find(std::string("the ") + backend + " backend") != std::string::npos);
+      CHECK(what[r].find("allreduce") != std::string::npos);
+    }
+    CHECK(comms[0]->poisoned());
+  }
+}
+
 // ---------------------------------------------------------------- gloo, ranks as threads
 
 TEST_CASE("gloo: abort from another thread unblocks recv and allreduce, the peer gets a named error",
@@ -476,6 +544,30 @@ TEST_CASE("nccl: allreduce and abort on GPUs", "[gpu]") {
     for (size_t i = 0; i < count; ++i)
       COMM_EXPECT(host[i] == s * static_cast<float>(i % 13 + 1),
                   "nccl allreduce element " + std::to_string(i));
+    // bf16 and f16 sums of small integers: exact, so bitwise on every backend (an average
+    // too when n is a power of two, whether NCCL divides before or after the sum).
+    for (troupe::DType dt : {troupe::DType::bf16, troupe::DType::f16}) {
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
+        if (op == ReduceOp::avg && (n & (n - 1)) != 0) continue;
+        auto narrow = [dt](float f) {
+          return dt == troupe::DType::bf16 ? troupe::f32_to_bf16(f) : troupe::f32_to_f16(f);
+        };
+        std::vector<uint16_t> h(count);
+        for (size_t i = 0; i < count; ++i) h[i] = narrow(testing::value(r, i));
+        uint16_t* d16 = nullptr;
+        if (cudaMalloc(&d16, count * 2) != cudaSuccess) throw std::runtime_error("cudaMalloc");
+        cudaMemcpy(d16, h.data(), count * 2, cudaMemcpyHostToDevice);
+        comms[r]->allreduce(d16, count, dt, op);
+        cudaMemcpy(h.data(), d16, count * 2, cudaMemcpyDeviceToHost);
+        cudaFree(d16);
+        for (size_t i = 0; i < count; ++i) {
+          float want = s * static_cast<float>(i % 13 + 1);
+          if (op == ReduceOp::avg) want /= static_cast<float>(n);
+          COMM_EXPECT(h[i] == narrow(want), std::string("nccl allreduce ") + troupe::dtype_name(dt) + " " +
+                                                to_string(op) + " element " + std::to_string(i));
+        }
+      }
+    }
   }));
   if (n < 2) {
     WARN("one CUDA device: multi-rank NCCL abort needs two, skipped");

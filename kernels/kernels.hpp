@@ -1,0 +1,70 @@
+// The kernels a model stage calls, as a table of function pointers: the seam a
+// CUDA (kernels/cuda/, not in this build) or a bf16 kernel set plugs into.
+// model/ calls kernels only through a Kernels it is given (model::DeviceContext);
+// kernels::cpu provides the fp32 CPU table, cpu_kernels().
+//
+// Each entry has the signature and contract of the function of the same name in
+// kernels/cpu/kernels.hpp (shapes, accumulate-vs-overwrite, determinism): read
+// the contract there. One indirect call per layer op, never per element, so the
+// CPU path runs the same code at the same speed as a direct call. Pointers are
+// device pointers of the table's device; a table for another device or precision
+// keeps these signatures where it can and adds entries where it must.
+//
+// Not in the table: GEMM (internal to linear_*; benchmarks call kernels::cpu::gemm).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.hpp"
+
+namespace troupe::kernels {
+
+// How a backward kernel writes an input gradient: += onto what is there, or = .
+enum class Out { accumulate, overwrite };
+
+struct Kernels {
+  const char* name = nullptr;  // "cpu"
+  Device device = Device::cpu;
+
+  // linear: out(N,OC) = inp(N,IC) @ weight(OC,IC)^T + bias(OC)
+  void (*linear_forward)(float* out, const float* inp, const float* weight, const float* bias, int N, int IC,
+                         int OC) = nullptr;
+  void (*linear_backward)(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                          const float* weight, int N, int IC, int OC, Out dinp_mode) = nullptr;
+  // embedding: out(B,T,C) = wte[tokens] + wpe[t]
+  void (*embedding_forward)(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
+                            int T, int C, int V) = nullptr;
+  void (*embedding_backward)(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
+                             int C, int V) = nullptr;
+  // layernorm over C, eps 1e-5, saving mean(N), rstd(N)
+  void (*layernorm_forward)(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                            const float* bias, int N, int C) = nullptr;
+  void (*layernorm_backward)(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                             const float* weight, const float* mean, const float* rstd, int N,
+                             int C) = nullptr;
+  // causal attention core: qkv(B,T,3*NH*HS) -> out(B,T,NH*HS), att(B,NH,T,T)
+  void (*attention_forward)(float* out, float* att, const float* qkv, int B, int T, int NH, int HS) = nullptr;
+  void (*attention_backward)(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                             const float* att, int B, int T, int NH, int HS, Out mode) = nullptr;
+  // GELU, tanh form
+  void (*gelu_forward)(float* out, const float* inp, size_t n) = nullptr;
+  void (*gelu_backward)(float* dinp, const float* inp, const float* dout, size_t n) = nullptr;
+  void (*gelu_backward_inplace)(float* d, const float* inp, size_t n) = nullptr;
+  // element-wise
+  void (*residual_forward)(float* out, const float* a, const float* b, size_t n) = nullptr;
+  void (*add_inplace)(float* y, const float* x, size_t n) = nullptr;
+  void (*scale_inplace)(float* y, float s, size_t n) = nullptr;
+  // softmax cross-entropy over logits(N,V): the SUM of the row losses
+  double (*cross_entropy)(float* dlogits, const float* logits, const int32_t* targets, int N, int V,
+                          float dloss) = nullptr;
+  // optimizer and clipping
+  void (*adamw_update)(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
+                       float beta2, float eps, float weight_decay, int64_t t) = nullptr;
+  double (*sum_squares)(const float* x, size_t n) = nullptr;
+};
+
+// The fp32 CPU kernels of kernels/cpu/ (defined there); lives for the whole process.
+const Kernels& cpu_kernels();
+
+}  // namespace troupe::kernels
