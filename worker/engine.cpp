@@ -259,16 +259,13 @@ struct Engine::Impl {
   }
 
   // Squared global gradient norm: each tensor group sums its shards (replicated
-  // parameters once); the tied embedding counts once (on the first stage); data
-  // replicas hold the same gradients after the reduction, so one replica counts.
+  // parameters once); the tied embedding counts once (its copy on the last stage,
+  // Param::tied_copy, is left out); data replicas hold the same gradients after the
+  // reduction, so one replica counts.
   double grad_norm_squared() {
     double local = 0.0;
-    for (auto* st : stage_ptrs) {
-      std::vector<model::Param> counted;
-      for (const auto& p : st->params())
-        if (!tied_copy(*st, p)) counted.push_back(p);
-      local += model::tensor_parallel_grad_sum_squares(st->tensor_group(), counted);
-    }
+    for (auto* st : stage_ptrs)
+      local += model::tensor_parallel_grad_sum_squares(st->tensor_group(), st->params());
     return world_sum(coord().t == 0 && coord().d == 0 ? local : 0.0);
   }
 
@@ -407,12 +404,6 @@ struct Engine::Impl {
     if (writer.joinable()) writer.join();
   }
 
-  // The tied LM head of the last stage is a copy of the first stage's wte.weight: it
-  // counts once in the gradient norm and is stored once.
-  bool tied_copy(const model::Stage& st, const model::Param& p) const {
-    return p.name == "wte.weight" && layout().pp > 1 && !st.range().has_embedding;
-  }
-
   std::string manifest_json() const {
     checkpoint::Manifest m;
     m.step = next_step;
@@ -438,7 +429,7 @@ struct Engine::Impl {
     for (auto* st : stage_ptrs)
       for (const auto& p : st->params()) {
         const size_t k = i++;
-        if (tied_copy(*st, p)) continue;
+        if (p.tied_copy) continue;  // stored once, by the first stage
         const bool split = p.split_dim >= 0;
         held.push_back({p.name, held_slice(p), p.data.shape(), p.data.f32(), opt->m(k).data(),
                         opt->v(k).data(), split ? coord().d : coord().d * layout().tp + coord().t,
