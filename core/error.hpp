@@ -37,6 +37,13 @@ std::string concat(const Args&... args) {
 [[noreturn]] void check_failed(const char* file, int line, const char* cond, const std::string& msg);
 }  // namespace detail
 
+// Throws troupe::Error with the message parts when ok is false: for a failure the user
+// fixes (a layout, a batch size), which wants a plain message, not TROUPE_CHECK's file:line.
+template <class... Args>
+void require(bool ok, const Args&... message) {
+  if (!ok) throw Error(detail::concat(message...));
+}
+
 }  // namespace troupe
 
 // TROUPE_CHECK(cond, "message parts", value, ...) throws troupe::Error with

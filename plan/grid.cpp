@@ -4,16 +4,6 @@
 
 namespace troupe::plan {
 
-namespace {
-
-// A plan that cannot be made is the user's to fix (a layout, a batch): a plain message, no file:line.
-template <class... Args>
-void require(bool ok, const Args&... message) {
-  if (!ok) throw Error(detail::concat(message...));
-}
-
-}  // namespace
-
 void check_layout(const Layout& l) {
   require(l.dp >= 1 && l.pp >= 1 && l.tp >= 1, "layout ", l.str(),
           ": data, pipeline and tensor degrees must be >= 1");

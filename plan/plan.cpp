@@ -6,16 +6,6 @@
 
 namespace troupe::plan {
 
-namespace {
-
-// A plan that cannot be made is the user's to fix (a layout, a batch): a plain message, no file:line.
-template <class... Args>
-void require(bool ok, const Args&... message) {
-  if (!ok) throw Error(detail::concat(message...));
-}
-
-}  // namespace
-
 ScheduleKind schedule_kind(troupe::Schedule s) {
   switch (s) {
     case troupe::Schedule::gpipe:

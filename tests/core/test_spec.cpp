@@ -4,6 +4,7 @@
 #include <random>
 
 #include "core/spec.hpp"
+#include "tests/core/minimal_spec.hpp"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
@@ -14,19 +15,7 @@ using troupe::SpecError;
 
 namespace {
 
-const char* kMinimal = R"(name: tiny
-model:
-  type: gpt
-  seq_len: 32
-  d_model: 64
-  n_layers: 2
-  n_heads: 4
-data:
-  path: corpus.txt
-train:
-  steps: 10
-  global_batch: 8
-)";
+const char* kMinimal = troupe::testing::kMinimalSpec;
 
 std::vector<fs::path> config_files() {
   std::vector<fs::path> out;

@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "core/spec_internal.hpp"
+#include "tests/core/minimal_spec.hpp"
 
 using troupe::Diagnostic;
 using troupe::SpecError;
@@ -12,19 +13,7 @@ namespace sd = troupe::spec_detail;
 
 namespace {
 
-const char* kMinimal = R"(name: tiny
-model:
-  type: gpt
-  seq_len: 32
-  d_model: 64
-  n_layers: 2
-  n_heads: 4
-data:
-  path: corpus.txt
-train:
-  steps: 10
-  global_batch: 8
-)";
+const char* kMinimal = troupe::testing::kMinimalSpec;
 
 std::vector<std::string> split_path(const std::string& path) {
   std::vector<std::string> parts;
