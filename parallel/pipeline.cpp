@@ -23,7 +23,8 @@ plan::ModelShape shape_of(const model::ModelConfig& cfg) {
 
 std::vector<std::unique_ptr<model::Stage>> make_rank_stages(
     const model::ModelConfig& cfg, const plan::Partition& part, int rank, const plan::CheckResult& check,
-    int max_micro_batch, const model::TensorShard& shard, comm::Communicator* tp_group) {
+    int max_micro_batch, const model::TensorShard& shard, comm::Communicator* tp_group,
+    const model::DeviceContext& ctx) {
   TROUPE_CHECK(rank >= 0 && rank < part.pp, "pipeline rank ", rank, " outside a partition of ", part.pp);
   TROUPE_CHECK(part.pp == 1 || (static_cast<int>(check.peak_in_flight.size()) == part.pp &&
                                 static_cast<int>(check.peak_in_flight[rank].size()) == part.virtual_stages),
@@ -35,7 +36,7 @@ std::vector<std::unique_ptr<model::Stage>> make_rank_stages(
     const int slots = part.pp == 1 ? 1 : std::max(1, check.peak_in_flight[rank][c]);
     out.push_back(
         std::make_unique<model::Stage>(cfg, model::StageRange{r.first, r.last, r.has_embedding, r.has_head},
-                                       slots, max_micro_batch, shard, tp_group));
+                                       slots, max_micro_batch, shard, tp_group, ctx));
   }
   return out;
 }

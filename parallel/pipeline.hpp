@@ -61,10 +61,12 @@ plan::ModelShape shape_of(const model::ModelConfig& cfg);
 // The stages of pipeline rank `rank`: [c] = model chunk c * pp + rank of the
 // partition, each tensor shard `shard` over `tp_group` with the activation slots
 // `check` says chunk c needs (one per chunk without a pipeline: part.pp == 1 and an
-// empty check). The one place stages of a rank are built.
+// empty check), computing on `ctx` (device, kernels, allocator, compute dtype). The one
+// place stages of a rank are built.
 std::vector<std::unique_ptr<model::Stage>> make_rank_stages(
     const model::ModelConfig& cfg, const plan::Partition& part, int rank, const plan::CheckResult& check,
-    int max_micro_batch, const model::TensorShard& shard = {}, comm::Communicator* tp_group = nullptr);
+    int max_micro_batch, const model::TensorShard& shard = {}, comm::Communicator* tp_group = nullptr,
+    const model::DeviceContext& ctx = model::DeviceContext::cpu());
 
 class PipelineExecutor {
  public:
