@@ -103,8 +103,8 @@ struct WorkerHello {
   std::string token;  // LaunchRequest::token of this launch
 };
 
-// What one rank runs. Rank order puts tensor parallelism fastest, then data,
-// then pipeline: rank = pp_index * (dp * tp) + dp_index * tp + tp_index.
+// What one rank runs: its place on the grid of plan/grid.hpp, rank = (dp_index * pp +
+// pp_index) * tp + tp_index (tensor fastest), and the generation's plan.
 struct Assignment {
   std::string refused;  // non-empty: registration refused, nothing to run
   std::string job_id;

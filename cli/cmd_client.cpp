@@ -69,10 +69,8 @@ void print_job(const nlohmann::json& j) {
     for (const auto& w : j["workers"]) {
       std::cout << "  rank " << w["rank"].get<int>() << ": " << w["host"].get<std::string>() << " "
                 << w["device"].get<std::string>() << " pid " << w["pid"].get<int>();
-      // The rank's grid coordinates and stage layers in the generation's plan.
-      if (w.contains("layers"))
-        std::cout << "  dp " << w["dp"].get<int>() << " pp " << w["pp"].get<int>() << " tp "
-                  << w["tp"].get<int>() << "  layers " << w["layers"].get<std::string>();
+      // The rank's grid coordinates and stage layers: the line its worker log prints.
+      if (w.contains("place")) std::cout << "  (" << w["place"].get<std::string>() << ")";
       std::cout << "\n";
     }
 }

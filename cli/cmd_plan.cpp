@@ -30,7 +30,7 @@ void add_plan_command(CLI::App& app, int* exit_code) {
       *exit_code = kUsage;
       return;
     }
-    const Layout layout{spec.parallel.data, spec.parallel.pipeline, spec.parallel.tensor};
+    const Layout layout = layout_of(spec.parallel);
     try {
       const plan::Plan p = plan::make_plan(plan::plan_inputs(spec), layout);
       std::printf("%s\n", p.str().c_str());

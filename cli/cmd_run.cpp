@@ -40,9 +40,7 @@ struct RunOptions {
   bool in_process = false;
 };
 
-std::string layout_string(const JobSpec& s) {
-  return plan::Layout{s.parallel.data, s.parallel.pipeline, s.parallel.tensor}.str();
-}
+std::string layout_string(const JobSpec& s) { return layout_of(s.parallel).str(); }
 
 // The in-process run writes its run directory itself: metrics.jsonl (the coordinator's
 // one metrics record, from a world of one rank), events, the worker log and progress.

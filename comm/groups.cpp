@@ -3,14 +3,17 @@
 #include <algorithm>
 
 #include "comm/error.hpp"
+#include "core/error.hpp"
 
 namespace troupe::comm {
 
 GridGroups grid_groups(int dp, int pp, int tp) {
-  if (dp < 1 || pp < 1 || tp < 1)
-    throw CommError(CommErrc::invalid_argument,
-                    "grid_groups: dp, pp, tp must be >= 1, got " + plan::Layout{dp, pp, tp}.str());
   const plan::Layout layout{dp, pp, tp};
+  try {
+    plan::check_layout(layout);
+  } catch (const Error& e) {
+    throw CommError(CommErrc::invalid_argument, std::string("grid_groups: ") + e.what());
+  }
   auto rank_of = [&](int d, int p, int t) { return plan::rank_of(layout, {d, p, t}); };
   GridGroups g;
   for (int d = 0; d < dp; ++d)
@@ -35,10 +38,12 @@ GridGroups grid_groups(int dp, int pp, int tp) {
 }
 
 GridCoord grid_coord(int rank, int dp, int pp, int tp) {
-  if (rank < 0 || rank >= dp * pp * tp)
-    throw CommError(CommErrc::invalid_argument,
-                    "grid_coord: rank " + std::to_string(rank) + " outside the grid");
-  return plan::coord_of({dp, pp, tp}, rank);
+  // The plan's grid decides; its refusal is a communicator argument error here.
+  try {
+    return plan::coord_of({dp, pp, tp}, rank);
+  } catch (const Error& e) {
+    throw CommError(CommErrc::invalid_argument, std::string("grid_coord: ") + e.what());
+  }
 }
 
 static size_t index_of(const std::vector<std::vector<int>>& groups, int rank) {

@@ -257,7 +257,7 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
             out.tp = l.tp;
             // The generation's plan, computed once at launch (CoordinatorState::launch).
             const plan::Plan& p = j.plan;
-            const plan::RankPlace place = plan::rank_place(p, w.rank);
+            const plan::RankPlace& place = w.place;
             out.dp_index = place.coord.d;
             out.pp_index = place.coord.p;
             out.tp_index = place.coord.t;

@@ -66,7 +66,7 @@ int min_devices(const Job& job) {
 
 std::string plan_refusal(const Job& job, int d) {
   try {
-    plan::make_plan(job.request.plan, {d, job.layout.pp, job.layout.tp});
+    plan::check_fits(job.request.plan, {d, job.layout.pp, job.layout.tp});
     return "";
   } catch (const std::exception& e) {
     return "data " + std::to_string(d) + " cannot be planned: " + e.what();

@@ -50,7 +50,7 @@ double step_timeout_ms(const JobRequest& request, const std::vector<double>& ste
 // The fewest devices the job runs on: elastic.min_devices (0 = the planned
 // layout's size), and never more than the current generation has.
 int min_devices(const Job& job);
-// "" when the job can be planned (plan::make_plan) with data size d and its pipeline
+// "" when the job can be planned (plan::check_fits) with data size d and its pipeline
 // and tensor sizes, else why not: global_batch must split into d replicas of whole
 // micro-batches, and the schedule must run with the micro-batches that leaves.
 std::string plan_refusal(const Job& job, int d);

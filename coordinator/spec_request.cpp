@@ -7,8 +7,7 @@ JobRequest job_request(const JobSpec& spec) {
   r.name = spec.name;
   r.spec_yaml = to_yaml(spec);
   r.device_kind = to_string(spec.resources.device);
-  auto degree = [](int d) { return d > 0 ? d : 1; };
-  r.layout = {degree(spec.parallel.data), degree(spec.parallel.pipeline), degree(spec.parallel.tensor)};
+  r.layout = layout_of(spec.parallel);
   r.plan = plan::plan_inputs(spec);
   r.total_steps = spec.train.steps;
   r.checkpoint_dir = spec.checkpoint.dir;
@@ -23,7 +22,16 @@ JobRequest job_request(const JobSpec& spec) {
 JobRequest job_request_from_yaml(const std::string& yaml_text, const std::string& filename) {
   JobSpec spec = parse_spec(yaml_text, filename);
   require_runnable(spec);  // a job no worker can start is refused at submit, not retried
-  return job_request(spec);
+  JobRequest r = job_request(spec);
+  // So is a layout the plan cannot split the model, the batch or the schedule over.
+  try {
+    plan::make_plan(r.plan, r.layout);
+  } catch (const Error& e) {
+    throw SpecError({Diagnostic{filename, 0, 0, "no plan for layout " + r.layout.str() + ": " + e.what(),
+                                "troupe plan " + (filename.empty() ? std::string("JOB.yaml") : filename) +
+                                    " shows what a layout runs"}});
+  }
+  return r;
 }
 
 }  // namespace troupe::coord

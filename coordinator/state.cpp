@@ -336,6 +336,14 @@ WorkerAssignment CoordinatorState::register_worker(int protocol, const std::stri
     a.refused = "rank " + std::to_string(rank) + " of job " + job_id + " is already registered";
     return a;
   }
+  // launch() planned this generation before any worker could start; a job without a plan
+  // for its layout has no rank to give.
+  if (j->plan.layout != j->layout || j->plan.partition.chunks.empty() ||
+      static_cast<int>(j->ranks.size()) != j->plan.layout.world()) {
+    a.refused = "job " + job_id + " generation " + std::to_string(generation) + " has no plan";
+    return a;
+  }
+  a.place = plan::rank_place(j->plan, rank);
   s.registered = true;
   s.pid = pid;
   if (!host.empty()) s.host = host;

@@ -138,6 +138,7 @@ struct WorkerAssignment {
   std::string refused;
   const Job* job = nullptr;
   int rank = 0;
+  plan::RankPlace place;  // where the rank sits in job->plan
 };
 
 class CoordinatorState {

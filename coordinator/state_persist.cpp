@@ -86,7 +86,9 @@ JobRequest request_from(const nlohmann::json& x) {
   r.spec_yaml = x.at("spec_yaml").get<std::string>();
   r.device_kind = x.at("device_kind").get<std::string>();
   r.layout = layout_from(x.at("layout"));
-  r.plan = plan_inputs_from(x.at("plan"));
+  // Tables written before the plan inputs were kept: derive them from the spec.
+  r.plan = x.contains("plan") ? plan_inputs_from(x.at("plan"))
+                              : plan::plan_inputs(parse_spec(r.spec_yaml, "the job table"));
   r.total_steps = x.at("total_steps").get<int64_t>();
   r.resume_from = x.at("resume_from").get<std::string>();
   r.checkpoint_dir = x.at("checkpoint_dir").get<std::string>();
@@ -145,8 +147,8 @@ void CoordinatorState::load_table(const nlohmann::json& table, Actions* out) {
       j.reason = x.at("reason").get<std::string>();
       const std::string failure = x.at("failure_name").get<std::string>();
       if (!failure.empty()) {
-        j.failure = parse_failure_cause(failure);
-        TROUPE_CHECK(j.failure, "unknown failure cause '", failure, "' in the job table");
+        // A cause this version does not name (an older or newer table) is kept as a generic one.
+        j.failure = parse_failure_cause(failure).value_or(FailureCause::worker_failed);
       }
       j.layout = layout_from(x.at("layout"));
       j.generation = x.at("generation").get<int>();

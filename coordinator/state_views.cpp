@@ -18,7 +18,8 @@ nlohmann::json CoordinatorState::job_json(const Job& j) const {
                        {"done", s.done},
                        {"exited", s.exited}});
     // Where the rank sits in the generation's plan: the same line its worker log prints.
-    if (j.plan.layout == j.layout && int(r) < j.plan.layout.world()) {
+    // (A job restored from the table has no plan until its next launch.)
+    if (j.plan.layout == j.layout && int(r) < j.plan.layout.world() && !j.plan.partition.chunks.empty()) {
       const plan::RankPlace place = plan::rank_place(j.plan, int(r));
       workers.back().update({{"dp", place.coord.d},
                              {"pp", place.coord.p},

@@ -48,6 +48,11 @@ const char* to_string(Schedule v) { return enum_name(v); }
 const char* to_string(DeviceKind v) { return enum_name(v); }
 const char* to_string(LrSchedule v) { return enum_name(v); }
 
+Layout layout_of(const ParallelSpec& p) {
+  auto degree = [](int d) { return d > 0 ? d : 1; };
+  return {degree(p.data), degree(p.pipeline), degree(p.tensor)};
+}
+
 std::optional<int> layout_devices(const ParallelSpec& p) {
   if (p.data <= 0 || p.pipeline <= 0 || p.tensor <= 0) return std::nullopt;
   int64_t n = int64_t(p.data) * p.pipeline * p.tensor;

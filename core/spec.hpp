@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/layout.hpp"
 #include "core/units.hpp"
 
 namespace troupe {
@@ -188,5 +189,7 @@ const char* to_string(LrSchedule v);
 
 // Devices of a fully given layout (data * pipeline * tensor), or nullopt when any degree is auto.
 std::optional<int> layout_devices(const ParallelSpec& p);
+// The layout the spec asks for; a degree left to the planner ('auto') counts as 1.
+Layout layout_of(const ParallelSpec& p);
 
 }  // namespace troupe

@@ -388,7 +388,7 @@ void elastic_rules(Section& s, JobSpec& j) {
   if (!ctx.ok("parallel.data") || !ctx.ok("parallel.pipeline") || !ctx.ok("parallel.tensor")) return;
   auto n = layout_devices(p);
   if (!n) return;
-  const std::string layout = Layout{p.data, p.pipeline, p.tensor}.str();
+  const std::string layout = layout_of(p).str();
   if (min_ok && *n < e.min_devices)
     ctx.error(ctx.loc("elastic.min_devices"),
               "the layout " + layout + " uses " + std::to_string(*n) +

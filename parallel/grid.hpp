@@ -1,5 +1,5 @@
-// Where a rank sits in the pipeline, on top of comm::grid_groups / grid_coord
-// (which own the rank arithmetic: rank = (d * pp + p) * tp + t, tensor innermost).
+// Where a rank sits in the pipeline, on top of comm::grid_groups (plan/grid.hpp owns
+// the rank arithmetic: rank = (d * pp + p) * tp + t, tensor innermost).
 //
 // Worked example, dp = pp = tp = 2 (8 ranks), pipeline groups {0,2} {1,3} {4,6} {5,7}:
 //   rank  (d,p,t)  stage  pipeline group  prev  next  first  last  embedding group

@@ -33,7 +33,7 @@ std::vector<std::unique_ptr<model::Stage>> make_rank_stages(
   std::vector<std::unique_ptr<model::Stage>> out;
   for (int c = 0; c < part.virtual_stages; ++c) {
     const plan::LayerRange& r = part.of(rank, c);
-    const int slots = part.pp == 1 ? 1 : std::max(1, check.peak_in_flight[rank][c]);
+    const int slots = plan::activation_slots(check, part.pp, rank, c);
     out.push_back(
         std::make_unique<model::Stage>(cfg, model::StageRange{r.first, r.last, r.has_embedding, r.has_head},
                                        slots, max_micro_batch, shard, tp_group, ctx));

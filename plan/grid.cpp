@@ -7,6 +7,8 @@ namespace troupe::plan {
 void check_layout(const Layout& l) {
   require(l.dp >= 1 && l.pp >= 1 && l.tp >= 1, "layout ", l.str(),
           ": data, pipeline and tensor degrees must be >= 1");
+  require(int64_t(l.dp) * l.pp * l.tp <= kMaxWorld, "layout ", l.str(), " has more than ", kMaxWorld,
+          " ranks");
 }
 
 int rank_of(const Layout& l, const Coord& c) {

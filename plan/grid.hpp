@@ -13,6 +13,7 @@
 // host); a data replica's pipeline is a contiguous run of pp * tp ranks.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "core/layout.hpp"
@@ -27,7 +28,10 @@ struct Coord {
   bool operator==(const Coord& o) const { return d == o.d && p == o.p && t == o.t; }
 };
 
-// Throws troupe::Error unless every degree is >= 1.
+// The most ranks a layout may have (far beyond any cluster; keeps rank arithmetic in int).
+inline constexpr int kMaxWorld = 1 << 20;
+
+// Throws troupe::Error unless every degree is >= 1 and the world is at most kMaxWorld.
 void check_layout(const Layout& layout);
 // Throws troupe::Error for a coordinate (or rank) outside the grid.
 int rank_of(const Layout& layout, const Coord& c);

@@ -35,10 +35,7 @@ std::vector<int> Plan::boundaries() const {
   return b;
 }
 
-int Plan::slots(int p, int c) const {
-  if (layout.pp == 1) return 1;
-  return std::max(1, check.peak_in_flight.at(size_t(p)).at(size_t(c)));
-}
+int Plan::slots(int p, int c) const { return activation_slots(check, layout.pp, p, c); }
 
 std::string layers_str(const std::vector<LayerRange>& chunks) {
   std::string s;
@@ -77,6 +74,16 @@ Plan base_plan(const PlanInputs& in, const Layout& layout) {
   // A pipeline of one stage has no schedule: its one chunk runs the micro-batches in turn.
   p.schedule = layout.pp > 1 ? in.schedule : ScheduleKind::one_f_one_b;
   p.virtual_stages = layout.pp > 1 && in.schedule == ScheduleKind::interleaved ? in.virtual_stages : 1;
+  // What the partition and the schedule would refuse, checked without running them.
+  const int64_t chunks = int64_t(layout.pp) * p.virtual_stages;
+  require(p.virtual_stages >= 1 && chunks <= in.model.n_layers, "a model of ", in.model.n_layers,
+          " layers cannot give each of ", chunks, " pipeline stages (pipeline ", layout.pp, " x virtual ",
+          p.virtual_stages, ") a block: use fewer stages or more layers");
+  if (p.schedule == ScheduleKind::interleaved)
+    require(p.virtual_stages >= 2 && p.n_micro % layout.pp == 0,
+            "the interleaved schedule runs micro-batches in ", "groups of pipeline = ", layout.pp, ": ",
+            p.n_micro, " micro-batches per step do not divide; ",
+            "choose global_batch / (data x micro_batch) as a multiple of ", layout.pp);
   return p;
 }
 
@@ -89,6 +96,8 @@ void fill_schedule(Plan& p) {
 
 }  // namespace
 
+void check_fits(const PlanInputs& in, const Layout& layout) { base_plan(in, layout); }
+
 Plan make_plan(const PlanInputs& in, const Layout& layout) {
   Plan p = base_plan(in, layout);
   p.partition = partition_layers(layout.pp, p.virtual_stages, in.model);
@@ -100,9 +109,9 @@ Plan make_plan(const PlanInputs& in, const Layout& layout, int micro_batch, cons
   PlanInputs fixed = in;
   fixed.micro_batch = micro_batch;
   Plan p = base_plan(fixed, layout);
-  const int S = layout.pp * p.virtual_stages, L = in.model.n_layers;
-  require(int(b.size()) == S + 1, "plan: ", b.size(), " chunk boundaries for ", S, " model chunks (pipeline ",
-          layout.pp, " x virtual ", p.virtual_stages, "); want ", S + 1);
+  const int S = layout.pp * p.virtual_stages, L = in.model.n_layers;  // base_plan: S <= L
+  require(!b.empty() && int64_t(b.size()) == S + 1, "plan: ", b.size(), " chunk boundaries for ", S,
+          " model chunks (pipeline ", layout.pp, " x virtual ", p.virtual_stages, "); want ", S + 1);
   require(b.front() == 0 && b.back() == L, "plan: chunk boundaries [", b.front(), ", ", b.back(),
           "] do not cover the model's ", L, " layers");
   const StageCosts costs = stage_costs(in.model);

@@ -59,6 +59,10 @@ struct Plan {
 // does not fit the batch or the model (rows not divisible, fewer layers than
 // stages) or the schedule cannot run (ScheduleError).
 Plan make_plan(const PlanInputs& in, const Layout& layout);
+// The checks of make_plan that need neither the partition nor the schedule simulation
+// (divisibility, enough layers, the interleaved schedule's grouping): cheap enough for a
+// coordinator to ask of every candidate layout. make_plan runs them first.
+void check_fits(const PlanInputs& in, const Layout& layout);
 // A plan with given chunk boundaries (a shipped plan, or a planner's choice):
 // the same checks as make_plan, plus that the boundaries cover every layer in
 // pp * virtual_stages non-empty runs.

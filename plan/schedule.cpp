@@ -515,4 +515,9 @@ double theoretical_bubble(ScheduleKind kind, int pp, int v, int m) {
   return (p - 1) / (vv * mm + p - 1);
 }
 
+int activation_slots(const CheckResult& check, int pp, int p, int c) {
+  if (pp == 1) return 1;
+  return std::max(1, check.peak_in_flight.at(size_t(p)).at(size_t(c)));
+}
+
 }  // namespace troupe::plan

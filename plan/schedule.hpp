@@ -138,6 +138,10 @@ struct CheckResult {
 // sends), a wait cycle (crossed order), more live micro-batches than slots.
 CheckResult check_schedule(const Schedule& s, const CheckOptions& opt = {});
 
+// Activation slots local chunk c of pipeline rank p needs under a checked schedule of pp
+// ranks (at least 1); 1 without a pipeline (pp == 1, an empty check).
+int activation_slots(const CheckResult& check, int pp, int p, int c);
+
 // Theoretical bubble fractions (equal stages, free communication):
 // GPipe/1F1B (p-1)/(m+p-1); interleaved (p-1)/(v*m+p-1) (Megatron: the bubble
 // shrinks by v because each chunk takes 1/v of the time).

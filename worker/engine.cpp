@@ -58,19 +58,32 @@ size_t env_size(const char* name, size_t fallback) {
   return size_t(x);
 }
 
-// Checks a shipped plan against the spec it is to run: the same layout, and chunks that
-// cover the spec's model (make_plan with the plan's boundaries re-derives the rest).
+// A given plan (make_plan made it, so it is consistent in itself) is checked against the
+// spec it is to run: the assignment's layout with the spec's pipeline and tensor sizes
+// (a resize changes only data), the spec's batch, schedule and micro-batch size when it
+// sets one, and chunks that cover the spec's model. Without one the engine plans.
 plan::Plan checked_plan(const JobSpec& spec, const EngineAssignment& a) {
   const plan::PlanInputs in = plan::plan_inputs(spec);
   if (!a.plan) return plan::make_plan(in, a.layout);
   const plan::Plan& p = *a.plan;
-  TROUPE_CHECK(p.layout == a.layout, "assignment: the plan is for layout ", p.layout.str(),
-               ", which does not fit layout ", a.layout.str());
-  plan::Plan again = plan::make_plan(in, a.layout, p.micro_batch, p.boundaries());
-  TROUPE_CHECK(
-      again.n_micro == p.n_micro && again.schedule == p.schedule && again.virtual_stages == p.virtual_stages,
-      "assignment: the plan (", p.str(), ") does not fit the spec (", again.str(), ")");
-  return again;
+  const std::string what = "assignment: the plan (" + p.str() + ") ";
+  require(p.layout == a.layout, what, "is for layout ", p.layout.str(), ", which does not fit layout ",
+          a.layout.str());
+  require((spec.parallel.pipeline <= 0 || p.layout.pp == spec.parallel.pipeline) &&
+              (spec.parallel.tensor <= 0 || p.layout.tp == spec.parallel.tensor),
+          what, "does not keep the spec's pipeline ", spec.parallel.pipeline, " and tensor ",
+          spec.parallel.tensor);
+  require(int64_t(p.local_rows) * p.layout.dp == in.global_batch &&
+              int64_t(p.n_micro) * p.micro_batch == p.local_rows &&
+              (in.micro_batch <= 0 || p.micro_batch == in.micro_batch),
+          what, "does not split the spec's global_batch ", in.global_batch, " in micro-batches of ",
+          in.micro_batch > 0 ? std::to_string(in.micro_batch) : std::string("any size"));
+  require(p.layout.pp == 1 || (p.schedule == in.schedule && p.virtual_stages == in.virtual_stages), what,
+          "does not run the spec's schedule");
+  const std::vector<int> b = p.boundaries();
+  require(b.front() == 0 && b.back() == in.model.n_layers, what, "covers layers [", b.front(), ", ", b.back(),
+          "), the spec's model has ", in.model.n_layers);
+  return p;
 }
 
 }  // namespace
@@ -265,7 +278,8 @@ struct Engine::Impl {
   double grad_norm_squared() {
     double local = 0.0;
     for (auto* st : stage_ptrs)
-      local += model::tensor_parallel_grad_sum_squares(st->tensor_group(), st->params());
+      local += model::tensor_parallel_grad_sum_squares(st->tensor_group(), st->params(),
+                                                       *st->device_context().kernels);
     return world_sum(coord().t == 0 && coord().d == 0 ? local : 0.0);
   }
 

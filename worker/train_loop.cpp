@@ -1,5 +1,6 @@
 #include "worker/train_loop.hpp"
 
+#include "checkpoint/checkpoint.hpp"
 #include "core/error.hpp"
 
 namespace troupe {
@@ -7,8 +8,12 @@ namespace troupe {
 LoopEnd train_to_end(Engine& engine, const JobSpec& spec, const std::string& ckpt_dir,
                      LoopReporter& reporter) {
   const int64_t every = spec.checkpoint.every;
-  // The state at the first step is on disk when the engine resumed from a checkpoint.
-  int64_t on_disk = engine.resumed() ? engine.next_step() : -1;
+  // The state at the first step is on disk when the engine resumed from this job's own
+  // checkpoint of that step (a resume from elsewhere still saves into ckpt_dir).
+  int64_t on_disk = engine.resumed() && checkpoint::is_checkpoint_dir(
+                                            ckpt_dir + "/" + checkpoint::step_dir_name(engine.next_step()))
+                        ? engine.next_step()
+                        : -1;
   auto save = [&] {
     reporter.checkpoint_started(engine.save_checkpoint(ckpt_dir));
     on_disk = engine.next_step();

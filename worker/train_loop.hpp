@@ -5,7 +5,7 @@
 //   * after every step s with (s + 1) % checkpoint.every == 0;
 //   * on a drain (a resize) after the drain step, then stop;
 //   * the final state at the end, unless it is already on disk (saved by the loop,
-//     or the checkpoint the engine resumed from);
+//     or the checkpoint of that step in ckpt_dir the engine resumed from);
 //   * the loop returns only after the last checkpoint is committed.
 #pragma once
 

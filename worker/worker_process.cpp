@@ -119,11 +119,20 @@ class CoordinatorReporter : public LoopReporter {
   Control& control_;
 };
 
-// The plan the coordinator shipped, rebuilt for the engine (which checks it against the spec).
+// The plan the coordinator shipped, rebuilt against the spec (make_plan checks that the
+// boundaries cover its model and the micro-batches its batch), and this rank's place in it,
+// which must be the one the coordinator assigned: checked before anything connects.
 plan::Plan shipped_plan(const Assignment& a, const JobSpec& spec) {
   const plan::Layout layout{a.dp, a.pp, a.tp};
   std::vector<int> boundaries(a.chunk_boundaries.begin(), a.chunk_boundaries.end());
-  return plan::make_plan(plan::plan_inputs(spec), layout, a.micro_batch, boundaries);
+  plan::Plan p = plan::make_plan(plan::plan_inputs(spec), layout, a.micro_batch, boundaries);
+  require(a.world == layout.world() && a.rank >= 0 && a.rank < layout.world(), "assignment: rank ", a.rank,
+          " of ", a.world, " does not fit layout ", layout.str());
+  const plan::RankPlace place = plan::rank_place(p, a.rank);
+  require(place.coord == plan::Coord{a.dp_index, a.pp_index, a.tp_index} && place.str() == a.place,
+          "assignment: the plan places this rank as \"", place.str(), "\", the coordinator as \"", a.place,
+          "\" (dp ", a.dp_index, " pp ", a.pp_index, " tp ", a.tp_index, ")");
+  return p;
 }
 
 WorkerResult train(const Assignment& a, const coordinator_actor& coord, const worker_actor& me,
@@ -166,10 +175,6 @@ WorkerResult train(const Assignment& a, const coordinator_actor& coord, const wo
       if (control.aborted) throw EngineAborted();
     }
     Engine engine(spec, ea);
-    // The engine rebuilt the shipped plan; its place must be the one the coordinator assigned.
-    if (engine.place().str() != a.place)
-      throw Error("the engine places this rank as \"" + engine.place().str() + "\", the coordinator as \"" +
-                  a.place + "\"");
     std::cout << "plan: " << engine.plan().str() << std::endl;
     {
       std::lock_guard<std::mutex> lock(control.mu);

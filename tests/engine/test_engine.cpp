@@ -175,12 +175,18 @@ TEST_CASE("engine: an assignment that does not fit its layout is refused with a 
   // A shipped plan is checked: for another layout, or with chunks that do not cover the model.
   asg.rank = 0;
   asg.plan = plan::make_plan(plan::plan_inputs(spec), {1, 1, 1});
-  REQUIRE_THROWS_WITH(Engine(spec, asg), Catch::Contains("the plan is for layout 1x1x1"));
+  REQUIRE_THROWS_WITH(Engine(spec, asg),
+                      Catch::Contains("is for layout 1x1x1, which does not fit layout 1x2x1"));
   asg.layout = {1, 1, 1};
   plan::PlanInputs other = plan::plan_inputs(spec);
   other.model.n_layers = spec.model.n_layers + 1;
   asg.plan = plan::make_plan(other, {1, 1, 1});
-  REQUIRE_THROWS_WITH(Engine(spec, asg), Catch::Contains("do not cover the model's"));
+  REQUIRE_THROWS_WITH(Engine(spec, asg), Catch::Contains("the spec's model has 2"));
+  // ... or that does not keep the spec's micro-batch size.
+  plan::PlanInputs coarse = plan::plan_inputs(spec);
+  coarse.micro_batch = spec.train.global_batch;
+  asg.plan = plan::make_plan(coarse, {1, 1, 1});
+  REQUIRE_THROWS_WITH(Engine(spec, asg), Catch::Contains("in micro-batches of 4"));
 }
 
 TEST_CASE("engine: config A learns the fortunes text", "[engine][slow]") {

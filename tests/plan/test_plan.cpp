@@ -94,7 +94,16 @@ TEST_CASE("plan: a layout that does not fit is refused naming the fix", "[plan]"
   CHECK_THROWS_WITH(make_plan(gpt(4, 6, 1), {4, 1, 1}), Catch::Contains("not divisible by data 4"));
   CHECK_THROWS_WITH(make_plan(gpt(4, 8, 3), {2, 1, 1}), Catch::Contains("not a multiple of micro_batch 3"));
   CHECK_THROWS_WITH(make_plan(gpt(2, 8, 1), {1, 4, 1}), Catch::Contains("cannot give each"));
-  CHECK_THROWS_AS(make_plan(gpt(8, 6, 1, ScheduleKind::interleaved, 2), {1, 4, 1}), Error);  // m % pp != 0
+  CHECK_THROWS_WITH(make_plan(gpt(8, 6, 1, ScheduleKind::interleaved, 2), {1, 4, 1}),
+                    Catch::Contains("groups of pipeline = 4: 6 micro-batches"));
+  // check_fits refuses the same without partitioning or simulating anything.
+  CHECK_THROWS_WITH(check_fits(gpt(8, 6, 1, ScheduleKind::interleaved, 2), {1, 4, 1}),
+                    Catch::Contains("groups of pipeline = 4"));
+  CHECK_THROWS_WITH(check_fits(gpt(2, 8, 1), {1, 4, 1}), Catch::Contains("cannot give each of 4"));
+  CHECK_NOTHROW(check_fits(gpt(8, 8, 1, ScheduleKind::interleaved, 2), {1, 4, 1}));
+  // A layout too large for int rank arithmetic is refused, not overflowed.
+  CHECK_THROWS_WITH(check_layout({1 << 12, 1, 1 << 20}), Catch::Contains("more than"));
+  CHECK_THROWS_WITH(make_plan(gpt(4, 8, 1), {1, 1431655765, 1}, 1, {}), Catch::Contains("more than"));
 }
 
 TEST_CASE("plan: given boundaries are checked and rebuild the same plan", "[plan]") {
@@ -108,6 +117,7 @@ TEST_CASE("plan: given boundaries are checked and rebuild the same plan", "[plan
   // A planner may choose other boundaries; they must still cover the model.
   CHECK(make_plan(in, {1, 3, 1}, 2, {0, 1, 2, 6}).partition.of(2, 0).n_blocks() == 4);
   CHECK_THROWS_WITH(make_plan(in, {1, 3, 1}, 2, {0, 2, 6}), Catch::Contains("3 chunk boundaries for 3"));
+  CHECK_THROWS_WITH(make_plan(in, {1, 3, 1}, 2, {}), Catch::Contains("0 chunk boundaries for 3"));
   CHECK_THROWS_WITH(make_plan(in, {1, 3, 1}, 2, {0, 2, 2, 6}), Catch::Contains("holds no layer"));
   CHECK_THROWS_WITH(make_plan(in, {1, 3, 1}, 2, {0, 2, 4, 5}), Catch::Contains("do not cover the model's 6"));
 }
