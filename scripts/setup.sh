@@ -55,7 +55,7 @@ if [ "$mode" = test ]; then
   cmake -S "$root" -B "$root/build-asan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTROUPE_SANITIZE=ON \
     -DTROUPE_CUDA=OFF -DTROUPE_BUILD_BENCH=OFF >"$root/build-asan-configure.log" 2>&1 \
     || { cat "$root/build-asan-configure.log"; exit 1; }
-  cmake --build "$root/build-asan" -j "$jobs" --target test_core test_control_fuzz
+  cmake --build "$root/build-asan" -j "$jobs" --target test_spec_fuzz test_control_fuzz
   (cd "$root/build-asan" && ctest --output-on-failure -R 'fuzz' --timeout 600)
 fi
 echo "== done"
