@@ -19,9 +19,9 @@
 namespace troupe::parallel {
 
 struct LossScaleState {
-  double scale = 65536.0;       // 2^16, GradScaler's init_scale
-  int64_t clean_steps = 0;      // steps in a row without inf/NaN since the last change
-  int64_t skipped_steps = 0;    // optimizer steps skipped so far (AdamW counts only the others)
+  double scale = 65536.0;     // 2^16, GradScaler's init_scale
+  int64_t clean_steps = 0;    // steps in a row without inf/NaN since the last change
+  int64_t skipped_steps = 0;  // optimizer steps skipped so far (AdamW counts only the others)
 };
 
 class LossScaler {

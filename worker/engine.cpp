@@ -441,7 +441,8 @@ struct Engine::Impl {
   }
 
   void poison_grads() {
-    std::fprintf(stderr, "troupe: TROUPE_INJECT_OVERFLOW: rank %d writes an inf into its gradients at step %lld\n",
+    std::fprintf(stderr,
+                 "troupe: TROUPE_INJECT_OVERFLOW: rank %d writes an inf into its gradients at step %lld\n",
                  asg.rank, static_cast<long long>(next_step));
     stage_ptrs.front()->store().flat_grads().f32()[0] = std::numeric_limits<float>::infinity();
   }
@@ -519,7 +520,8 @@ struct Engine::Impl {
                    {"beta2", o.beta2}, {"eps", o.eps}, {"weight_decay", o.weight_decay}};
     const parallel::LossScaleState& ls = scaler.state();
     if (scaler.enabled() || ls.skipped_steps > 0)
-      m.loss_scale = {{"scale", ls.scale}, {"clean_steps", ls.clean_steps}, {"skipped_steps", ls.skipped_steps}};
+      m.loss_scale = {
+          {"scale", ls.scale}, {"clean_steps", ls.clean_steps}, {"skipped_steps", ls.skipped_steps}};
     return checkpoint::to_json(m).dump();
   }
 
