@@ -11,7 +11,8 @@
 // device pointers of the table's device; a table for another device or precision
 // keeps these signatures where it can and adds entries where it must.
 //
-// Not in the table: GEMM (internal to linear_*; benchmarks call kernels::cpu::gemm).
+// Not in the table: GEMM (internal to linear_*; benchmarks call kernels::cpu::gemm
+// and kernels::cpu::gemm_half).
 #pragma once
 
 #include <cstddef>

@@ -3,11 +3,11 @@
 // (core/allocator.hpp), the stream its work is queued on, and the compute dtype
 // of its weights (model/params.hpp: Param::compute).
 //
-// DeviceContext::cpu() is the one this build runs: CPU, the fp32 CPU kernels,
-// the CPU allocator, no stream, f32. A CUDA build would pass its own (CUDA
-// kernels, a device allocator, its cudaStream_t); a bf16 path would set
-// compute_dtype and bring kernels that read bf16 weights. Neither exists yet, and
-// Stage refuses a context it cannot run (see Stage's constructor).
+// DeviceContext::cpu() is the CPU one: the CPU kernels, the CPU allocator, no
+// stream, f32; with compute_dtype bf16 or f16 it trains in mixed precision (the
+// CPU table has the 16-bit linear kernels). A CUDA build would pass its own (CUDA
+// kernels, a device allocator, its cudaStream_t); none exists yet, and Stage
+// refuses a context it cannot run (see Stage's constructor).
 #pragma once
 
 #include "core/allocator.hpp"

@@ -68,7 +68,8 @@ struct Param {
   bool tied_copy = false;
   Tensor data;  // local shape, f32: the master weights the optimizer updates
   Tensor grad;  // same shape as data, f32
-  // The weights the layers read, in the store's compute dtype: with f32 the very
+  // The weights the products (model::Linear) read, in the store's compute dtype;
+  // LayerNorm, embeddings and biases read `data` (model/layers.hpp). With f32 the very
   // tensor `data` (one buffer, no copy); otherwise a view of the same shape into the
   // store's compute buffer, which ParamStore::refresh_compute() rounds from data.
   Tensor compute;

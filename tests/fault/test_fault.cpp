@@ -251,9 +251,11 @@ TEST_CASE("a SIGSTOPped worker is detected by heartbeat loss and reported with i
               {"spec", fault_spec("hang", 2, kEndlessSteps, 20, "fault:\n  max_restarts: 1\n")}})["job"];
   PidLog pids;
   REQUIRE(wait_steps(c, job, 5, pids, 0));
-  // Let the coordinator learn where the ranks are before one of them stops.
-  REQUIRE(
-      c.wait_state(job, [](const json& s) { return !s["workers"][1]["where"].get<std::string>().empty(); }));
+  // Let the coordinator learn that rank 1 is training (a heartbeat after its engine was
+  // built says which step) before it stops.
+  REQUIRE(c.wait_state(job, [](const json& s) {
+    return s["workers"][1]["where"].get<std::string>().find("step") != std::string::npos;
+  }));
   int victim = worker_pids(c.status(job))[1];
   REQUIRE(::kill(victim, SIGSTOP) == 0);
   REQUIRE(c.wait_state(
