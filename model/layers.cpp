@@ -109,6 +109,12 @@ void keep(const kernels::Kernels& k, Tensor& saved, const float* staged, size_t 
 
 }  // namespace
 
+void LayerNorm::forward(Tensor& y, float* mean, float* rstd, const float* x, int N, Workspace& ws) const {
+  float* out = staging(y, ws);
+  forward(out, mean, rstd, x, N);
+  keep(*k, y, out, sz(int64_t{N} * C));
+}
+
 namespace {
 
 // y(N,out) = x(N,in) @ W^T + b for a row-parallel linear: each shard multiplies its
@@ -157,10 +163,8 @@ MlpSublayer::MlpSublayer(ParamStore& ps, const std::string& prefix, const ModelC
 void MlpSublayer::forward(int slot, float* y, const float* x, int N, Workspace& ws) {
   Acts& a = acts_->at(static_cast<size_t>(slot));
   const int D = ln_2_.C;
-  float* ln = staging(a.ln, ws);
-  ln_2_.forward(ln, a.mean.f32(), a.rstd.f32(), x, N);
-  copy_to_tensor_region_forward(tp_, ln, sz(int64_t{N} * D));
-  keep(*k_, a.ln, ln, sz(int64_t{N} * D));
+  ln_2_.forward(a.ln, a.mean.f32(), a.rstd.f32(), x, N, ws);
+  copy_to_tensor_region_forward(tp_, a.ln);
   c_fc_.forward(a.h_pre.f32(), a.ln, N);
   float* h = staging(a.h, ws);
   k_->gelu_forward(h, a.h_pre.f32(), sz(int64_t{N} * H_));
@@ -221,10 +225,8 @@ GptBlock::GptBlock(ParamStore& ps, int layer, const ModelConfig& cfg, int n_slot
 void GptBlock::forward(int slot, float* y, const float* x, int B, int T, Workspace& ws) {
   Acts& a = acts_->at(static_cast<size_t>(slot));
   const int N = B * T;
-  float* ln = staging(a.ln, ws);
-  ln_1_.forward(ln, a.mean.f32(), a.rstd.f32(), x, N);
-  copy_to_tensor_region_forward(tp_, ln, sz(int64_t{N} * D_));
-  keep(*k_, a.ln, ln, sz(int64_t{N} * D_));
+  ln_1_.forward(a.ln, a.mean.f32(), a.rstd.f32(), x, N, ws);
+  copy_to_tensor_region_forward(tp_, a.ln);
   c_attn_.forward(a.qkv.f32(), a.ln, N);
   float* atty = staging(a.atty, ws);
   k_->attention_forward(atty, a.att.f32(), a.qkv.f32(), B, T, NH_, HS_);

@@ -58,6 +58,8 @@ struct Linear {
                 kernels::Out dx_mode = kernels::Out::accumulate) const;
 };
 
+struct Workspace;
+
 // Per-row LayerNorm over C with affine weight/bias; eps = 1e-5.
 struct LayerNorm {
   const kernels::Kernels* k = nullptr;
@@ -69,6 +71,9 @@ struct LayerNorm {
 
   static LayerNorm bind(ParamStore& ps, const std::string& prefix, const kernels::Kernels& k);
   void forward(float* y, float* mean, float* rstd, const float* x, int N) const;
+  // y (>= N rows) in its own dtype: written directly in f32; in bf16 / f16 computed into
+  // the f32 scratch ws.act and rounded into y (a linear's kept input in mixed precision).
+  void forward(Tensor& y, float* mean, float* rstd, const float* x, int N, Workspace& ws) const;
   void backward(float* dx, const float* dy, const float* x, const float* mean, const float* rstd,
                 int N) const;
 };

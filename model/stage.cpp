@@ -142,11 +142,8 @@ double Stage::forward(int slot, const int32_t* tokens, const float* x_in, const 
   s.has_targets = false;
   if (!range_.has_head) return 0.0;
 
-  // In mixed precision ln_f's f32 output is staged in the workspace, then kept in the
-  // compute dtype for the head's product (as a block's layernorm outputs are).
-  float* lnf = s.lnf.dtype() == DType::f32 ? s.lnf.f32() : ws_.act.f32();
-  ln_f_.forward(lnf, s.lnf_mean.f32(), s.lnf_rstd.f32(), s.resid.back().f32(), N);
-  if (s.lnf.dtype() != DType::f32) k_->to_half(s.lnf.dtype(), s.lnf.h16(), lnf, nd);
+  // In mixed precision ln_f's output is kept in the compute dtype for the head's product.
+  ln_f_.forward(s.lnf, s.lnf_mean.f32(), s.lnf_rstd.f32(), s.resid.back().f32(), N, ws_);
   head_.forward(s.logits.f32(), s.lnf, N);
   if (targets == nullptr) return 0.0;
   for (int i = 0; i < N; ++i)

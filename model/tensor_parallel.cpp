@@ -15,7 +15,7 @@ TensorGroup::TensorGroup(const TensorShard& s, comm::Communicator* c) : shard(s)
                comm->group(), "')");
 }
 
-void copy_to_tensor_region_forward(const TensorGroup&, const float*, size_t) {}
+void copy_to_tensor_region_forward(const TensorGroup&, const Tensor&) {}
 
 void copy_to_tensor_region_backward(const TensorGroup& g, float* dx, size_t n) {
   if (g.size() > 1) g.comm->allreduce(dx, n, comm::ReduceOp::sum);

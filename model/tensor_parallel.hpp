@@ -45,7 +45,7 @@ struct TensorGroup {
 };
 
 // x(n) enters a column-parallel linear.
-void copy_to_tensor_region_forward(const TensorGroup& g, const float* x, size_t n);
+void copy_to_tensor_region_forward(const TensorGroup& g, const Tensor& x);
 // dx(n): on entry this shard's partial dL/dx, on return the sum over shards.
 void copy_to_tensor_region_backward(const TensorGroup& g, float* dx, size_t n);
 

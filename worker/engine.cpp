@@ -379,11 +379,14 @@ struct Engine::Impl {
     if (stepped) {
       if (scale != 1.0) parallel::scale_grads(stage_ptrs, float(1.0 / scale));
       norm = std::sqrt(grad_norm_squared());
+    }
+    r.comm_ms += std::chrono::duration<double, std::milli>(clock::now() - t_comm).count();
+    if (stepped) {
       for (auto* st : stage_ptrs) clip_grads(stage_refs(st), norm, spec.train.grad_clip);
+      // AdamW counts the updates it made: a skipped fp16 step is not one.
       opt->step(lr, s + 1 - scaler.state().skipped_steps);
       refresh_compute();
     }
-    r.comm_ms += std::chrono::duration<double, std::milli>(clock::now() - t_comm).count();
     next_step = s + 1;
 
     r.step = s;

@@ -15,9 +15,12 @@
 #include "model/param_io.hpp"
 #include "model/stage.hpp"
 #include "model/tensor_parallel.hpp"
+#include "tests/model/model_test_util.hpp"
 
 using namespace troupe;
 using namespace troupe::model;
+using test::CountingAllocator;
+using test::tokens;
 namespace fs = std::filesystem;
 
 namespace {
@@ -32,28 +35,6 @@ ModelConfig tiny() {
   c.seed = 99;
   return c;
 }
-
-std::vector<int32_t> tokens(uint64_t seed, size_t n) {
-  rng::Stream s(seed, 5);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = static_cast<int32_t>(s.below(256));
-  return t;
-}
-
-// A CPU allocator that counts the bytes it hands out.
-class CountingAllocator final : public Allocator {
- public:
-  Device device() const override { return Device::cpu; }
-  const char* name() const override { return "counting"; }
-  void* allocate(size_t bytes) override {
-    this->bytes += bytes;
-    return cpu_allocator().allocate(bytes);
-  }
-  void deallocate(void* p) noexcept override { cpu_allocator().deallocate(p); }
-  void zero(void* p, size_t n) override { cpu_allocator().zero(p, n); }
-  void copy(void* d, const void* s, size_t n) override { cpu_allocator().copy(d, s, n); }
-  size_t bytes = 0;
-};
 
 bool same_bits(const Tensor& a, const Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;

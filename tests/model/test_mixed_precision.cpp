@@ -9,9 +9,12 @@
 
 #include "core/rng.hpp"
 #include "model/stage.hpp"
+#include "tests/model/model_test_util.hpp"
 
 using namespace troupe;
 using namespace troupe::model;
+using test::CountingAllocator;
+using test::tokens;
 
 namespace {
 
@@ -26,33 +29,11 @@ ModelConfig small() {
   return c;
 }
 
-std::vector<int32_t> tokens(uint64_t seed, size_t n) {
-  rng::Stream s(seed, 5);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = static_cast<int32_t>(s.below(256));
-  return t;
-}
-
 DeviceContext computing_in(DType dt) {
   DeviceContext c = DeviceContext::cpu();
   c.compute_dtype = dt;
   return c;
 }
-
-// A CPU allocator that counts the bytes it hands out.
-class CountingAllocator final : public Allocator {
- public:
-  Device device() const override { return Device::cpu; }
-  const char* name() const override { return "counting"; }
-  void* allocate(size_t n) override {
-    bytes += n;
-    return cpu_allocator().allocate(n);
-  }
-  void deallocate(void* p) noexcept override { cpu_allocator().deallocate(p); }
-  void zero(void* p, size_t n) override { cpu_allocator().zero(p, n); }
-  void copy(void* d, const void* s, size_t n) override { cpu_allocator().copy(d, s, n); }
-  size_t bytes = 0;
-};
 
 // ||a - b|| / ||b|| over n floats.
 double relative_error(const float* a, const float* b, size_t n) {

@@ -272,7 +272,7 @@ TEST_CASE("tensor parallel: the region pairs sum exactly where Megatron's do", "
     const TensorGroup g(TensorShard{r, 2}, w.comms[static_cast<size_t>(r)].get());
     auto mine = [&] { return std::vector<float>{float(r + 1), 10.0f * float(r + 1), -1.0f}; };
     fwd_copy[r] = mine();
-    copy_to_tensor_region_forward(g, fwd_copy[r].data(), 3);
+    copy_to_tensor_region_forward(g, Tensor::view_of(fwd_copy[r].data(), {3}));
     bwd_copy[r] = mine();
     copy_to_tensor_region_backward(g, bwd_copy[r].data(), 3);
     fwd_reduce[r] = mine();
