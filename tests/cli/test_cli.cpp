@@ -286,6 +286,17 @@ TEST_CASE("cli: a bf16 job trains through troupe run, and its checkpoint samples
   }
   REQUIRE(loss.size() == 6);
   CHECK(loss.back() < loss.front());
+  // The fallback GEMM (16-bit operands widened to fp32), forced: the same curve up to fp32
+  // summation order (on a CPU without AVX512-BF16 it is the default, and the same bits).
+  Result conv = troupe::testing::run_troupe("run " + spec + " --runs-dir " + dir + "/convert -q",
+                                            "TROUPE_GEMM_HALF=convert");
+  INFO(conv.out);
+  REQUIRE(conv.code == 0);
+  std::ifstream mc(only_subdir(dir + "/convert") + "/metrics.jsonl");
+  for (size_t i = 0; std::getline(mc, line); ++i) {
+    REQUIRE(i < loss.size());
+    CHECK(nlohmann::json::parse(line).at("loss").get<double>() == Approx(loss[i]).epsilon(1e-3));
+  }
 
   Result s = cli("sample --ckpt " + run + "/ckpt --prompt hello --tokens 40 --seed 7");
   REQUIRE(s.code == 0);
