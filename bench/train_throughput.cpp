@@ -319,7 +319,7 @@ void print_ratios(const std::vector<Row>& rows, size_t n_troupe, bool torch_bf16
       std::printf("   %s/pytorch bf16: %s", r.label.c_str(), ratio_text(r, rows.back()).c_str());
     const double ceiling = half_ceiling[r.key == "bf16" ? 0 : 1];
     if (r.ok() && ceiling > 0)
-      std::printf("   MFU cpu against its own 16-bit GEMM ceiling (%.1f GFLOP/s): %.1f%%", ceiling,
+      std::printf("   MFU cpu against the best 16-bit gemm_half figure above (%.1f GFLOP/s): %.1f%%", ceiling,
                   100 * r.mfu_cpu * peak / ceiling);
     std::printf("\n");
   }
