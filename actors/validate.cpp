@@ -71,6 +71,7 @@ std::string check(const StepMetrics& m) {
   if (auto e = generation_rank(m.generation, m.rank); !e.empty()) return e;
   if (m.step < 0) return "negative step";
   if (m.tokens < 0) return "negative token count";
+  if (!(m.loss_scale >= 0 && m.loss_scale <= 1e300)) return "loss scale not a finite number >= 0";
   return "";
 }
 

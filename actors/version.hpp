@@ -6,6 +6,6 @@
 
 namespace troupe::actors {
 
-constexpr int32_t kProtocolVersion = 4;
+constexpr int32_t kProtocolVersion = 5;
 
 }  // namespace troupe::actors

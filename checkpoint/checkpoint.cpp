@@ -48,16 +48,18 @@ int64_t parse_step_dir(const std::string& name) {
 nlohmann::json to_json(const Manifest& m) {
   nlohmann::json files = nlohmann::json::array();
   for (const auto& f : m.files) files.push_back({{"name", f.name}, {"size", f.size}, {"xxh64", f.xxh64}});
-  return {{"format", "troupe-checkpoint"},
-          {"format_version", m.format_version},
-          {"step", m.step},
-          {"data_cursor", m.data_cursor},
-          {"layout", {{"data", m.dp}, {"pipeline", m.pp}, {"tensor", m.tp}}},
-          {"rng", {{"seed", m.seed}}},
-          {"spec_hash", m.spec_hash},
-          {"optimizer", m.optimizer},
-          {"spec", m.spec_yaml},
-          {"files", files}};
+  nlohmann::json j = {{"format", "troupe-checkpoint"},
+                      {"format_version", m.format_version},
+                      {"step", m.step},
+                      {"data_cursor", m.data_cursor},
+                      {"layout", {{"data", m.dp}, {"pipeline", m.pp}, {"tensor", m.tp}}},
+                      {"rng", {{"seed", m.seed}}},
+                      {"spec_hash", m.spec_hash},
+                      {"optimizer", m.optimizer},
+                      {"spec", m.spec_yaml},
+                      {"files", files}};
+  if (!m.loss_scale.is_null()) j["loss_scale"] = m.loss_scale;
+  return j;
 }
 
 Manifest manifest_from_json(const nlohmann::json& j) {
@@ -78,6 +80,10 @@ Manifest manifest_from_json(const nlohmann::json& j) {
     m.spec_hash = j.value("spec_hash", "");
     m.optimizer = j.value("optimizer", nlohmann::json::object());
     m.spec_yaml = j.value("spec", "");
+    if (j.contains("loss_scale")) {
+      m.loss_scale = j.at("loss_scale");
+      if (!m.loss_scale.is_object()) throw CheckpointError("malformed manifest: loss_scale is not an object");
+    }
     for (const auto& f : j.at("files"))
       m.files.push_back(
           {f.at("name").get<std::string>(), f.at("size").get<uint64_t>(), f.at("xxh64").get<std::string>()});
@@ -499,14 +505,22 @@ Tensor read_full(const std::string& dir, const Manifest&, const std::string& nam
   return full;
 }
 
-size_t export_model(const std::string& checkpoint_dir, const std::string& out_path) {
+size_t export_model(const std::string& checkpoint_dir, const std::string& out_path, DType dtype) {
+  if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16)
+    throw Error(std::string("export dtype ") + dtype_name(dtype) + ": choose f32, bf16 or f16");
   TensorSource src(checkpoint_dir);
   std::vector<Tensor> tensors;
   std::vector<safetensors::WriteEntry> entries;
   for (const auto& name : src.names()) {
     if (name.rfind("optim.", 0) == 0) continue;
-    tensors.push_back(Tensor::zeros(src.global_shape(name), DType::f32));
-    src.read_slice(name, whole(tensors.back().shape()), tensors.back().f32());
+    Tensor full = Tensor::zeros(src.global_shape(name), DType::f32);
+    src.read_slice(name, whole(full.shape()), full.f32());
+    if (dtype != DType::f32) {
+      Tensor narrow = Tensor::empty(full.shape(), dtype);
+      convert(DType::f32, full.data(), dtype, narrow.data(), size_t(full.numel()));
+      full = std::move(narrow);
+    }
+    tensors.push_back(std::move(full));
   }
   size_t i = 0;
   for (const auto& name : src.names())

@@ -49,6 +49,9 @@ struct Manifest {
   uint64_t seed = 0;
   std::string spec_hash;
   nlohmann::json optimizer;  // the optimizer config the moments belong to
+  // Mixed-precision loss-scaler state ({"scale", "clean_steps", "skipped_steps"},
+  // parallel/loss_scale.hpp) when the run scaled its loss or skipped a step; null otherwise.
+  nlohmann::json loss_scale;
   std::string spec_yaml;     // the resolved job spec (model config for tools like `troupe sample`)
   std::vector<FileRecord> files;
 };
@@ -158,8 +161,11 @@ class TensorSource {
 
 // One file of full tensors under DESIGN.md's names (no optimizer state), with
 // {"format": "pt"} metadata: what torch's and Hugging Face's safetensors loaders read.
+// dtype f32 (default) writes the f32 master weights as they are; bf16 or f16 rounds
+// them to nearest even (core/dtype_convert.hpp), the dtype a 16-bit model is shipped in.
 // Returns the number of tensors written.
-size_t export_model(const std::string& checkpoint_dir, const std::string& out_path);
+size_t export_model(const std::string& checkpoint_dir, const std::string& out_path,
+                    DType dtype = DType::f32);
 
 // Test hook, off unless TROUPE_CKPT_FAULT is set: "write:<step>:<rank>" kills the writer
 // of that rank half-way through its shard file (generation 0 only); "commit:<step>" kills

@@ -115,11 +115,12 @@ int cmd_verify(const std::string& dir) {
   return bad ? kJobFailed : kOk;
 }
 
-int cmd_export(const std::string& dir, const std::string& out) {
+int cmd_export(const std::string& dir, const std::string& out, const std::string& dtype) {
   try {
     const std::string ck = checkpoint::resolve(dir);
-    const size_t n = checkpoint::export_model(ck, out);
-    std::printf("exported %zu tensors of %s to %s\n", n, ck.c_str(), out.c_str());
+    const DType dt = dtype == "bf16" ? DType::bf16 : dtype == "fp16" ? DType::f16 : DType::f32;
+    const size_t n = checkpoint::export_model(ck, out, dt);
+    std::printf("exported %zu tensors of %s to %s (%s)\n", n, ck.c_str(), out.c_str(), dtype_name(dt));
   } catch (const std::exception& e) {
     std::cerr << "troupe ckpt export: " << e.what() << "\n";
     return kJobFailed;
@@ -132,7 +133,7 @@ int cmd_export(const std::string& dir, const std::string& out) {
 void add_ckpt_command(CLI::App& app, int* exit_code) {
   auto* ckpt = app.add_subcommand("ckpt", "List, inspect, verify and export checkpoints");
   ckpt->require_subcommand(1);
-  static std::string dir, out;
+  static std::string dir, out, dtype = "fp32";
   auto* ls = ckpt->add_subcommand("ls", "List the checkpoints under a directory, newest first");
   ls->add_option("dir", dir, "Checkpoint root (or one step_N directory)")->required();
   ls->callback([exit_code] { *exit_code = cmd_ls(dir); });
@@ -145,7 +146,10 @@ void add_ckpt_command(CLI::App& app, int* exit_code) {
   auto* exp = ckpt->add_subcommand("export", "Write the model as one safetensors file of full tensors");
   exp->add_option("dir", dir, "A step_N directory, or a root (its newest valid checkpoint)")->required();
   exp->add_option("--out", out, "Output .safetensors file")->required();
-  exp->callback([exit_code] { *exit_code = cmd_export(dir, out); });
+  exp->add_option("--dtype", dtype, "Tensor dtype of the file: the fp32 masters, or rounded to bf16 / fp16")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  exp->callback([exit_code] { *exit_code = cmd_export(dir, out, dtype); });
 }
 
 }  // namespace troupe::cli

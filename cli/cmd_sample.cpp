@@ -42,9 +42,14 @@ int sample(const SampleOptions& o) {
     return kJobFailed;
   }
   const model::ModelConfig cfg = model::model_config(spec);
-  model::Stage stage(cfg, model::StageRange::full(cfg), 1, 1);
+  // The model computes as it trained: in mixed precision its products read the 16-bit
+  // copy of the f32 masters the checkpoint holds.
+  model::DeviceContext dc = model::DeviceContext::cpu();
+  dc.compute_dtype = compute_dtype(spec.train.precision);
+  model::Stage stage(cfg, model::StageRange::full(cfg), 1, 1, dc);
   try {
     for (auto& p : stage.params()) src->read(p.name, p.data.shape(), p.data.f32());
+    stage.store().refresh_compute();
   } catch (const std::exception& e) {
     std::cerr << "troupe sample: " << e.what() << "\n";
     return kJobFailed;

@@ -304,6 +304,8 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
           s.compute_ms = m.compute_ms;
           s.comm_ms = m.comm_ms;
           s.bubble_ms = m.bubble_ms;
+          s.loss_scale = m.loss_scale;
+          s.skipped = m.skipped;
           Actions a;
           self->state.st->step(m.job_id, m.generation, s, &a);
           apply(self, std::move(a));

@@ -37,6 +37,13 @@ std::optional<nlohmann::json> MetricsAggregator::add(const StepSample& s) {
                          {"generation", generation_},
                          {"layout", layout_}};
   if (last.val_loss) line["val_loss"] = *last.val_loss;
+  if (last.loss_scale > 0) {
+    int skipped = 0;
+    for (const auto& [r, x] : ranks) skipped += x.skipped ? 1 : 0;
+    line["loss_scale"] = last.loss_scale;
+    line["skipped"] = last.skipped;
+    line["skipped_ranks"] = skipped;
+  }
   pending_.erase(s.step);
   last_emitted_ = std::max(last_emitted_, s.step);
   ++completed_;

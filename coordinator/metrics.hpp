@@ -18,6 +18,8 @@ struct StepSample {
   double step_ms = 0, grad_norm = 0;
   std::optional<double> val_loss;
   double compute_ms = 0, comm_ms = 0, bubble_ms = 0;
+  double loss_scale = 0;  // fp16 loss scaling: the step's scale (0: not scaling)
+  bool skipped = false;   // the rank skipped the optimizer step (inf/NaN gradients)
 };
 
 class MetricsAggregator {
@@ -28,7 +30,9 @@ class MetricsAggregator {
   // line: step, loss, lr, tokens, grad_norm and val_loss from the last rank
   // (it holds the last pipeline stage, where the loss is computed; every rank
   // reports the global-batch mean), step_ms = the slowest rank's,
-  // tokens_per_s = tokens / step_ms, generation and layout.
+  // tokens_per_s = tokens / step_ms, generation and layout. With fp16 loss scaling
+  // also loss_scale, skipped (the last rank's) and skipped_ranks (how many ranks
+  // skipped: all or none, since one all-reduced flag decides).
   // A duplicate or out-of-world report is ignored (returns nullopt).
   std::optional<nlohmann::json> add(const StepSample& s);
 

@@ -43,6 +43,17 @@ static const char* enum_name(E v) {
 const char* to_string(ModelType v) { return enum_name(v); }
 const char* to_string(DataSource v) { return enum_name(v); }
 const char* to_string(Precision v) { return enum_name(v); }
+DType compute_dtype(Precision v) {
+  switch (v) {
+    case Precision::bf16:
+      return DType::bf16;
+    case Precision::fp16:
+      return DType::f16;
+    case Precision::fp32:
+      break;
+  }
+  return DType::f32;
+}
 const char* to_string(Recompute v) { return enum_name(v); }
 const char* to_string(Schedule v) { return enum_name(v); }
 const char* to_string(DeviceKind v) { return enum_name(v); }

@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/dtype.hpp"
 #include "core/layout.hpp"
 #include "core/units.hpp"
 
@@ -182,6 +183,8 @@ std::string to_yaml(const JobSpec& spec);
 const char* to_string(ModelType v);
 const char* to_string(DataSource v);
 const char* to_string(Precision v);
+// The dtype the products compute in: f32, bf16 or f16 (master weights stay f32).
+DType compute_dtype(Precision v);
 const char* to_string(Recompute v);
 const char* to_string(Schedule v);
 const char* to_string(DeviceKind v);

@@ -30,12 +30,6 @@ std::vector<Diagnostic> runnable_issues(const JobSpec& spec) {
     const SourcePos at = position(spec, path);
     out.push_back(Diagnostic{file, at.line, at.col, std::move(message), std::move(hint)});
   };
-  // Reduced precision needs the GPU kernels; the CPU kernels compute in fp32 only.
-  if (spec.train.precision != Precision::fp32)
-    issue("train.precision",
-          std::string("train.precision: ") + to_string(spec.train.precision) +
-              " is not supported by this build yet",
-          "use fp32 (precision: fp32, or delete the key: fp32 is the default)");
   // The comm layer can use NCCL, but there are no CUDA kernels: a cuda job would train on the CPU.
   if (spec.resources.device == DeviceKind::cuda)
     issue("resources.device", "resources.device: cuda: this build's engine trains on CPU only",

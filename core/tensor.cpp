@@ -81,6 +81,12 @@ float* Tensor::f32() const {
   return static_cast<float*>(data_);
 }
 
+uint16_t* Tensor::h16() const {
+  TROUPE_CHECK(dtype_ == DType::bf16 || dtype_ == DType::f16, "tensor is ", dtype_name(dtype_),
+               ", not bf16 or f16");
+  return static_cast<uint16_t*>(data_);
+}
+
 int32_t* Tensor::i32() const {
   TROUPE_CHECK(dtype_ == DType::i32, "tensor is ", dtype_name(dtype_), ", not i32");
   return static_cast<int32_t*>(data_);

@@ -59,6 +59,8 @@ class Tensor {
   // Typed access; checks the dtype.
   float* f32() const;
   int32_t* i32() const;
+  // The bit patterns of a bf16 or f16 tensor (core/dtype_convert.hpp converts them).
+  uint16_t* h16() const;
   template <class T>
   T* data_as() const {
     return static_cast<T*>(data_);

@@ -1,7 +1,8 @@
 // The kernels a model stage calls, as a table of function pointers: the seam a
-// CUDA (kernels/cuda/, not in this build) or a bf16 kernel set plugs into.
+// CUDA (kernels/cuda/, not in this build) kernel set plugs into.
 // model/ calls kernels only through a Kernels it is given (model::DeviceContext);
-// kernels::cpu provides the fp32 CPU table, cpu_kernels().
+// kernels::cpu provides the CPU table, cpu_kernels(): fp32 kernels, and the 16-bit
+// linear entries that mixed precision (train.precision bf16 / fp16) calls.
 //
 // Each entry has the signature and contract of the function of the same name in
 // kernels/cpu/kernels.hpp (shapes, accumulate-vs-overwrite, determinism): read
@@ -32,6 +33,17 @@ struct Kernels {
                          int OC) = nullptr;
   void (*linear_backward)(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                           const float* weight, int N, int IC, int OC, Out dinp_mode) = nullptr;
+  // linear with 16-bit operands (mixed precision): inp and weight are bit patterns of
+  // dt (bf16 or f16), products accumulate in f32, out and bias are f32.
+  void (*linear_forward_h)(DType dt, float* out, const uint16_t* inp, const uint16_t* weight,
+                           const float* bias, int N, int IC, int OC) = nullptr;
+  // dout (f32) is rounded to dt into dout_h(N,OC) (scratch); dinp (+)= dout_h @ weight and
+  // dweight += dout_h^T @ inp in f32; dbias += the column sums of the f32 dout.
+  void (*linear_backward_h)(DType dt, float* dinp, float* dweight, float* dbias, const float* dout,
+                            uint16_t* dout_h, const uint16_t* inp, const uint16_t* weight, int N, int IC,
+                            int OC, Out dinp_mode) = nullptr;
+  // dst(n) = src(n) rounded to dt (bf16 or f16) to nearest even (core/dtype_convert.hpp's bits).
+  void (*to_half)(DType dt, uint16_t* dst, const float* src, size_t n) = nullptr;
   // embedding: out(B,T,C) = wte[tokens] + wpe[t]
   void (*embedding_forward)(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
                             int T, int C, int V) = nullptr;

@@ -18,19 +18,41 @@ Linear Linear::bind(ParamStore& ps, const std::string& prefix, const kernels::Ke
                "bad linear parameters ", prefix);
   Linear l;
   l.k = &k;
-  l.w = w.compute.f32();
+  l.dt = w.compute.dtype();
+  if (l.dt == DType::f32)
+    l.w = w.compute.f32();
+  else
+    l.wh = w.compute.h16();
   l.dw = w.grad.f32();
-  l.b = b.compute.f32();
+  l.b = b.data.f32();
   l.db = b.grad.f32();
   l.out = static_cast<int>(w.data.size(0));
   l.in = static_cast<int>(w.data.size(1));
   return l;
 }
 
-void Linear::forward(float* y, const float* x, int N) const { k->linear_forward(y, x, w, b, N, in, out); }
+void Linear::forward(float* y, const Tensor& x, int N, bool with_bias) const {
+  TROUPE_CHECK(x.dtype() == dt && x.numel() >= int64_t{N} * in, "linear input of ", dtype_name(x.dtype()),
+               " and ", x.numel(), " elements, expected ", dtype_name(dt), " and ", int64_t{N} * in);
+  const float* bias = with_bias ? b : nullptr;
+  if (dt == DType::f32)
+    k->linear_forward(y, x.f32(), w, bias, N, in, out);
+  else
+    k->linear_forward_h(dt, y, x.h16(), wh, bias, N, in, out);
+}
 
-void Linear::backward(float* dx, const float* dy, const float* x, int N, Out dx_mode) const {
-  k->linear_backward(dx, dw, b ? db : nullptr, dy, x, w, N, in, out, dx_mode);
+void Linear::backward(float* dx, const float* dy, const Tensor& x, int N, const Tensor& dy_h,
+                      Out dx_mode) const {
+  TROUPE_CHECK(x.dtype() == dt && x.numel() >= int64_t{N} * in, "linear input of ", dtype_name(x.dtype()),
+               ", expected ", dtype_name(dt));
+  if (dt == DType::f32) {
+    k->linear_backward(dx, dw, b ? db : nullptr, dy, x.f32(), w, N, in, out, dx_mode);
+    return;
+  }
+  TROUPE_CHECK(dy_h.dtype() == dt && dy_h.numel() >= int64_t{N} * out, "linear output-gradient scratch of ",
+               dy_h.numel(), " ", dtype_name(dy_h.dtype()), ", expected ", int64_t{N} * out, " ",
+               dtype_name(dt));
+  k->linear_backward_h(dt, dx, dw, b ? db : nullptr, dy, dy_h.h16(), x.h16(), wh, N, in, out, dx_mode);
 }
 
 LayerNorm LayerNorm::bind(ParamStore& ps, const std::string& prefix, const kernels::Kernels& k) {
@@ -38,9 +60,9 @@ LayerNorm LayerNorm::bind(ParamStore& ps, const std::string& prefix, const kerne
   Param& b = ps.get(prefix + ".bias");
   LayerNorm l;
   l.k = &k;
-  l.w = w.compute.f32();
+  l.w = w.data.f32();
   l.dw = w.grad.f32();
-  l.b = b.compute.f32();
+  l.b = b.data.f32();
   l.db = b.grad.f32();
   l.C = static_cast<int>(w.data.size(0));
   return l;
@@ -55,7 +77,8 @@ void LayerNorm::backward(float* dx, const float* dy, const float* x, const float
   k->layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, N, C);
 }
 
-Workspace::Workspace(const ModelConfig& cfg, int max_B, const TensorShard& shard, Allocator& alloc) {
+Workspace::Workspace(const ModelConfig& cfg, int max_B, const TensorShard& shard, Allocator& alloc,
+                     DType compute_dtype) {
   const int64_t N = int64_t{max_B} * cfg.seq_len, D = cfg.d_model, H = shard.hidden(cfg);
   auto f32 = [&](Shape s) { return Tensor::zeros(std::move(s), DType::f32, alloc); };
   dres = f32({N, D});
@@ -65,19 +88,38 @@ Workspace::Workspace(const ModelConfig& cfg, int max_B, const TensorShard& shard
     dqkv = f32({N, 3 * D / shard.size});
     datt = f32({int64_t{max_B}, shard.n_head(cfg), cfg.seq_len, cfg.seq_len});
   }
+  if (compute_dtype != DType::f32) {
+    const int64_t widest = std::max({3 * D / shard.size, H, D});
+    dy_h = Tensor::zeros({N * widest}, compute_dtype, alloc);
+    act = f32({N, std::max(D, H)});
+  }
 }
+
+namespace {
+
+// Where a layer writes an output that a Linear reads again in backward: the saved
+// activation itself in f32; in mixed precision the f32 scratch ws.act, which keep()
+// then rounds into the saved activation.
+float* staging(Tensor& saved, Workspace& ws) {
+  return saved.dtype() == DType::f32 ? saved.f32() : ws.act.f32();
+}
+void keep(const kernels::Kernels& k, Tensor& saved, const float* staged, size_t n) {
+  if (saved.dtype() != DType::f32) k.to_half(saved.dtype(), saved.h16(), staged, n);
+}
+
+}  // namespace
 
 namespace {
 
 // y(N,out) = x(N,in) @ W^T + b for a row-parallel linear: each shard multiplies its
 // columns of W by its part of x, the partial products are summed across shards, and
 // the (replicated) bias is added once to the sum. tp = 1 is the plain Linear.
-void row_parallel_forward(const Linear& l, const TensorGroup& tp, float* y, const float* x, int N) {
+void row_parallel_forward(const Linear& l, const TensorGroup& tp, float* y, const Tensor& x, int N) {
   if (tp.size() == 1) {
     l.forward(y, x, N);
     return;
   }
-  l.k->linear_forward(y, x, l.w, nullptr, N, l.in, l.out);
+  l.forward(y, x, N, /*with_bias=*/false);
   reduce_from_tensor_region_forward(tp, y, sz(int64_t{N} * l.out));
   for (int n = 0; n < N; ++n) l.k->add_inplace(y + sz(int64_t{n} * l.out), l.b, sz(l.out));
 }
@@ -100,13 +142,14 @@ MlpSublayer::MlpSublayer(ParamStore& ps, const std::string& prefix, const ModelC
                ": MLP shard shapes do not match hidden ", H_, " of tensor shard ", tp.shard.rank, "/",
                tp.size());
   auto f32 = [&](Shape s) { return Tensor::zeros(std::move(s), DType::f32, *ctx.alloc); };
+  auto kept = [&](Shape s) { return Tensor::zeros(std::move(s), ctx.compute_dtype, *ctx.alloc); };
   for (int s = 0; s < n_slots; ++s) {
     Acts a;
-    a.ln = f32({N, D});
+    a.ln = kept({N, D});
     a.mean = f32({N});
     a.rstd = f32({N});
     a.h_pre = f32({N, H_});
-    a.h = f32({N, H_});
+    a.h = kept({N, H_});
     acts_->push_back(std::move(a));
   }
 }
@@ -114,11 +157,15 @@ MlpSublayer::MlpSublayer(ParamStore& ps, const std::string& prefix, const ModelC
 void MlpSublayer::forward(int slot, float* y, const float* x, int N, Workspace& ws) {
   Acts& a = acts_->at(static_cast<size_t>(slot));
   const int D = ln_2_.C;
-  ln_2_.forward(a.ln.f32(), a.mean.f32(), a.rstd.f32(), x, N);
-  copy_to_tensor_region_forward(tp_, a.ln.f32(), sz(int64_t{N} * D));
-  c_fc_.forward(a.h_pre.f32(), a.ln.f32(), N);
-  k_->gelu_forward(a.h.f32(), a.h_pre.f32(), sz(int64_t{N} * H_));
-  row_parallel_forward(c_proj_, tp_, ws.tmp_d.f32(), a.h.f32(), N);
+  float* ln = staging(a.ln, ws);
+  ln_2_.forward(ln, a.mean.f32(), a.rstd.f32(), x, N);
+  copy_to_tensor_region_forward(tp_, ln, sz(int64_t{N} * D));
+  keep(*k_, a.ln, ln, sz(int64_t{N} * D));
+  c_fc_.forward(a.h_pre.f32(), a.ln, N);
+  float* h = staging(a.h, ws);
+  k_->gelu_forward(h, a.h_pre.f32(), sz(int64_t{N} * H_));
+  keep(*k_, a.h, h, sz(int64_t{N} * H_));
+  row_parallel_forward(c_proj_, tp_, ws.tmp_d.f32(), a.h, N);
   k_->residual_forward(y, x, ws.tmp_d.f32(), sz(int64_t{N} * D));
 }
 
@@ -130,9 +177,9 @@ void MlpSublayer::backward(int slot, float* dres, const float* x, int N, Workspa
   float* dln = ws.tmp_d.f32();
   // The residual path passes dres through unchanged; the branch adds into it via ln_2.
   reduce_from_tensor_region_backward(tp_, dres, sz(nd));
-  c_proj_.backward(dh, dres, a.h.f32(), N, Out::overwrite);
+  c_proj_.backward(dh, dres, a.h, N, ws.dy_h, Out::overwrite);
   k_->gelu_backward_inplace(dh, a.h_pre.f32(), sz(nh));
-  c_fc_.backward(dln, dh, a.ln.f32(), N, Out::overwrite);
+  c_fc_.backward(dln, dh, a.ln, N, ws.dy_h, Out::overwrite);
   copy_to_tensor_region_backward(tp_, dln, sz(nd));
   ln_2_.backward(dres, dln, x, a.mean.f32(), a.rstd.f32(), N);
 }
@@ -157,14 +204,15 @@ GptBlock::GptBlock(ParamStore& ps, int layer, const ModelConfig& cfg, int n_slot
                ": attention shard shapes do not match ", NH_, " heads of ", HS_, " on tensor shard ",
                tp.shard.rank, "/", tp.size());
   auto f32 = [&](Shape s) { return Tensor::zeros(std::move(s), DType::f32, *ctx.alloc); };
+  auto kept = [&](Shape s) { return Tensor::zeros(std::move(s), ctx.compute_dtype, *ctx.alloc); };
   for (int s = 0; s < n_slots; ++s) {
     Acts a;
-    a.ln = f32({N, D});
+    a.ln = kept({N, D});
     a.mean = f32({N});
     a.rstd = f32({N});
     a.qkv = f32({N, 3 * A});
     a.att = f32({int64_t{max_B}, NH_, T, T});
-    a.atty = f32({N, A});
+    a.atty = kept({N, A});
     a.mid = f32({N, D});
     acts_->push_back(std::move(a));
   }
@@ -173,11 +221,15 @@ GptBlock::GptBlock(ParamStore& ps, int layer, const ModelConfig& cfg, int n_slot
 void GptBlock::forward(int slot, float* y, const float* x, int B, int T, Workspace& ws) {
   Acts& a = acts_->at(static_cast<size_t>(slot));
   const int N = B * T;
-  ln_1_.forward(a.ln.f32(), a.mean.f32(), a.rstd.f32(), x, N);
-  copy_to_tensor_region_forward(tp_, a.ln.f32(), sz(int64_t{N} * D_));
-  c_attn_.forward(a.qkv.f32(), a.ln.f32(), N);
-  k_->attention_forward(a.atty.f32(), a.att.f32(), a.qkv.f32(), B, T, NH_, HS_);
-  row_parallel_forward(c_proj_, tp_, ws.tmp_d.f32(), a.atty.f32(), N);
+  float* ln = staging(a.ln, ws);
+  ln_1_.forward(ln, a.mean.f32(), a.rstd.f32(), x, N);
+  copy_to_tensor_region_forward(tp_, ln, sz(int64_t{N} * D_));
+  keep(*k_, a.ln, ln, sz(int64_t{N} * D_));
+  c_attn_.forward(a.qkv.f32(), a.ln, N);
+  float* atty = staging(a.atty, ws);
+  k_->attention_forward(atty, a.att.f32(), a.qkv.f32(), B, T, NH_, HS_);
+  keep(*k_, a.atty, atty, sz(int64_t{N} * NH_ * HS_));
+  row_parallel_forward(c_proj_, tp_, ws.tmp_d.f32(), a.atty, N);
   k_->residual_forward(a.mid.f32(), x, ws.tmp_d.f32(), sz(int64_t{N} * D_));
   mlp_.forward(slot, y, a.mid.f32(), N, ws);
 }
@@ -189,10 +241,10 @@ void GptBlock::backward(int slot, float* dres, const float* x, int B, int T, Wor
   mlp_.backward(slot, dres, a.mid.f32(), N, ws);
   reduce_from_tensor_region_backward(tp_, dres, sz(nd));
   float* dtmp = ws.tmp_d.f32();
-  c_proj_.backward(dtmp, dres, a.atty.f32(), N, Out::overwrite);  // datty (N, NH_*HS_)
+  c_proj_.backward(dtmp, dres, a.atty, N, ws.dy_h, Out::overwrite);  // datty (N, NH_*HS_)
   float* dqkv = ws.dqkv.f32();
   k_->attention_backward(dqkv, ws.datt.f32(), dtmp, a.qkv.f32(), a.att.f32(), B, T, NH_, HS_, Out::overwrite);
-  c_attn_.backward(dtmp, dqkv, a.ln.f32(), N, Out::overwrite);  // dln_1
+  c_attn_.backward(dtmp, dqkv, a.ln, N, ws.dy_h, Out::overwrite);  // dln_1
   // The key bias shifts every score of a query by the same amount, which softmax
   // ignores: its gradient is exactly zero. Computed, it is rounding noise that AdamW
   // (dividing by its own running size) would turn into steps of size lr, different in

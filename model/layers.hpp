@@ -1,9 +1,13 @@
 // Layers with explicit forward and backward over a kernel table (kernels/kernels.hpp,
 // from the stage's DeviceContext; the fp32 CPU kernels in this build).
 //
-// A layer does not own parameters: it points into a stage's ParamStore, reading the
-// weights' compute copy (Param::compute, the f32 master itself in this build) and
-// accumulating into the f32 grads. A block
+// A layer does not own parameters: it points into a stage's ParamStore and
+// accumulates into the f32 grads. What it reads follows torch.autocast with f32
+// master weights: a Linear's product reads the weights' compute copy
+// (Param::compute: the f32 master itself in f32; bf16 or f16 in mixed precision),
+// and LayerNorm, embeddings, biases, attention, GELU and the loss read and compute
+// in f32. In mixed precision the activations a product reads in backward (the
+// inputs of every Linear) are kept in the compute dtype, the rest in f32. A block
 // owns its activations, one set per micro-batch slot, allocated once for the
 // largest (B, T) so a pipeline schedule can keep several micro-batches in flight.
 // Backward scratch is shared (one backward runs at a time) in a Workspace.
@@ -29,9 +33,16 @@
 namespace troupe::model {
 
 // y(N,out) = x(N,in) @ W(out,in)^T + b(out).
+//
+// In f32 the product reads the f32 weights; in mixed precision (a bf16 or f16
+// compute dtype) it reads the weights' compute copy (Param::compute) and an input
+// kept in that dtype, accumulating in f32 (kernels' linear_*_h). The bias, the
+// output and every gradient stay f32.
 struct Linear {
   const kernels::Kernels* k = nullptr;
-  const float* w = nullptr;
+  DType dt = DType::f32;          // dtype of the weights and inputs the product reads
+  const float* w = nullptr;       // f32 weights (dt == f32)
+  const uint16_t* wh = nullptr;   // 16-bit weights (dt bf16 / f16)
   float* dw = nullptr;
   const float* b = nullptr;  // may be null (tied LM head)
   float* db = nullptr;
@@ -39,9 +50,11 @@ struct Linear {
 
   // prefix.weight, prefix.bias
   static Linear bind(ParamStore& ps, const std::string& prefix, const kernels::Kernels& k);
-  void forward(float* y, const float* x, int N) const;
-  // dx(N,in) += dy @ W (= with Out::overwrite; dx may be null); dW, db +=.
-  void backward(float* dx, const float* dy, const float* x, int N,
+  // x: (>= N, in) of dtype dt. with_bias = false leaves the bias out (row-parallel shards).
+  void forward(float* y, const Tensor& x, int N, bool with_bias = true) const;
+  // dx(N,in) += dy @ W (= with Out::overwrite; dx may be null); dW, db +=. dy_h: (N,out)
+  // scratch of dtype dt that dy is rounded into (unused with f32).
+  void backward(float* dx, const float* dy, const Tensor& x, int N, const Tensor& dy_h,
                 kernels::Out dx_mode = kernels::Out::accumulate) const;
 };
 
@@ -65,12 +78,15 @@ struct Workspace {
   Workspace() = default;
   // Sized for tensor shard `shard`: H = 4D/tp hidden units, NH/tp heads; from `alloc`.
   Workspace(const ModelConfig& cfg, int max_B, const TensorShard& shard = {},
-            Allocator& alloc = cpu_allocator());
+            Allocator& alloc = cpu_allocator(), DType compute_dtype = DType::f32);
   Tensor dres;   // (B,T,D)  gradient flowing down the residual stream
   Tensor tmp_d;  // (B,T,D)  forward projection outputs; backward dln / datty
   Tensor dqkv;   // (B,T,3D/tp)
   Tensor dh;     // (B,T,H) gradient wrt the MLP hidden, after GELU, then (in place) before it
   Tensor datt;   // (B,NH/tp,T,T) attention backward scratch (gpt)
+  // Mixed precision only (compute dtype bf16 / f16; undefined in f32):
+  Tensor dy_h;   // (B*T*max(3D/tp, H, D)) a linear's output gradient in the compute dtype
+  Tensor act;    // (B,T,max(D, H)) f32 output of a layer before it is kept in the compute dtype
 };
 
 class Block {
@@ -104,8 +120,8 @@ class MlpSublayer {
   LayerNorm ln_2_;
   Linear c_fc_, c_proj_;
   struct Acts {
-    Tensor ln, mean, rstd;  // (N,D), (N), (N)
-    Tensor h_pre, h;        // (N,H) before and after GELU
+    Tensor ln, mean, rstd;  // (N,D) in the compute dtype, (N), (N)
+    Tensor h_pre, h;        // (N,H) before (f32) and after GELU (compute dtype)
   };
   std::shared_ptr<std::vector<Acts>> acts_;  // per slot; shared between blocks under recomputation
 };
@@ -128,10 +144,10 @@ class GptBlock : public Block {
   LayerNorm ln_1_;
   Linear c_attn_, c_proj_;
   struct Acts {
-    Tensor ln, mean, rstd;  // (N,D), (N), (N)
+    Tensor ln, mean, rstd;  // (N,D) in the compute dtype, (N), (N)
     Tensor qkv;             // (N,3*NH_*HS_) q|k|v of the local heads, heads contiguous inside each
     Tensor att;             // (B,NH_,T,T) softmax probabilities
-    Tensor atty;            // (N,NH_*HS_) attention output before c_proj
+    Tensor atty;            // (N,NH_*HS_) attention output before c_proj (compute dtype)
     Tensor mid;             // (N,D) x + attention branch = input of the MLP sublayer
   };
   std::shared_ptr<std::vector<Acts>> acts_;  // per slot; shared between blocks under recomputation

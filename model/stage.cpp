@@ -9,16 +9,18 @@ namespace troupe::model {
 
 namespace {
 
-// The contexts a stage can run: CPU (its input and output copies are host memcpy) and
-// f32 compute (the kernel table takes f32 weights). A device or bf16 context is
-// refused here until its copies and kernels exist.
+// The contexts a stage can run: CPU (its input and output copies are host memcpy),
+// computing in f32, or in bf16 / f16 with a table that has the 16-bit linear
+// kernels. A device context is refused here until its copies exist.
 const DeviceContext& runnable(const DeviceContext& ctx) {
   ctx.validate();
   TROUPE_CHECK(ctx.device == Device::cpu, "a stage on ", device_name(ctx.device),
                " needs device copies of its inputs and outputs: this build runs stages on cpu only");
-  TROUPE_CHECK(ctx.compute_dtype == DType::f32, "a stage computing in ", dtype_name(ctx.compute_dtype),
-               " needs kernels for ", dtype_name(ctx.compute_dtype),
-               " weights: this build computes in f32 only");
+  TROUPE_CHECK(ctx.compute_dtype == DType::f32 || (ctx.kernels->linear_forward_h != nullptr &&
+                                                  ctx.kernels->linear_backward_h != nullptr &&
+                                                  ctx.kernels->to_half != nullptr),
+               "a stage computing in ", dtype_name(ctx.compute_dtype), " needs kernels for ",
+               dtype_name(ctx.compute_dtype), " weights: the '", ctx.kernels->name, "' kernels have none");
   return ctx;
 }
 
@@ -51,26 +53,34 @@ Stage::Stage(const ModelConfig& cfg, const StageRange& range, int n_slots, int m
     if (cfg.recompute && l > range.first) blocks_.back()->share_activations(*blocks_.front());
   }
   // The embedding's wte, or on a head-only stage its tied copy (Param::tied_copy): the
-  // embedding and the LM head read the same weights.
+  // embedding and the LM head read the same weights. The embedding reads the f32
+  // master (a lookup, f32 under autocast too), the head's product its compute copy.
+  Param* wte = nullptr;
   if (range.has_embedding || range.has_head) {
-    Param& wte = store_.get("wte.weight");
-    wte_ = wte.compute.f32();
-    dwte_ = wte.grad.f32();
+    wte = &store_.get("wte.weight");
+    wte_ = wte->data.f32();
+    dwte_ = wte->grad.f32();
   }
   if (range.has_embedding && cfg.kind == ModelKind::gpt) {
     Param& wpe = store_.get("wpe.weight");
-    wpe_ = wpe.compute.f32();
+    wpe_ = wpe.data.f32();
     dwpe_ = wpe.grad.f32();
   }
   auto f32 = [&](Shape s) { return Tensor::zeros(std::move(s), DType::f32, *ctx_.alloc); };
+  auto kept = [&](Shape s) { return Tensor::zeros(std::move(s), ctx_.compute_dtype, *ctx_.alloc); };
   if (range.has_head) {
     ln_f_ = LayerNorm::bind(store_, "ln_f", *k_);
     head_.k = k_;
-    head_.w = wte_;
+    head_.dt = ctx_.compute_dtype;
+    if (head_.dt == DType::f32)
+      head_.w = wte->compute.f32();
+    else
+      head_.wh = wte->compute.h16();
     head_.dw = dwte_;
     head_.in = static_cast<int>(D);
     head_.out = static_cast<int>(V);
     dlogits_ = f32({N, V});
+    if (head_.dt != DType::f32) dlogits_h_ = kept({N, V});
   }
   const float* flat = store_.flat_grads().f32();
   const size_t n_flat = static_cast<size_t>(store_.flat_grads().numel());
@@ -83,14 +93,14 @@ Stage::Stage(const ModelConfig& cfg, const StageRange& range, int n_slots, int m
         size_t& b = block_begin_[static_cast<size_t>(l - range.first)];
         b = std::min(b, offset_of(p));
       }
-  ws_ = Workspace(cfg, max_B_, shard, *ctx_.alloc);
+  ws_ = Workspace(cfg, max_B_, shard, *ctx_.alloc, ctx_.compute_dtype);
   slots_.resize(static_cast<size_t>(n_slots));
   for (Slot& s : slots_) {
     s.tokens = Tensor::zeros({N}, DType::i32, *ctx_.alloc);
     s.targets = Tensor::zeros({N}, DType::i32, *ctx_.alloc);
     for (int b = 0; b <= range.n_blocks(); ++b) s.resid.push_back(f32({N, D}));
     if (range.has_head) {
-      s.lnf = f32({N, D});
+      s.lnf = kept({N, D});
       s.lnf_mean = f32({N});
       s.lnf_rstd = f32({N});
       s.logits = f32({N, V});
@@ -132,8 +142,12 @@ double Stage::forward(int slot, const int32_t* tokens, const float* x_in, const 
   s.has_targets = false;
   if (!range_.has_head) return 0.0;
 
-  ln_f_.forward(s.lnf.f32(), s.lnf_mean.f32(), s.lnf_rstd.f32(), s.resid.back().f32(), N);
-  head_.forward(s.logits.f32(), s.lnf.f32(), N);
+  // In mixed precision ln_f's f32 output is staged in the workspace, then kept in the
+  // compute dtype for the head's product (as a block's layernorm outputs are).
+  float* lnf = s.lnf.dtype() == DType::f32 ? s.lnf.f32() : ws_.act.f32();
+  ln_f_.forward(lnf, s.lnf_mean.f32(), s.lnf_rstd.f32(), s.resid.back().f32(), N);
+  if (s.lnf.dtype() != DType::f32) k_->to_half(s.lnf.dtype(), s.lnf.h16(), lnf, nd);
+  head_.forward(s.logits.f32(), s.lnf, N);
   if (targets == nullptr) return 0.0;
   for (int i = 0; i < N; ++i)
     TROUPE_CHECK(targets[i] >= 0 && targets[i] < V, "target ", targets[i], " at ", i, " outside [0, ", V,
@@ -163,7 +177,7 @@ void Stage::backward(int slot, const float* dout, float dloss, const ReadyFn& on
     std::fill(dlogits, dlogits + static_cast<size_t>(N) * V, 0.0f);
     k_->cross_entropy(dlogits, s.logits.f32(), s.targets.i32(), N, V, dloss);
     float* dlnf = ws_.tmp_d.f32();
-    head_.backward(dlnf, dlogits, s.lnf.f32(), N, kernels::Out::overwrite);
+    head_.backward(dlnf, dlogits, s.lnf, N, dlogits_h_, kernels::Out::overwrite);
     std::fill(dres, dres + nd, 0.0f);
     ln_f_.backward(dres, dlnf, s.resid.back().f32(), s.lnf_mean.f32(), s.lnf_rstd.f32(), N);
     // A full stage's wte (first in the buffer) still takes the embedding's gradient.

@@ -24,9 +24,11 @@
 //
 // Device and precision: a stage computes through a DeviceContext (model/device_context.hpp):
 // its kernel table, the allocator of its activations and the compute dtype of its
-// weights. Left out, it is DeviceContext::cpu(), the only one a stage runs in this build
-// (fp32 on CPU); it refuses others, since its input and output copies are host memcpy
-// and its kernels take f32 weights.
+// weights. Left out, it is DeviceContext::cpu() (fp32 on CPU). A CPU context with
+// compute dtype bf16 or f16 trains in mixed precision (model/layers.hpp says what
+// computes in which dtype); after the master weights change (an optimizer step, a
+// load) the caller refreshes their compute copy, store().refresh_compute(). A
+// device context is refused, since the stage's input and output copies are host memcpy.
 #pragma once
 
 #include <cstddef>
@@ -117,7 +119,8 @@ class Stage {
   std::vector<std::unique_ptr<Block>> blocks_;
   std::vector<Slot> slots_;
   Workspace ws_;
-  Tensor dlogits_;  // (B,T,V) head backward scratch
+  Tensor dlogits_;    // (B,T,V) head backward scratch
+  Tensor dlogits_h_;  // (B,T,V) the same in the compute dtype (mixed precision only)
   Linear head_;     // tied: weight = wte, no bias
   LayerNorm ln_f_;
   float *wte_ = nullptr, *dwte_ = nullptr, *wpe_ = nullptr, *dwpe_ = nullptr;

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -19,12 +20,15 @@
 #include "core/error.hpp"
 #include "core/rng.hpp"
 #include "core/safetensors.hpp"
+#include "kernels/kernels.hpp"
+#include "model/device_context.hpp"
 #include "model/from_spec.hpp"
 #include "model/param_io.hpp"
 #include "model/stage.hpp"
 #include "model/tensor_parallel.hpp"
 #include "parallel/data_parallel.hpp"
 #include "parallel/grid.hpp"
+#include "parallel/loss_scale.hpp"
 #include "parallel/optimizer.hpp"
 #include "parallel/pipeline.hpp"
 
@@ -56,6 +60,27 @@ size_t env_size(const char* name, size_t fallback) {
   const unsigned long long x = std::strtoull(v, &end, 10);
   TROUPE_CHECK(end != nullptr && *end == '\0', name, "=", v, " is not a non-negative integer");
   return size_t(x);
+}
+
+// TROUPE_INJECT_OVERFLOW=<step>:<rank>: that rank writes an inf into its gradients at
+// that step (generation 0 only), as an fp16 overflow would. Tests use it to show that
+// every rank then skips the step together. Unset or empty: never.
+struct OverflowFault {
+  int64_t step = -1;
+  int rank = -1;
+};
+OverflowFault overflow_fault() {
+  OverflowFault f;
+  const char* v = std::getenv("TROUPE_INJECT_OVERFLOW");
+  if (v == nullptr || *v == '\0') return f;
+  long long step = -1;
+  int rank = -1;
+  char tail = 0;
+  TROUPE_CHECK(std::sscanf(v, "%lld:%d%c", &step, &rank, &tail) == 2 && step >= 0 && rank >= 0,
+               "TROUPE_INJECT_OVERFLOW=", v, " is not <step>:<rank>");
+  f.step = step;
+  f.rank = rank;
+  return f;
 }
 
 // A given plan (make_plan made it, so it is consistent in itself) is checked against the
@@ -107,6 +132,10 @@ struct Engine::Impl {
   std::vector<model::Param*> params;                 // every chunk's, in chunk order
   std::vector<ParamRef> refs;
   std::unique_ptr<AdamW> opt;
+  // Mixed precision: the compute dtype of the products, and fp16's dynamic loss scale.
+  model::DeviceContext ctx = model::DeviceContext::cpu();
+  parallel::LossScaler scaler{false};
+  OverflowFault fault;
   // Data-parallel reduction: bucket size and, with pp == 1, the thread that reduces each
   // bucket of the last micro-batch's backward as soon as it is final (TROUPE_DP_OVERLAP=0:
   // after the backward, on the engine thread). With a pipeline the last backward of each
@@ -129,8 +158,6 @@ struct Engine::Impl {
     TROUPE_CHECK(a.rank >= 0 && a.rank < a.layout.world(), "assignment: rank ", a.rank, " of ",
                  a.layout.world(), " does not fit layout ", a.layout.str());
     // Second line of defence: validate, run and submit refuse these first (core/spec_runnable.cpp).
-    TROUPE_CHECK(s.train.precision == Precision::fp32, "train.precision ", to_string(s.train.precision),
-                 " is not supported by this build yet: the engine trains in fp32");
     TROUPE_CHECK(s.resources.device == DeviceKind::cpu, "resources.device ", to_string(s.resources.device),
                  ": this build's engine trains on CPU only");
     T = s.model.seq_len;
@@ -141,6 +168,9 @@ struct Engine::Impl {
                  " bytes) is shorter than one window of seq_len + 1 = ", T + 1);
     place = parallel::pipeline_place(a.rank, a.layout.dp, a.layout.pp, a.layout.tp);
     copt.timeout = a.comm_timeout;
+    ctx.compute_dtype = compute_dtype(s.train.precision);
+    scaler = parallel::LossScaler(s.train.precision == Precision::fp16);
+    fault = overflow_fault();
     if (world_size() > 1) connect();
     build_stages();
     for (auto* st : stage_ptrs)
@@ -160,6 +190,12 @@ struct Engine::Impl {
       resume(a.resume_from);
     else if (!s.model.init_from.empty())
       init_from(s.model.init_from);
+    refresh_compute();
+  }
+
+  // The products' 16-bit copy of the master weights, after they changed.
+  void refresh_compute() {
+    for (auto* st : stage_ptrs) st->store().refresh_compute();
   }
 
   const comm::GridCoord& coord() const { return place.coord; }
@@ -194,7 +230,7 @@ struct Engine::Impl {
   // pipeline, the executor runs the plan's checked schedule over them.
   void build_stages() {
     stages = parallel::make_rank_stages(cfg, plan.partition, coord().p, plan.check, plan.micro_batch,
-                                        model::TensorShard{coord().t, layout().tp}, tp_group.get());
+                                        model::TensorShard{coord().t, layout().tp}, tp_group.get(), ctx);
     for (auto& st : stages) stage_ptrs.push_back(st.get());
     if (layout().pp > 1)
       exec = std::make_unique<parallel::PipelineExecutor>(plan.table, plan.check, coord().p, stage_ptrs,
@@ -242,6 +278,22 @@ struct Engine::Impl {
       src.read_slice("optim.v." + params[i]->name, want, opt->v(i).data());
     }
     next_step = src.manifest()->step;
+    restore_loss_scale(src.manifest()->loss_scale, dir);
+  }
+
+  // A checkpoint's loss-scaler state (null: it never scaled nor skipped). Restored in
+  // every precision: AdamW's step count leaves out the skipped steps.
+  void restore_loss_scale(const nlohmann::json& j, const std::string& dir) {
+    if (j.is_null()) return;
+    try {
+      parallel::LossScaleState st;
+      st.scale = j.at("scale").get<double>();
+      st.clean_steps = j.at("clean_steps").get<int64_t>();
+      st.skipped_steps = j.at("skipped_steps").get<int64_t>();
+      scaler.restore(st);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(dir + ": malformed loss_scale in the manifest: " + e.what());
+    }
   }
 
   // ------------------------------------------------------------------ one step
@@ -288,7 +340,8 @@ struct Engine::Impl {
     const auto t0 = clock::now();
     const int64_t s = next_step;
     const int B = spec.train.global_batch;
-    const float dloss = 1.0f / float(int64_t(B) * T);
+    const double scale = scaler.scale();
+    const float dloss = float(scale / double(int64_t(B) * T));
     for (auto* st : stage_ptrs) st->zero_grads();
     double loss_sum = 0.0;
     StepReport r;
@@ -340,14 +393,23 @@ struct Engine::Impl {
     // Each data replica's last pipeline stage holds its rows' loss; tensor shards hold copies.
     loss_sum = world_sum(place.last && coord().t == 0 ? loss_sum : 0.0);
     set_where("step " + std::to_string(s) + ": optimizer");
-    const double norm = std::sqrt(grad_norm_squared());
-    r.comm_ms += std::chrono::duration<double, std::milli>(clock::now() - t_comm).count();
-    for (auto* st : stage_ptrs) clip_grads(stage_refs(st), norm, spec.train.grad_clip);
+    if (fault.step == s && fault.rank == asg.rank && asg.generation == 0) poison_grads();
+    const bool stepped = scaler.update(scaler.enabled() && world_found_inf());
+    double norm = std::numeric_limits<double>::quiet_NaN();
     const double lr = lr_at(spec.train, s);
-    opt->step(lr, s + 1);
+    if (stepped) {
+      if (scale != 1.0) unscale_grads(1.0 / scale);
+      norm = std::sqrt(grad_norm_squared());
+      for (auto* st : stage_ptrs) clip_grads(stage_refs(st), norm, spec.train.grad_clip);
+      opt->step(lr, s + 1 - scaler.state().skipped_steps);
+      refresh_compute();
+    }
+    r.comm_ms += std::chrono::duration<double, std::milli>(clock::now() - t_comm).count();
     next_step = s + 1;
 
     r.step = s;
+    r.loss_scale = scaler.enabled() ? scale : 0.0;
+    r.skipped = !stepped;
     r.loss = loss_sum / double(int64_t(B) * T);
     r.lr = lr;
     r.tokens = int64_t(B) * T;
@@ -358,6 +420,30 @@ struct Engine::Impl {
     r.step_ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
     set_where("idle after step " + std::to_string(s));
     return r;
+  }
+
+  // fp16: whether any rank's gradients hold an inf or NaN, as one all-reduce of a flag.
+  bool world_found_inf() {
+    double flag = 0.0;
+    for (auto* st : stage_ptrs) {
+      const Tensor& g = st->store().flat_grads();
+      if (!std::isfinite(ctx.kernels->sum_squares(g.f32(), size_t(g.numel())))) flag = 1.0;
+    }
+    if (world) world->allreduce(&flag, 1, comm::ReduceOp::max, copt);
+    return flag > 0.0;
+  }
+
+  void unscale_grads(double inv_scale) {
+    for (auto* st : stage_ptrs) {
+      const Tensor& g = st->store().flat_grads();
+      ctx.kernels->scale_inplace(g.f32(), float(inv_scale), size_t(g.numel()));
+    }
+  }
+
+  void poison_grads() {
+    std::fprintf(stderr, "troupe: TROUPE_INJECT_OVERFLOW: rank %d writes an inf into its gradients at step %lld\n",
+                 asg.rank, static_cast<long long>(next_step));
+    stage_ptrs.front()->store().flat_grads().f32()[0] = std::numeric_limits<float>::infinity();
   }
 
   std::vector<ParamRef> stage_refs(model::Stage* st) const {
@@ -431,6 +517,9 @@ struct Engine::Impl {
     const auto& o = spec.train.optimizer;
     m.optimizer = {{"type", o.type},   {"lr", o.lr},   {"beta1", o.beta1},
                    {"beta2", o.beta2}, {"eps", o.eps}, {"weight_decay", o.weight_decay}};
+    const parallel::LossScaleState& ls = scaler.state();
+    if (scaler.enabled() || ls.skipped_steps > 0)
+      m.loss_scale = {{"scale", ls.scale}, {"clean_steps", ls.clean_steps}, {"skipped_steps", ls.skipped_steps}};
     return checkpoint::to_json(m).dump();
   }
 

@@ -48,12 +48,14 @@ struct StepReport {
   double lr = 0.0;                 // learning rate used by this step
   int64_t tokens = 0;              // tokens in the global batch
   double step_ms = 0.0;            // wall time of the step on this rank
-  double grad_norm = 0.0;          // global gradient norm before clipping
+  double grad_norm = 0.0;          // global gradient norm before clipping (NaN on a skipped step)
   double compute_ms = 0.0;         // pipeline: time inside forward/backward
   double comm_ms = 0.0;            // pipeline transfers and the gradient/loss reductions
   double bubble_ms = 0.0;          // pipeline: step time minus compute time
   double overlap_ms = 0.0;         // pp == 1: gradient allreduce time hidden behind backward
   std::optional<double> val_loss;  // set on eval steps (train.eval_every)
+  double loss_scale = 0.0;         // fp16: the loss scale this step ran with; 0 without scaling
+  bool skipped = false;            // fp16: an inf/NaN on some rank skipped this optimizer step
 };
 
 // Thrown by step() after request_abort().

@@ -50,6 +50,17 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int IC, int OC, Out dinp_mode = Out::accumulate);
 
+// 16-bit operands, f32 accumulation and results (mixed precision): inp and weight are
+// bit patterns of dt (bf16 or f16), through gemm_half (kernels/cpu/gemm_half.hpp).
+void linear_forward_h(DType dt, float* out, const uint16_t* inp, const uint16_t* weight, const float* bias,
+                      int N, int IC, int OC);
+// dout is rounded to dt into dout_h(N,OC) (scratch the caller owns); then
+// dinp(N,IC) (+)= dout_h @ weight, dweight(OC,IC) += dout_h^T @ inp (f32), and
+// dbias(OC) += sum_n dout (the f32 dout). dinp, dweight, dbias may be null.
+void linear_backward_h(DType dt, float* dinp, float* dweight, float* dbias, const float* dout,
+                       uint16_t* dout_h, const uint16_t* inp, const uint16_t* weight, int N, int IC, int OC,
+                       Out dinp_mode = Out::accumulate);
+
 // ---------------------------------------------------------------- embedding
 // out(B,T,C) = wte[tokens[b,t]] + wpe[t]. tokens in [0,V). wpe may be null (MLP model).
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,

@@ -1,5 +1,6 @@
-// kernels::cpu_kernels(): the fp32 CPU functions of kernels/cpu/kernels.hpp as a
-// kernels::Kernels table.
+// kernels::cpu_kernels(): the CPU functions of kernels/cpu/kernels.hpp (fp32, and the
+// 16-bit linear of mixed precision) as a kernels::Kernels table.
+#include "kernels/cpu/gemm_half.hpp"
 #include "kernels/cpu/kernels.hpp"
 #include "kernels/kernels.hpp"
 
@@ -13,6 +14,9 @@ Kernels make_cpu_table() {
   k.device = Device::cpu;
   k.linear_forward = &cpu::linear_forward;
   k.linear_backward = &cpu::linear_backward;
+  k.linear_forward_h = &cpu::linear_forward_h;
+  k.linear_backward_h = &cpu::linear_backward_h;
+  k.to_half = &cpu::to_half;
   k.embedding_forward = &cpu::embedding_forward;
   k.embedding_backward = &cpu::embedding_backward;
   k.layernorm_forward = &cpu::layernorm_forward;

@@ -90,16 +90,23 @@ TEST_CASE("device context: the CPU context, and a stage given it explicitly comp
   CHECK(same_bits(plain.logits(0), explicit_ctx.logits(0)));
 }
 
-TEST_CASE("device context: a stage refuses a device or a precision it has no kernels for",
+TEST_CASE("device context: a stage refuses a device, or a precision its kernels lack",
           "[model][device]") {
   const ModelConfig c = tiny();
   DeviceContext cuda = DeviceContext::cpu();
   cuda.device = Device::cuda;  // with the CPU kernels and allocator: inconsistent
   CHECK_THROWS_WITH(Stage(c, StageRange::full(c), 1, 1, cuda), Catch::Contains("'cpu' kernels of cpu"));
+  // A table without the 16-bit linear kernels cannot compute in bf16.
+  kernels::Kernels f32_only = kernels::cpu_kernels();
+  f32_only.name = "f32-only";
+  f32_only.linear_forward_h = nullptr;
   DeviceContext bf16 = DeviceContext::cpu();
+  bf16.kernels = &f32_only;
   bf16.compute_dtype = DType::bf16;
   CHECK_THROWS_WITH(Stage(c, StageRange::full(c), 1, 1, bf16),
-                    Catch::Contains("computing in bf16") && Catch::Contains("f32 only"));
+                    Catch::Contains("computing in bf16") && Catch::Contains("'f32-only' kernels have none"));
+  bf16.kernels = &kernels::cpu_kernels();
+  CHECK_NOTHROW(Stage(c, StageRange::full(c), 1, 1, bf16));
   DeviceContext none;
   CHECK_THROWS_AS(Stage(c, StageRange::full(c), 1, 1, none), Error);
   DeviceContext i32 = DeviceContext::cpu();
