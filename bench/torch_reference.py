@@ -7,7 +7,7 @@ CPU thread unless told otherwise. Prints tokens/s after warm-up; the last line
 is machine-readable for bench/train_throughput:
 
     tokens_per_s=<median-step figure> tokens_per_cpu_s=<figure> params=<count>
-    params_no_wpe=<count> peak_rss_kib=<VmHWM>
+    params_no_wpe=<count> peak_rss_kib=<VmHWM> last_loss=<loss>
 
 --autocast bf16 runs forward and loss under torch.autocast("cpu", dtype=torch.bfloat16):
 the module's fp32 parameters are the master weights, AdamW and the clip see fp32
