@@ -7,16 +7,5 @@ target_link_libraries(gemm_peak PRIVATE troupe_kernels BLAS::BLAS)
 if(TARGET troupe_engine)
   add_executable(train_throughput ${CMAKE_CURRENT_SOURCE_DIR}/train_throughput.cpp)
   target_link_libraries(train_throughput PRIVATE troupe_engine troupe_kernels troupe_core)
-  # Its 16-bit GEMM rows time kernels::cpu::gemm_half where troupe_kernels defines it
-  # (the header may come before the implementation); else they print "n/a".
-  get_target_property(_kernel_sources troupe_kernels SOURCES)
-  set(_have_gemm_half 0)
-  foreach(_f ${_kernel_sources})
-    file(STRINGS ${_f} _definition REGEX "^void ([a-z:]*::)?gemm_half\\(")
-    if(_definition)
-      set(_have_gemm_half 1)
-    endif()
-  endforeach()
-  target_compile_definitions(train_throughput PRIVATE TROUPE_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
-                                                      TROUPE_HAVE_GEMM_HALF=${_have_gemm_half})
+  target_compile_definitions(train_throughput PRIVATE TROUPE_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 endif()

@@ -1,41 +1,33 @@
 // GFLOP/s of kernels::cpu::gemm_half (bf16 / f16 inputs, fp32 accumulation and
 // result) per backend, timed as gemm_timing.hpp times the fp32 GEMM: thread CPU
 // time, a warm-up product, the median of repeats.
-//
-// TROUPE_HAVE_GEMM_HALF (bench/compute.cmake) says whether troupe_kernels defines
-// gemm_half; without it every figure is "not in this build" and nothing here
-// calls it.
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "bench/gemm_timing.hpp"
 #include "core/dtype.hpp"
-#if TROUPE_HAVE_GEMM_HALF
-#include <cstdint>
-#include <random>
-
 #include "core/dtype_convert.hpp"
 #include "kernels/cpu/gemm_half.hpp"
-#endif
 
 namespace troupe::bench {
 
 struct HalfGemmRate {
-  std::string backend;         // "avx512bf16", "convert"; "" when gemm_half is missing
+  std::string backend;         // "avx512bf16", "convert"
   std::string why;             // why there are no figures; empty when there are
   std::vector<double> gflops;  // median per shape
 };
 
 // One entry per gemm_half backend that takes dt (bf16 or f16): its median GFLOP/s
 // on each shape over `repeats` rounds of at least min_seconds, or why it has none
-// (not on this CPU, not in this build).
+// (not on this CPU).
 inline std::vector<HalfGemmRate> half_gemm_rates(DType dt, const std::vector<GemmShape>& shapes,
                                                  int repeats = 3, double min_seconds = 0.1) {
   std::vector<HalfGemmRate> out;
-#if TROUPE_HAVE_GEMM_HALF
   namespace k = kernels::cpu;
   for (k::HalfGemmBackend b : {k::HalfGemmBackend::avx512bf16, k::HalfGemmBackend::convert}) {
     if (b == k::HalfGemmBackend::avx512bf16 && dt != DType::bf16) continue;
@@ -77,12 +69,6 @@ inline std::vector<HalfGemmRate> half_gemm_rates(DType dt, const std::vector<Gem
     }
     out.push_back(r);
   }
-#else
-  (void)dt, (void)shapes, (void)repeats, (void)min_seconds;
-  HalfGemmRate r;
-  r.why = "kernels::cpu::gemm_half is not in this build";
-  out.push_back(r);
-#endif
   return out;
 }
 

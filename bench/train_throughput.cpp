@@ -385,9 +385,8 @@ std::vector<GemmRow> troupe_half_rows(troupe::DType dt, const char* name, double
   std::vector<GemmRow> rows;
   const std::vector<GemmShape> shapes(std::begin(kHalfShapes), std::end(kHalfShapes));
   for (const troupe::bench::HalfGemmRate& r : troupe::bench::half_gemm_rates(dt, shapes)) {
-    const std::string backend = r.backend.empty() ? "" : " (" + r.backend + ")";
-    rows.push_back(gemm_row(std::string("troupe ") + name + " gemm_half" + backend,
-                            std::string("troupe_") + name + (r.backend.empty() ? "" : "_" + r.backend)));
+    rows.push_back(gemm_row(std::string("troupe ") + name + " gemm_half (" + r.backend + ")",
+                            std::string("troupe_") + name + "_" + r.backend));
     rows.back().why = r.why;
     rows.back().gflops = r.gflops;
     for (double v : r.gflops) *ceiling = std::max(*ceiling, v);
