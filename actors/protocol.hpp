@@ -228,8 +228,8 @@ typename Inspector::result_type inspect(Inspector& f, Assignment& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepMetrics& x) {
   return f(caf::meta::type_name("StepMetrics"), x.job_id, x.generation, x.rank, x.step, x.loss, x.lr,
-           x.tokens, x.step_ms, x.grad_norm, x.has_val_loss, x.val_loss, x.compute_ms, x.comm_ms,
-           x.bubble_ms, x.loss_scale, x.skipped);
+           x.tokens, x.step_ms, x.grad_norm, x.has_val_loss, x.val_loss, x.compute_ms, x.comm_ms, x.bubble_ms,
+           x.loss_scale, x.skipped);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, WorkerResult& x) {

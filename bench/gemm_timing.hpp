@@ -1,6 +1,7 @@
-// GFLOP/s of one GEMM shape through one backend: warm-up, then the median of
-// timed repeats, each long enough to dwarf timer resolution. Shared by
-// gemm_peak (the table) and train_throughput (the MFU denominator).
+// GFLOP/s of one GEMM shape through one backend (fp32, or 16-bit through
+// gemm_half): warm-up, then the median of timed repeats, each long enough to
+// dwarf timer resolution. Shared by gemm_peak (the tables) and train_throughput
+// (the MFU denominator).
 //
 // Time is the calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID): on a machine
 // shared with other work it leaves out the slices the thread spent descheduled,
@@ -11,11 +12,14 @@
 #include <time.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "kernels/cpu/gemm_backends.hpp"
+#include "kernels/cpu/gemm_half.hpp"
 
 namespace troupe::bench {
 
@@ -76,23 +80,52 @@ class GemmOperands {
   std::vector<float> A_, B_, C_;
 };
 
-// GFLOP/s of shape s through each backend: after a warm-up, `repeats` rounds in
-// which every backend runs once for about `min_seconds`, so that load from
-// other processes that comes and goes falls on all backends alike.
-inline std::vector<GemmRate> gemm_gflops(const std::vector<kernels::cpu::GemmBackend>& backends,
-                                         const GemmShape& s, int repeats = 5, double min_seconds = 0.05) {
-  GemmOperands ops(s);
-  auto run = [&](kernels::cpu::GemmBackend b) { ops.run(b); };
-  const size_t nb = backends.size();
+// 16-bit operands of one shape (uniform in [-1, 1), rounded to dt), and
+// C = op(A) op(B) through a given 16-bit backend.
+class HalfGemmOperands {
+ public:
+  HalfGemmOperands(const GemmShape& s, DType dt) : s_(s), dt_(dt) {
+    std::vector<float> a(size_t(s.ta ? s.K : s.M) * lda()), b(size_t(s.tb ? s.N : s.K) * ldb());
+    std::mt19937 gen(1);
+    std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+    for (auto& x : a) x = d(gen);
+    for (auto& x : b) x = d(gen);
+    A_.resize(a.size());
+    B_.resize(b.size());
+    kernels::cpu::to_half(dt, A_.data(), a.data(), a.size());
+    kernels::cpu::to_half(dt, B_.data(), b.data(), b.size());
+    C_.resize(size_t(s.M) * s.N);
+  }
+  void run(kernels::cpu::HalfGemmBackend b) {
+    kernels::cpu::gemm_half_with(b, dt_, s_.ta, s_.tb, s_.M, s_.N, s_.K, A_.data(), lda(), B_.data(), ldb(),
+                                 0.0f, C_.data(), s_.N);
+  }
+  double flops() const { return 2.0 * s_.M * s_.N * double(s_.K); }
+
+ private:
+  int lda() const { return s_.ta ? s_.M : s_.K; }
+  int ldb() const { return s_.tb ? s_.K : s_.N; }
+  GemmShape s_;
+  DType dt_;
+  std::vector<uint16_t> A_, B_;
+  std::vector<float> C_;
+};
+
+// GFLOP/s of `runs`, each one product of `flops`: after a warm-up, `repeats`
+// rounds in which every run goes once for about `min_seconds`, so that load from
+// other processes that comes and goes falls on all of them alike.
+inline std::vector<GemmRate> interleaved_gflops(const std::vector<std::function<void()>>& runs, double flops,
+                                                int repeats, double min_seconds) {
+  const size_t nb = runs.size();
   // Warm-up (packing buffers, page faults, lazy library init), and an iteration
-  // count per backend calibrated from it.
+  // count per run calibrated from it.
   std::vector<int> iters(nb);
   for (size_t k = 0; k < nb; ++k) {
-    run(backends[k]);
+    runs[k]();
     const double t0 = thread_cpu_seconds();
     int n = 0;
     do {
-      run(backends[k]);
+      runs[k]();
       ++n;
     } while (thread_cpu_seconds() - t0 < min_seconds / 2);
     iters[k] = std::max(1, int(min_seconds / ((thread_cpu_seconds() - t0) / n)));
@@ -101,9 +134,9 @@ inline std::vector<GemmRate> gemm_gflops(const std::vector<kernels::cpu::GemmBac
   for (int r = 0; r < repeats; ++r)
     for (size_t k = 0; k < nb; ++k) {
       const double t0 = thread_cpu_seconds();
-      for (int i = 0; i < iters[k]; ++i) run(backends[k]);
+      for (int i = 0; i < iters[k]; ++i) runs[k]();
       const double dt = thread_cpu_seconds() - t0;
-      rates[k].push_back(ops.flops() * iters[k] / dt * 1e-9);
+      rates[k].push_back(flops * iters[k] / dt * 1e-9);
     }
   std::vector<GemmRate> out(nb);
   for (size_t k = 0; k < nb; ++k) {
@@ -113,12 +146,39 @@ inline std::vector<GemmRate> gemm_gflops(const std::vector<kernels::cpu::GemmBac
   return out;
 }
 
+// GFLOP/s of shape s through each backend (interleaved_gflops).
+inline std::vector<GemmRate> gemm_gflops(const std::vector<kernels::cpu::GemmBackend>& backends,
+                                         const GemmShape& s, int repeats = 5, double min_seconds = 0.05) {
+  GemmOperands ops(s);
+  std::vector<std::function<void()>> runs;
+  for (auto b : backends) runs.push_back([&ops, b] { ops.run(b); });
+  return interleaved_gflops(runs, ops.flops(), repeats, min_seconds);
+}
+
+// GFLOP/s of shape s in 16-bit dtype dt through each 16-bit backend.
+inline std::vector<GemmRate> half_gemm_gflops(const std::vector<kernels::cpu::HalfGemmBackend>& backends,
+                                              DType dt, const GemmShape& s, int repeats = 5,
+                                              double min_seconds = 0.05) {
+  HalfGemmOperands ops(s, dt);
+  std::vector<std::function<void()>> runs;
+  for (auto b : backends) runs.push_back([&ops, b] { ops.run(b); });
+  return interleaved_gflops(runs, ops.flops(), repeats, min_seconds);
+}
+
 // Every backend this build and CPU offer, in a fixed order.
 inline std::vector<kernels::cpu::GemmBackend> available_gemm_backends() {
   std::vector<kernels::cpu::GemmBackend> out;
   for (auto b : {kernels::cpu::GemmBackend::avx512, kernels::cpu::GemmBackend::openblas,
                  kernels::cpu::GemmBackend::dnnl})
     if (kernels::cpu::gemm_backend_available(b)) out.push_back(b);
+  return out;
+}
+
+// Every 16-bit backend this CPU offers for dt, in a fixed order.
+inline std::vector<kernels::cpu::HalfGemmBackend> available_half_gemm_backends(DType dt) {
+  std::vector<kernels::cpu::HalfGemmBackend> out;
+  for (auto b : {kernels::cpu::HalfGemmBackend::avx512bf16, kernels::cpu::HalfGemmBackend::convert})
+    if (kernels::cpu::half_gemm_backend_available(b, dt)) out.push_back(b);
   return out;
 }
 

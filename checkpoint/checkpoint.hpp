@@ -52,7 +52,7 @@ struct Manifest {
   // Mixed-precision loss-scaler state ({"scale", "clean_steps", "skipped_steps"},
   // parallel/loss_scale.hpp) when the run scaled its loss or skipped a step; null otherwise.
   nlohmann::json loss_scale;
-  std::string spec_yaml;     // the resolved job spec (model config for tools like `troupe sample`)
+  std::string spec_yaml;  // the resolved job spec (model config for tools like `troupe sample`)
   std::vector<FileRecord> files;
 };
 
@@ -164,8 +164,7 @@ class TensorSource {
 // dtype f32 (default) writes the f32 master weights as they are; bf16 or f16 rounds
 // them to nearest even (core/dtype_convert.hpp), the dtype a 16-bit model is shipped in.
 // Returns the number of tensors written.
-size_t export_model(const std::string& checkpoint_dir, const std::string& out_path,
-                    DType dtype = DType::f32);
+size_t export_model(const std::string& checkpoint_dir, const std::string& out_path, DType dtype = DType::f32);
 
 // Test hook, off unless TROUPE_CKPT_FAULT is set: "write:<step>:<rank>" kills the writer
 // of that rank half-way through its shard file (generation 0 only); "commit:<step>" kills

@@ -1,6 +1,7 @@
 #include "coordinator/metrics.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 namespace troupe::coord {
 
@@ -23,19 +24,21 @@ std::optional<nlohmann::json> MetricsAggregator::add(const StepSample& s) {
     comm_ms += x.comm_ms / world_;
     bubble_ms += x.bubble_ms / world_;
   }
-  nlohmann::json line = {{"step", s.step},
-                         {"loss", last.loss},
-                         {"lr", last.lr},
-                         {"tokens", last.tokens},
-                         {"tokens_per_s", step_ms > 0 ? last.tokens / (step_ms / 1000.0) : 0.0},
-                         {"step_ms", step_ms},
-                         {"grad_norm", last.grad_norm},
-                         {"compute_ms", compute_ms},
-                         {"comm_ms", comm_ms},
-                         {"bubble_ms", bubble_ms},
-                         {"bubble_fraction", step_ms > 0 ? bubble_ms / step_ms : 0.0},
-                         {"generation", generation_},
-                         {"layout", layout_}};
+  nlohmann::json line = {
+      {"step", s.step},
+      {"loss", last.loss},
+      {"lr", last.lr},
+      {"tokens", last.tokens},
+      {"tokens_per_s", step_ms > 0 ? last.tokens / (step_ms / 1000.0) : 0.0},
+      {"step_ms", step_ms},
+      // A skipped fp16 step has no norm (NaN): null in the JSON.
+      {"grad_norm", std::isfinite(last.grad_norm) ? nlohmann::json(last.grad_norm) : nlohmann::json()},
+      {"compute_ms", compute_ms},
+      {"comm_ms", comm_ms},
+      {"bubble_ms", bubble_ms},
+      {"bubble_fraction", step_ms > 0 ? bubble_ms / step_ms : 0.0},
+      {"generation", generation_},
+      {"layout", layout_}};
   if (last.val_loss) line["val_loss"] = *last.val_loss;
   if (last.loss_scale > 0) {
     int skipped = 0;

@@ -40,9 +40,9 @@ namespace troupe::model {
 // output and every gradient stay f32.
 struct Linear {
   const kernels::Kernels* k = nullptr;
-  DType dt = DType::f32;          // dtype of the weights and inputs the product reads
-  const float* w = nullptr;       // f32 weights (dt == f32)
-  const uint16_t* wh = nullptr;   // 16-bit weights (dt bf16 / f16)
+  DType dt = DType::f32;         // dtype of the weights and inputs the product reads
+  const float* w = nullptr;      // f32 weights (dt == f32)
+  const uint16_t* wh = nullptr;  // 16-bit weights (dt bf16 / f16)
   float* dw = nullptr;
   const float* b = nullptr;  // may be null (tied LM head)
   float* db = nullptr;
@@ -85,8 +85,8 @@ struct Workspace {
   Tensor dh;     // (B,T,H) gradient wrt the MLP hidden, after GELU, then (in place) before it
   Tensor datt;   // (B,NH/tp,T,T) attention backward scratch (gpt)
   // Mixed precision only (compute dtype bf16 / f16; undefined in f32):
-  Tensor dy_h;   // (B*T*max(3D/tp, H, D)) a linear's output gradient in the compute dtype
-  Tensor act;    // (B,T,max(D, H)) f32 output of a layer before it is kept in the compute dtype
+  Tensor dy_h;  // (B*T*max(3D/tp, H, D)) a linear's output gradient in the compute dtype
+  Tensor act;   // (B,T,max(D, H)) f32 output of a layer before it is kept in the compute dtype
 };
 
 class Block {

@@ -16,9 +16,9 @@ const DeviceContext& runnable(const DeviceContext& ctx) {
   ctx.validate();
   TROUPE_CHECK(ctx.device == Device::cpu, "a stage on ", device_name(ctx.device),
                " needs device copies of its inputs and outputs: this build runs stages on cpu only");
-  TROUPE_CHECK(ctx.compute_dtype == DType::f32 || (ctx.kernels->linear_forward_h != nullptr &&
-                                                  ctx.kernels->linear_backward_h != nullptr &&
-                                                  ctx.kernels->to_half != nullptr),
+  TROUPE_CHECK(ctx.compute_dtype == DType::f32 ||
+                   (ctx.kernels->linear_forward_h != nullptr && ctx.kernels->linear_backward_h != nullptr &&
+                    ctx.kernels->to_half != nullptr),
                "a stage computing in ", dtype_name(ctx.compute_dtype), " needs kernels for ",
                dtype_name(ctx.compute_dtype), " weights: the '", ctx.kernels->name, "' kernels have none");
   return ctx;

@@ -121,7 +121,7 @@ class Stage {
   Workspace ws_;
   Tensor dlogits_;    // (B,T,V) head backward scratch
   Tensor dlogits_h_;  // (B,T,V) the same in the compute dtype (mixed precision only)
-  Linear head_;     // tied: weight = wte, no bias
+  Linear head_;       // tied: weight = wte, no bias
   LayerNorm ln_f_;
   float *wte_ = nullptr, *dwte_ = nullptr, *wpe_ = nullptr, *dwpe_ = nullptr;
   // Flat-gradient offsets where the head's parameters (ln_f, the tied wte of a head-only

@@ -15,13 +15,18 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
+
+namespace troupe::model {
+class Stage;
+}
 
 namespace troupe::parallel {
 
 struct LossScaleState {
-  double scale = 65536.0;       // 2^16, GradScaler's init_scale
-  int64_t clean_steps = 0;      // steps in a row without inf/NaN since the last change
-  int64_t skipped_steps = 0;    // optimizer steps skipped so far (AdamW counts only the others)
+  double scale = 65536.0;     // 2^16, GradScaler's init_scale
+  int64_t clean_steps = 0;    // steps in a row without inf/NaN since the last change
+  int64_t skipped_steps = 0;  // optimizer steps skipped so far (AdamW counts only the others)
 };
 
 class LossScaler {
@@ -50,5 +55,25 @@ class LossScaler {
   bool enabled_;
   LossScaleState state_;
 };
+
+// Whether every gradient of these stages is finite (one pass over the flat buffers).
+bool grads_finite(const std::vector<model::Stage*>& stages);
+// Multiplies every gradient of these stages by s (unscaling before clipping and AdamW).
+void scale_grads(const std::vector<model::Stage*>& stages, float s);
+
+// Test hook, off unless TROUPE_INJECT_OVERFLOW=<step>:<rank> is set: that rank writes an
+// inf into its gradients at that step (generation 0 only), as an fp16 overflow would;
+// tests show with it that every rank then skips the step together.
+struct OverflowFault {
+  int64_t step = -1;
+  int rank = -1;
+  // Throws troupe::Error when the variable is set but not <step>:<rank>.
+  static OverflowFault from_env();
+  bool fires(int64_t at_step, int at_rank, int generation) const {
+    return at_step == step && at_rank == rank && generation == 0;
+  }
+};
+// Writes +inf into the first gradient of the stage (and says so on stderr).
+void poison_grads(model::Stage& stage, int64_t step, int rank);
 
 }  // namespace troupe::parallel

@@ -62,27 +62,6 @@ size_t env_size(const char* name, size_t fallback) {
   return size_t(x);
 }
 
-// TROUPE_INJECT_OVERFLOW=<step>:<rank>: that rank writes an inf into its gradients at
-// that step (generation 0 only), as an fp16 overflow would. Tests use it to show that
-// every rank then skips the step together. Unset or empty: never.
-struct OverflowFault {
-  int64_t step = -1;
-  int rank = -1;
-};
-OverflowFault overflow_fault() {
-  OverflowFault f;
-  const char* v = std::getenv("TROUPE_INJECT_OVERFLOW");
-  if (v == nullptr || *v == '\0') return f;
-  long long step = -1;
-  int rank = -1;
-  char tail = 0;
-  TROUPE_CHECK(std::sscanf(v, "%lld:%d%c", &step, &rank, &tail) == 2 && step >= 0 && rank >= 0,
-               "TROUPE_INJECT_OVERFLOW=", v, " is not <step>:<rank>");
-  f.step = step;
-  f.rank = rank;
-  return f;
-}
-
 // A given plan (make_plan made it, so it is consistent in itself) is checked against the
 // spec it is to run: the assignment's layout with the spec's pipeline and tensor sizes
 // (a resize changes only data), the spec's batch, schedule and micro-batch size when it
@@ -135,7 +114,7 @@ struct Engine::Impl {
   // Mixed precision: the compute dtype of the products, and fp16's dynamic loss scale.
   model::DeviceContext ctx = model::DeviceContext::cpu();
   parallel::LossScaler scaler{false};
-  OverflowFault fault;
+  parallel::OverflowFault fault;
   // Data-parallel reduction: bucket size and, with pp == 1, the thread that reduces each
   // bucket of the last micro-batch's backward as soon as it is final (TROUPE_DP_OVERLAP=0:
   // after the backward, on the engine thread). With a pipeline the last backward of each
@@ -170,7 +149,7 @@ struct Engine::Impl {
     copt.timeout = a.comm_timeout;
     ctx.compute_dtype = compute_dtype(s.train.precision);
     scaler = parallel::LossScaler(s.train.precision == Precision::fp16);
-    fault = overflow_fault();
+    fault = parallel::OverflowFault::from_env();
     if (world_size() > 1) connect();
     build_stages();
     for (auto* st : stage_ptrs)
@@ -393,12 +372,12 @@ struct Engine::Impl {
     // Each data replica's last pipeline stage holds its rows' loss; tensor shards hold copies.
     loss_sum = world_sum(place.last && coord().t == 0 ? loss_sum : 0.0);
     set_where("step " + std::to_string(s) + ": optimizer");
-    if (fault.step == s && fault.rank == asg.rank && asg.generation == 0) poison_grads();
+    if (fault.fires(s, asg.rank, asg.generation)) parallel::poison_grads(*stage_ptrs.front(), s, asg.rank);
     const bool stepped = scaler.update(scaler.enabled() && world_found_inf());
     double norm = std::numeric_limits<double>::quiet_NaN();
     const double lr = lr_at(spec.train, s);
     if (stepped) {
-      if (scale != 1.0) unscale_grads(1.0 / scale);
+      if (scale != 1.0) parallel::scale_grads(stage_ptrs, float(1.0 / scale));
       norm = std::sqrt(grad_norm_squared());
       for (auto* st : stage_ptrs) clip_grads(stage_refs(st), norm, spec.train.grad_clip);
       opt->step(lr, s + 1 - scaler.state().skipped_steps);
@@ -424,26 +403,9 @@ struct Engine::Impl {
 
   // fp16: whether any rank's gradients hold an inf or NaN, as one all-reduce of a flag.
   bool world_found_inf() {
-    double flag = 0.0;
-    for (auto* st : stage_ptrs) {
-      const Tensor& g = st->store().flat_grads();
-      if (!std::isfinite(ctx.kernels->sum_squares(g.f32(), size_t(g.numel())))) flag = 1.0;
-    }
+    double flag = parallel::grads_finite(stage_ptrs) ? 0.0 : 1.0;
     if (world) world->allreduce(&flag, 1, comm::ReduceOp::max, copt);
     return flag > 0.0;
-  }
-
-  void unscale_grads(double inv_scale) {
-    for (auto* st : stage_ptrs) {
-      const Tensor& g = st->store().flat_grads();
-      ctx.kernels->scale_inplace(g.f32(), float(inv_scale), size_t(g.numel()));
-    }
-  }
-
-  void poison_grads() {
-    std::fprintf(stderr, "troupe: TROUPE_INJECT_OVERFLOW: rank %d writes an inf into its gradients at step %lld\n",
-                 asg.rank, static_cast<long long>(next_step));
-    stage_ptrs.front()->store().flat_grads().f32()[0] = std::numeric_limits<float>::infinity();
   }
 
   std::vector<ParamRef> stage_refs(model::Stage* st) const {
@@ -494,8 +456,6 @@ struct Engine::Impl {
 
   // ------------------------------------------------------------------ checkpoints
 
-  // ------------------------------------------------------------------ checkpoints
-
   std::thread writer;
   std::exception_ptr writer_error;
   std::string last_committed;
@@ -519,7 +479,8 @@ struct Engine::Impl {
                    {"beta2", o.beta2}, {"eps", o.eps}, {"weight_decay", o.weight_decay}};
     const parallel::LossScaleState& ls = scaler.state();
     if (scaler.enabled() || ls.skipped_steps > 0)
-      m.loss_scale = {{"scale", ls.scale}, {"clean_steps", ls.clean_steps}, {"skipped_steps", ls.skipped_steps}};
+      m.loss_scale = {
+          {"scale", ls.scale}, {"clean_steps", ls.clean_steps}, {"skipped_steps", ls.skipped_steps}};
     return checkpoint::to_json(m).dump();
   }
 

@@ -37,6 +37,11 @@ bool half_gemm_backend_available(HalfGemmBackend b, DType dt);
 // or one unavailable for dt, throws troupe::Error), else the fastest available.
 HalfGemmBackend half_gemm_default_backend(DType dt);
 
+// The backend that TROUPE_GEMM_HALF=name picks for dt: name null or empty gives the
+// fastest available, an unknown name or one unavailable for dt throws troupe::Error.
+// half_gemm_default_backend(dt) is this of the environment, cached on first use.
+HalfGemmBackend half_gemm_backend_for(const char* name, DType dt);
+
 // dt is DType::bf16 or DType::f16. bias (N) may be null; with a bias, beta must be 0.
 void gemm_half(DType dt, bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* A, int lda,
                const uint16_t* B, int ldb, float beta, float* C, int ldc, const float* bias = nullptr);

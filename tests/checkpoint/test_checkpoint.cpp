@@ -44,27 +44,14 @@ std::string temp_dir(const std::string& name) { return testing::temp_dir("test_c
 // checkpoint into `root` when `root` is set, and returns rank 0's losses.
 std::vector<double> run(const JobSpec& spec, Layout l, const std::string& resume, int64_t stop,
                         const std::string& root = "", bool use_committer = true) {
-  const int world = l.dp * l.pp * l.tp;
-  auto local_world = comm::make_local_world(world);
-  checkpoint::InProcessCommitter committer;
-  std::vector<std::vector<double>> losses(static_cast<size_t>(world));
-  const std::vector<std::string> errors = testing::run_ranks(world, [&](int r) {
-    EngineAssignment a = testing::local_assignment(r, l.dp, l.pp, l.tp, local_world);
-    a.resume_from = resume;
-    if (use_committer)
-      a.commit_shard = [&](const checkpoint::ShardReport& rep) { return committer.report(rep); };
-    Engine e(spec, a);
-    while (e.next_step() < stop) losses[size_t(r)].push_back(e.step().loss);
-    if (!root.empty()) {
-      e.save_checkpoint(root);
-      e.wait_checkpoint();
-    }
-  });
-  for (int r = 0; r < world; ++r) {
+  const testing::LayoutRun out = testing::run_layout(spec, l, resume, stop, root, use_committer);
+  for (int r = 0; r < l.world(); ++r) {
     INFO("layout " << l.str() << " rank " << r);
-    REQUIRE(errors[size_t(r)] == "");
+    REQUIRE(out.errors[size_t(r)] == "");
   }
-  return losses[0];
+  std::vector<double> losses;
+  for (const StepReport& s : out.reports[0]) losses.push_back(s.loss);
+  return losses;
 }
 
 std::vector<char> read_file(const std::string& p) {

@@ -119,7 +119,8 @@ TEST_CASE("cli: validate and run refuse cuda at file:line:col and start nothing"
       "train:\n  steps: 2\n  global_batch: 4\n";
   const std::string cuda = write_file(dir, "cuda.yaml", base + "resources:\n  device: cuda\n");
   for (const auto& [spec, where, what] : {std::tuple<std::string, std::string, std::string>{
-           cuda, "cuda.yaml:8:11: error: ", "resources.device: cuda: this build's engine trains on CPU only"}}) {
+           cuda,
+           "cuda.yaml:8:11: error: ", "resources.device: cuda: this build's engine trains on CPU only"}}) {
     Result v = cli("validate " + spec);
     INFO(v.out);
     CHECK(v.code == 2);
@@ -262,6 +263,46 @@ TEST_CASE("cli: run writes the run directory, and sample and resume use its chec
     CHECK(lb[i]["loss"].get<double>() == la[i + 3]["loss"].get<double>());
   }
   CHECK(cli("sample --ckpt " + dir + "/nowhere --tokens 3").code == 2);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("cli: a bf16 job trains through troupe run, and its checkpoint samples and exports in bf16 or fp32",
+          "[cli][half]") {
+  const std::string dir = temp_dir("bf16");
+  std::string text = kTiny;
+  text.replace(text.find("eval_every: 3}"), 14, "eval_every: 3, precision: bf16}");
+  const std::string spec = write_file(dir, "tiny.yaml", text);
+  Result r = cli("run " + spec + " --runs-dir " + dir + "/runs");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const std::string run = only_subdir(dir + "/runs");
+  std::ifstream m(run + "/metrics.jsonl");
+  std::string line;
+  std::vector<double> loss;
+  while (std::getline(m, line)) {
+    auto j = nlohmann::json::parse(line);
+    CHECK_FALSE(j.contains("loss_scale"));  // bf16 does not scale its loss
+    loss.push_back(j.at("loss").get<double>());
+  }
+  REQUIRE(loss.size() == 6);
+  CHECK(loss.back() < loss.front());
+
+  Result s = cli("sample --ckpt " + run + "/ckpt --prompt hello --tokens 40 --seed 7");
+  REQUIRE(s.code == 0);
+  CHECK(s.out.rfind("hello", 0) == 0);
+  CHECK(s.out.size() == 5 + 40 + 1);
+  CHECK(cli("sample --ckpt " + run + "/ckpt --prompt hello --tokens 40 --seed 7").out == s.out);
+
+  for (const char* dt : {"bf16", "fp32"}) {
+    const std::string out = dir + "/model_" + dt + ".safetensors";
+    Result e = cli("ckpt export " + run + "/ckpt --out " + out + " --dtype " + dt);
+    INFO(e.out);
+    REQUIRE(e.code == 0);
+    CHECK(e.out.find(std::string("(") + (dt[0] == 'b' ? "bf16" : "f32") + ")") != std::string::npos);
+    REQUIRE(fs::exists(out));
+  }
+  CHECK(fs::file_size(dir + "/model_bf16.safetensors") < fs::file_size(dir + "/model_fp32.safetensors"));
+  CHECK(cli("ckpt export " + run + "/ckpt --out " + dir + "/x.safetensors --dtype int8").code != 0);
   fs::remove_all(dir);
 }
 

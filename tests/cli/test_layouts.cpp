@@ -1,6 +1,7 @@
 // Every shipped layout, run through `troupe run` with real worker processes over gloo,
 // trains the 1x1x1 model: the same loss at every step and the same final parameters,
-// up to float summation order.
+// up to float summation order; in bf16 every layout follows the bf16 1x1x1 run, and an
+// fp16 overflow on one rank skips the step on all of them.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,11 +19,12 @@ using namespace troupe;
 
 namespace {
 
-// Runs `troupe run -q <config>` into its own runs root; returns the run directory.
-std::string run_config(const std::string& config, const std::string& root) {
+// Runs `troupe run -q <config>` into its own runs root (with `env`, "NAME=value ...",
+// in its environment); returns the run directory.
+std::string run_config(const std::string& config, const std::string& root, const std::string& env = "") {
   fs::remove_all(root);
-  std::string cmd = std::string("cd ") + TROUPE_SOURCE_DIR + " && " + TROUPE_BINARY_DIR + "/troupe run -q " +
-                    config + " --runs-dir " + root + " > " + root + ".log 2>&1";
+  std::string cmd = std::string("cd ") + TROUPE_SOURCE_DIR + " && " + env + " " + TROUPE_BINARY_DIR +
+                    "/troupe run -q " + config + " --runs-dir " + root + " > " + root + ".log 2>&1";
   int st = std::system(cmd.c_str());
   std::ifstream log(root + ".log");
   std::string out((std::istreambuf_iterator<char>(log)), {});
@@ -35,12 +37,31 @@ std::string run_config(const std::string& config, const std::string& root) {
   return runs[0];
 }
 
-std::vector<double> losses(const std::string& run) {
+std::vector<nlohmann::json> metrics(const std::string& run) {
   std::ifstream f(run + "/metrics.jsonl");
-  std::vector<double> out;
+  std::vector<nlohmann::json> out;
   std::string line;
-  while (std::getline(f, line)) out.push_back(nlohmann::json::parse(line).at("loss").get<double>());
+  while (std::getline(f, line)) out.push_back(nlohmann::json::parse(line));
   return out;
+}
+
+std::vector<double> losses(const std::string& run) {
+  std::vector<double> out;
+  for (const auto& m : metrics(run)) out.push_back(m.at("loss").get<double>());
+  return out;
+}
+
+// A shipped layout file, made to train `steps` steps in `precision`, written into dir.
+std::string layout_in(const std::string& layout, const std::string& precision, int steps,
+                      const std::string& dir) {
+  std::ifstream in(std::string(TROUPE_SOURCE_DIR) + "/configs/layouts/" + layout + ".yaml");
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  const size_t at = text.find("  steps: 10\n");
+  REQUIRE(at != std::string::npos);
+  text.replace(at, 12, "  steps: " + std::to_string(steps) + "\n  precision: " + precision + "\n");
+  const std::string path = dir + "/" + layout + "_" + precision + ".yaml";
+  std::ofstream(path) << text;
+  return path;
 }
 
 }  // namespace
@@ -90,5 +111,48 @@ TEST_CASE("layouts: every configs/layouts file gives the 1x1x1 losses and final 
     }
   }
   CHECK(layouts >= 9);
+  fs::remove_all(tmp);
+}
+
+TEST_CASE("layouts: in bf16 every layout of {1,2}^3 follows the bf16 1x1x1 run within 1e-2",
+          "[cli][layouts][half]") {
+  const std::string tmp =
+      (fs::temp_directory_path() / ("troupe_layouts_bf16_" + std::to_string(::getpid()))).string();
+  fs::create_directories(tmp);
+  const int steps = 20;
+  const std::vector<double> ref =
+      losses(run_config(layout_in("tiny_dp1_pp1_tp1", "bf16", steps, tmp), tmp + "/ref"));
+  REQUIRE(ref.size() == size_t(steps));
+  const std::vector<double> f32 =
+      losses(run_config(layout_in("tiny_dp1_pp1_tp1", "fp32", steps, tmp), tmp + "/f32"));
+  CHECK(f32 != ref);  // bf16 computes other bits than fp32
+  for (const char* name : {"tiny_dp1_pp1_tp2", "tiny_dp1_pp2_tp1_1f1b", "tiny_dp1_pp2_tp2",
+                           "tiny_dp2_pp1_tp1", "tiny_dp2_pp1_tp2", "tiny_dp2_pp2_tp1", "tiny_dp2_pp2_tp2"}) {
+    INFO("layout " << name);
+    const std::vector<double> got = losses(run_config(layout_in(name, "bf16", steps, tmp), tmp + "/" + name));
+    REQUIRE(got.size() == ref.size());
+    for (size_t i = 0; i < ref.size(); ++i) CHECK(std::abs(got[i] - ref[i]) <= 1e-2 * ref[i]);
+  }
+  fs::remove_all(tmp);
+}
+
+TEST_CASE("layouts: an fp16 overflow on one rank of 2x1x2 skips the step on all, halves the scale, goes on",
+          "[cli][layouts][half]") {
+  const std::string tmp =
+      (fs::temp_directory_path() / ("troupe_layouts_fp16_" + std::to_string(::getpid()))).string();
+  fs::create_directories(tmp);
+  const std::string run =
+      run_config(layout_in("tiny_dp2_pp1_tp2", "fp16", 12, tmp), tmp + "/run", "TROUPE_INJECT_OVERFLOW=5:1");
+  const std::vector<nlohmann::json> m = metrics(run);
+  REQUIRE(m.size() == 12);
+  for (const auto& line : m) {
+    const int64_t s = line.at("step").get<int64_t>();
+    INFO("step " << s << ": " << line.dump());
+    CHECK(line.at("skipped").get<bool>() == (s == 5));
+    CHECK(line.at("skipped_ranks").get<int>() == (s == 5 ? 4 : 0));  // every rank, or none
+    CHECK(line.at("loss_scale").get<double>() == (s <= 5 ? 65536.0 : 32768.0));
+    CHECK(std::isfinite(line.at("loss").get<double>()));
+  }
+  CHECK(m.back().at("loss").get<double>() < m.front().at("loss").get<double>());
   fs::remove_all(tmp);
 }

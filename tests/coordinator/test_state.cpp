@@ -1,6 +1,7 @@
 // The coordinator's pure state: registry, job state machine, placement,
 // metrics aggregation and the rendezvous store, without actors or processes.
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <filesystem>
 
 #include "coordinator/job.hpp"
@@ -232,6 +233,30 @@ TEST_CASE("agent loss fails the jobs on it", "[failures]") {
   CHECK(f.st.job(j)->failure == FailureCause::agent_lost);
   CHECK(f.st.job(j)->reason.find("h1 (pid 42) disconnected") != std::string::npos);
   CHECK(f.st.registry().total("cpu") == 0);
+}
+
+TEST_CASE("metrics: fp16 steps carry the loss scale, whether the step was skipped, and by how many ranks",
+          "[metrics]") {
+  MetricsAggregator m(2, 0, "2x1x1");
+  StepSample a{0, 4, 2.5, 1e-3, 512, 40.0, std::nan(""), std::nullopt};
+  a.loss_scale = 65536.0;
+  a.skipped = true;
+  StepSample b = a;
+  b.rank = 1;
+  CHECK_FALSE(m.add(a));
+  auto line = m.add(b);
+  REQUIRE(line);
+  CHECK((*line)["loss_scale"].get<double>() == 65536.0);
+  CHECK((*line)["skipped"] == true);
+  CHECK((*line)["skipped_ranks"] == 2);
+  CHECK((*line)["grad_norm"].is_null());  // a skipped step has no norm: null, not NaN text
+  // Without loss scaling (fp32, bf16) the keys are absent.
+  auto plain = m.add(StepSample{0, 5, 2.4, 1e-3, 512, 40.0, 1.0, std::nullopt});
+  CHECK_FALSE(plain);
+  plain = m.add(StepSample{1, 5, 2.4, 1e-3, 512, 40.0, 1.0, std::nullopt});
+  REQUIRE(plain);
+  CHECK_FALSE(plain->contains("loss_scale"));
+  CHECK_FALSE(plain->contains("skipped"));
 }
 
 TEST_CASE("metrics: one line per step once every rank reported", "[metrics]") {

@@ -26,7 +26,8 @@ train:
 
 }  // namespace
 
-TEST_CASE("runnable: cuda parses, and is refused at its key with a hint, while bf16 and fp16 run", "[core][spec]") {
+TEST_CASE("runnable: cuda parses, and is refused at its key with a hint, while bf16 and fp16 run",
+          "[core][spec]") {
   const std::string text = std::string(kSpec) + "  precision: bf16\nresources:\n  device: cuda\n";
   const JobSpec s = parse_spec(text, "job.yaml");  // a valid spec: it is data as well as a job
   const auto issues = troupe::runnable_issues(s);

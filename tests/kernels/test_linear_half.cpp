@@ -19,8 +19,12 @@ using namespace troupe::kernels::test;
 
 namespace {
 
-uint16_t narrow(DType dt, float f) { return dt == DType::bf16 ? troupe::f32_to_bf16(f) : troupe::f32_to_f16(f); }
-double widen(DType dt, uint16_t h) { return dt == DType::bf16 ? troupe::bf16_to_f32(h) : troupe::f16_to_f32(h); }
+uint16_t narrow(DType dt, float f) {
+  return dt == DType::bf16 ? troupe::f32_to_bf16(f) : troupe::f32_to_f16(f);
+}
+double widen(DType dt, uint16_t h) {
+  return dt == DType::bf16 ? troupe::bf16_to_f32(h) : troupe::f16_to_f32(h);
+}
 
 struct Half {
   std::vector<uint16_t> bits;
@@ -50,20 +54,23 @@ void require_accumulated(const std::vector<float>& got, const std::vector<double
   }
 }
 
-const std::array<std::array<int, 3>, 5> kShapes = {{{13, 7, 5}, {1, 1, 1}, {2, 5, 1}, {6, 37, 19}, {33, 64, 48}}};
+const std::array<std::array<int, 3>, 5> kShapes = {
+    {{13, 7, 5}, {1, 1, 1}, {2, 5, 1}, {6, 37, 19}, {33, 64, 48}}};
 
 }  // namespace
 
-TEST_CASE("16-bit linear forward equals a double reference of the rounded operands", "[kernels][linear][half]") {
+TEST_CASE("16-bit linear forward equals a double reference of the rounded operands",
+          "[kernels][linear][half]") {
   for (DType dt : {DType::bf16, DType::f16})
     for (auto [N, IC, OC] : kShapes)
       for (bool with_bias : {true, false}) {
         CAPTURE(troupe::dtype_name(dt), N, IC, OC, with_bias);
-        const Half x = rounded(dt, random_vec(size_t(N) * IC, 1)), w = rounded(dt, random_vec(size_t(OC) * IC, 2));
+        const Half x = rounded(dt, random_vec(size_t(N) * IC, 1)),
+                   w = rounded(dt, random_vec(size_t(OC) * IC, 2));
         const auto b = random_vec(OC, 3);
         std::vector<float> out(size_t(N) * OC, 123.0f);  // stale contents are overwritten
-        k::linear_forward_h(dt, out.data(), x.bits.data(), w.bits.data(), with_bias ? b.data() : nullptr, N, IC,
-                            OC);
+        k::linear_forward_h(dt, out.data(), x.bits.data(), w.bits.data(), with_bias ? b.data() : nullptr, N,
+                            IC, OC);
         std::vector<double> want(out.size()), mag(out.size());
         for (int n = 0; n < N; ++n)
           for (int o = 0; o < OC; ++o) {
@@ -86,15 +93,17 @@ TEST_CASE("16-bit linear backward rounds dout, then accumulates dinp, dweight an
     for (auto [N, IC, OC] : kShapes)
       for (bool overwrite : {true, false}) {
         CAPTURE(troupe::dtype_name(dt), N, IC, OC, overwrite);
-        const Half x = rounded(dt, random_vec(size_t(N) * IC, 4)), w = rounded(dt, random_vec(size_t(OC) * IC, 5));
+        const Half x = rounded(dt, random_vec(size_t(N) * IC, 4)),
+                   w = rounded(dt, random_vec(size_t(OC) * IC, 5));
         const auto dout = random_vec(size_t(N) * OC, 6);
         const Half dy = rounded(dt, dout);
         const auto dinp0 = random_vec(size_t(N) * IC, 7), dw0 = random_vec(size_t(OC) * IC, 8),
                    db0 = random_vec(OC, 9);
         std::vector<float> dinp = dinp0, dw = dw0, db = db0;
         std::vector<uint16_t> scratch(size_t(N) * OC);
-        k::linear_backward_h(dt, dinp.data(), dw.data(), db.data(), dout.data(), scratch.data(), x.bits.data(),
-                             w.bits.data(), N, IC, OC, overwrite ? k::Out::overwrite : k::Out::accumulate);
+        k::linear_backward_h(dt, dinp.data(), dw.data(), db.data(), dout.data(), scratch.data(),
+                             x.bits.data(), w.bits.data(), N, IC, OC,
+                             overwrite ? k::Out::overwrite : k::Out::accumulate);
         CHECK(scratch == dy.bits);  // the output gradient, rounded to nearest even
         std::vector<double> want_dinp(dinp.size()), mag_dinp(dinp.size());
         for (int n = 0; n < N; ++n)

@@ -90,8 +90,7 @@ TEST_CASE("device context: the CPU context, and a stage given it explicitly comp
   CHECK(same_bits(plain.logits(0), explicit_ctx.logits(0)));
 }
 
-TEST_CASE("device context: a stage refuses a device, or a precision its kernels lack",
-          "[model][device]") {
+TEST_CASE("device context: a stage refuses a device, or a precision its kernels lack", "[model][device]") {
   const ModelConfig c = tiny();
   DeviceContext cuda = DeviceContext::cpu();
   cuda.device = Device::cuda;  // with the CPU kernels and allocator: inconsistent
