@@ -58,7 +58,6 @@
 
 #include "bench/child_process.hpp"
 #include "bench/gemm_timing.hpp"
-#include "bench/half_gemm_timing.hpp"
 #include "core/spec.hpp"
 #include "kernels/cpu/kernels.hpp"
 #include "worker/engine.hpp"
@@ -379,17 +378,24 @@ void print_gemm_row(const GemmRow& g) {
   std::fflush(stdout);
 }
 
-// Troupe's rows for dt (bf16 or f16), one per gemm_half backend; raises *ceiling to
-// the best of their figures.
+// Troupe's rows for dt (bf16 or f16), one per gemm_half backend that takes dt;
+// raises *ceiling to the best of their figures.
 std::vector<GemmRow> troupe_half_rows(troupe::DType dt, const char* name, double* ceiling) {
   std::vector<GemmRow> rows;
-  const std::vector<GemmShape> shapes(std::begin(kHalfShapes), std::end(kHalfShapes));
-  for (const troupe::bench::HalfGemmRate& r : troupe::bench::half_gemm_rates(dt, shapes)) {
-    rows.push_back(gemm_row(std::string("troupe ") + name + " gemm_half (" + r.backend + ")",
-                            std::string("troupe_") + name + "_" + r.backend));
-    rows.back().why = r.why;
-    rows.back().gflops = r.gflops;
-    for (double v : r.gflops) *ceiling = std::max(*ceiling, v);
+  for (kc::HalfGemmBackend b : {kc::HalfGemmBackend::avx512bf16, kc::HalfGemmBackend::convert}) {
+    const bool vdpbf16ps = b == kc::HalfGemmBackend::avx512bf16;
+    if (vdpbf16ps && dt != troupe::DType::bf16) continue;
+    const std::string backend = kc::half_gemm_backend_name(b);
+    GemmRow g = gemm_row(std::string("troupe ") + name + " gemm_half (" + backend + ")",
+                         std::string("troupe_") + name + "_" + backend);
+    if (!kc::half_gemm_backend_available(b, dt))
+      g.why = vdpbf16ps ? "no AVX512-BF16 on this CPU" : "not available on this CPU";
+    else
+      for (const GemmShape& s : kHalfShapes) {
+        g.gflops.push_back(troupe::bench::half_gemm_gflops({b}, dt, s, 3, 0.1)[0].median);
+        *ceiling = std::max(*ceiling, g.gflops.back());
+      }
+    rows.push_back(g);
   }
   return rows;
 }
