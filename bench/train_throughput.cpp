@@ -40,9 +40,13 @@
 // steps of step FLOP/s over the mean of its two samples (a PyTorch run: over the
 // samples just before and after it). On a steady machine it equals the plain figure.
 //
-// PyTorch's bf16 products run at a fraction of its fp32 ones on a CPU without
-// AVX512-BF16 (and AVX-512), so its autocast row times fewer steps:
-// max(2, steps / 4) after one warm-up step.
+// PyTorch's bf16 products can run at a small fraction of its fp32 ones (1.13 on an
+// AVX2-only core: torch.mm at 2048^2 in 4 GFLOP/s against 75), so its autocast row
+// times fewer steps: max(2, steps / 4) after one warm-up step.
+//
+// "loss" is each run's last step: a check that the 16-bit rows train as fp32 does.
+// troupe's synthetic data has structure to learn; the PyTorch script draws uniform
+// tokens (loss ~ ln 256 = 5.55), so the two sides' losses do not compare.
 #include <time.h>
 
 #include <algorithm>
