@@ -203,6 +203,39 @@ inline Peak measure_peak(int repeats = 5) {
 
 inline double measure_peak_gflops(int repeats = 5) { return measure_peak(repeats).gflops; }
 
+// A ceiling's backend and shape as "<backend>:<index in gemm_shapes()>", so that a
+// child process can sample the same ceiling; "" for a shape not in gemm_shapes().
+inline std::string peak_id(const Peak& p) {
+  const auto shapes = gemm_shapes();
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const GemmShape& s = shapes[i];
+    if (s.name == p.shape.name && s.ta == p.shape.ta && s.tb == p.shape.tb && s.M == p.shape.M &&
+        s.N == p.shape.N && s.K == p.shape.K)
+      return std::string(kernels::cpu::gemm_backend_name(p.backend)) + ":" + std::to_string(i);
+  }
+  return "";
+}
+
+// The backend and shape peak_id wrote (gflops left 0); false when `id` names no
+// shape, or no backend available here.
+inline bool peak_from_id(const std::string& id, Peak* out) {
+  const size_t colon = id.find(':');
+  if (colon == std::string::npos || colon + 1 == id.size()) return false;
+  size_t index = 0;
+  for (size_t i = colon + 1; i < id.size(); ++i) {
+    if (id[i] < '0' || id[i] > '9') return false;
+    index = 10 * index + size_t(id[i] - '0');
+  }
+  const auto shapes = gemm_shapes();
+  if (index >= shapes.size()) return false;
+  for (kernels::cpu::GemmBackend b : available_gemm_backends())
+    if (id.compare(0, colon, kernels::cpu::gemm_backend_name(b)) == 0) {
+      *out = Peak{0.0, b, shapes[index]};
+      return true;
+    }
+  return false;
+}
+
 // Re-measures the ceiling's own shape and backend on demand, for samples taken
 // between the timed pieces of a run: on a machine whose speed drifts (shared
 // hosts, frequency changes) a ratio against the ceiling measured next to each

@@ -6,7 +6,20 @@ GELU-tanh MLP, LM head tied to wte), trained with AdamW on random tokens, on one
 CPU thread unless told otherwise. Prints tokens/s after warm-up; the last line
 is machine-readable for bench/train_throughput:
 
-    tokens_per_s=<median-step figure> params=<count> params_no_wpe=<count>
+    tokens_per_s=<median-step figure> tokens_per_cpu_s=<figure> params=<count>
+    params_no_wpe=<count> peak_rss_kib=<VmHWM> last_loss=<loss>
+
+--autocast bf16 runs forward and loss under torch.autocast("cpu", dtype=torch.bfloat16):
+the module's fp32 parameters are the master weights, AdamW and the clip see fp32
+gradients, the products in between are bf16 (mixed precision as troupe's
+train.precision: bf16).
+
+--mm times torch.mm instead, fp32 and bf16, one line per dtype and shape:
+
+    mm dtype=<fp32|bf16> M=<m> N=<n> K=<k> op=<NN|NT|TN> gflops=<median> best=<best>
+
+Without torch the script prints "unavailable=no torch: <reason>" and exits with 3,
+so that the benchmark can say why a column is missing.
 
 Configurations used in the reports:
     A: --layers 4 --d-model 256 --heads 4 --seq-len 128 --batch 16   (or --config A)
@@ -35,9 +48,13 @@ def _threads_from_argv(argv, default=1):
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = str(_threads_from_argv(sys.argv[1:]))
 
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+try:
+    import torch  # noqa: E402
+    import torch.nn as nn  # noqa: E402
+    import torch.nn.functional as F  # noqa: E402
+except ImportError as e:
+    print(f"unavailable=no torch: {e}")
+    sys.exit(3)
 
 CONFIGS = {
     "A": dict(layers=4, d_model=256, heads=4, seq_len=128, batch=16),
@@ -97,6 +114,69 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T))
 
 
+def peak_rss_kib():
+    """This process's peak resident set (VmHWM), 0 where /proc is missing. Unlike
+    getrusage's ru_maxrss it does not count the image the process was forked from."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+# Shapes --mm times by default: a square reference and the forward product of
+# config A's MLP, x(2048,256) . W(1024,256)^T.
+MM_SHAPES = "2048x2048x2048:NN,2048x1024x256:NT"
+
+
+def parse_mm_shapes(text):
+    """ "MxNxK:OP,..." -> [(M, N, K, op)], op one of NN, NT, TN."""
+    out = []
+    for item in text.split(","):
+        dims, _, op = item.partition(":")
+        m, n, k = (int(x) for x in dims.split("x"))
+        op = op or "NN"
+        if op not in ("NN", "NT", "TN"):
+            raise SystemExit(f"--mm-shapes: {item}: op must be NN, NT or TN")
+        out.append((m, n, k, op))
+    return out
+
+
+def mm_rate(dtype, m, n, k, op, repeats, min_seconds):
+    """GFLOP/s of torch.mm on one shape: a warm-up product, then `repeats` rounds of
+    at least min_seconds of process CPU time (and one product) each; median and best."""
+    a = torch.randn((k, m) if op == "TN" else (m, k)).to(dtype)
+    b = torch.randn((n, k) if op == "NT" else (k, n)).to(dtype)
+
+    def product():
+        return torch.mm(a.t() if op == "TN" else a, b.t() if op == "NT" else b)
+
+    product()
+    rates = []
+    for _ in range(repeats):
+        c0, count = time.process_time(), 0
+        while True:
+            product()
+            count += 1
+            dt = time.process_time() - c0
+            if dt >= min_seconds:
+                break
+        rates.append(2.0 * m * n * k * count / dt * 1e-9)
+    return statistics.median(rates), max(rates)
+
+
+def run_mm(args):
+    print(f"torch {torch.__version__} threads={torch.get_num_threads()} torch.mm, process CPU time")
+    for m, n, k, op in parse_mm_shapes(args.mm_shapes):
+        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+            med, best = mm_rate(dtype, m, n, k, op, args.mm_repeats, 0.2)
+            print(f"mm dtype={name} M={m} N={n} K={k} op={op} gflops={med:.2f} best={best:.2f}")
+            sys.stdout.flush()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", choices=sorted(CONFIGS), help="preset; explicit flags override it")
@@ -109,24 +189,36 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--autocast", choices=["bf16"], help="forward and loss under CPU autocast in bf16")
+    ap.add_argument("--mm", action="store_true", help="time torch.mm (fp32, bf16) instead of training")
+    ap.add_argument("--mm-shapes", default=MM_SHAPES, help=f"MxNxK:OP,... (default {MM_SHAPES})")
+    ap.add_argument("--mm-repeats", type=int, default=3)
     args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    if args.mm:
+        run_mm(args)
+        return
 
     cfg = dict(CONFIGS[args.config]) if args.config else dict(CONFIGS["A"])
     for key in ("layers", "d_model", "heads", "seq_len", "batch"):
         if getattr(args, key) is not None:
             cfg[key] = getattr(args, key)
 
-    torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     model = GPT(cfg["layers"], cfg["d_model"], cfg["heads"], cfg["seq_len"])
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
     n_params = sum(p.numel() for p in model.parameters())
     n_no_wpe = n_params - model.wpe.weight.numel()
     B, T = cfg["batch"], cfg["seq_len"]
+    use_autocast = args.autocast == "bf16"
 
     def step():
         idx = torch.randint(0, 256, (B, T + 1))
-        loss = model(idx[:, :-1], idx[:, 1:])
+        # Only forward and loss under autocast (PyTorch's recipe): backward runs each
+        # op in the dtype its forward chose, and the gradients land in fp32 parameters.
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_autocast):
+            loss = model(idx[:, :-1], idx[:, 1:])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         # troupe's default train.grad_clip (1.0), which the benchmark's job keeps.
@@ -147,12 +239,13 @@ def main():
         cpu.append(time.process_time() - c0)
     tps_wall = B * T / statistics.median(wall)
     tps_cpu = B * T / statistics.median(cpu)
-    print(f"torch {torch.__version__} threads={torch.get_num_threads()} config={cfg} params={n_params}")
+    print(f"torch {torch.__version__} threads={torch.get_num_threads()} config={cfg} params={n_params} "
+          f"autocast={args.autocast or 'off'}")
     print(f"steps={args.steps} median_step_ms wall={statistics.median(wall) * 1e3:.1f} "
           f"cpu={statistics.median(cpu) * 1e3:.1f}  tokens/s wall={tps_wall:.0f} cpu={tps_cpu:.0f} "
           f"last_loss={loss:.3f}")
     print(f"tokens_per_s={tps_wall:.1f} tokens_per_cpu_s={tps_cpu:.1f} params={n_params} "
-          f"params_no_wpe={n_no_wpe}")
+          f"params_no_wpe={n_no_wpe} peak_rss_kib={peak_rss_kib()} last_loss={loss:.4f}")
     sys.stdout.flush()
 
 
