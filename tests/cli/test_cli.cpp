@@ -52,6 +52,11 @@ TEST_CASE("cli: version and help exit 0, unknown subcommands and flags exit 2", 
   Result v = cli("version");
   CHECK(v.code == 0);
   CHECK(v.out.find("troupe ") != std::string::npos);
+  CHECK(v.out.find("bf16 gemm: ") != std::string::npos);
+  CHECK(troupe::testing::run_troupe("version", "TROUPE_GEMM_HALF=convert").out.find("bf16 gemm: convert") !=
+        std::string::npos);
+  CHECK(troupe::testing::run_troupe("version", "TROUPE_GEMM_HALF=nope").out.find("bf16 gemm: unavailable") !=
+        std::string::npos);
   CHECK(cli("--help").code == 0);
   CHECK(cli("run --help").code == 0);
   Result bad = cli("frobnicate");
