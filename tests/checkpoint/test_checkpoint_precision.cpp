@@ -8,6 +8,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <utility>
+#include <vector>
 
 #include "checkpoint/checkpoint.hpp"
 #include "core/dtype_convert.hpp"
@@ -127,6 +131,34 @@ TEST_CASE(
     REQUIRE(rest[0][i].loss == ref[0][3 + i].loss);
     REQUIRE(rest[0][i].grad_norm == ref[0][3 + i].grad_norm);
     REQUIRE(rest[0][i].loss_scale == ref[0][3 + i].loss_scale);
+  }
+  fs::remove_all(root);
+}
+
+TEST_CASE("fp16: a manifest with a bad loss_scale is refused with its name, not trusted",
+          "[checkpoint][half]") {
+  const JobSpec spec = spec_in("fp16");
+  const std::string root = temp_dir("bad_scale");
+  run(spec, {}, "", 2, root);
+  const std::string dir = root + "/step_000002", manifest = dir + "/manifest.json";
+  std::ifstream in(manifest);
+  const nlohmann::json good = nlohmann::json::parse(in);
+  REQUIRE(good.contains("loss_scale"));
+  const std::vector<std::pair<nlohmann::json, std::string>> bad_ones = {
+      {{{"scale", -4.0}, {"clean_steps", 0}, {"skipped_steps", 0}}, "positive finite"},
+      {{{"scale", 0.0}, {"clean_steps", 0}, {"skipped_steps", 0}}, "positive finite"},
+      {{{"scale", 1024.0}, {"clean_steps", -1}, {"skipped_steps", 0}}, "counts >= 0"},
+      {{{"scale", "big"}, {"clean_steps", 0}, {"skipped_steps", 0}}, "malformed loss_scale"},
+      {{{"scale", 1024.0}}, "malformed loss_scale"},
+      {nlohmann::json::array({1, 2}), "loss_scale is not an object"}};
+  for (const auto& [bad, says] : bad_ones) {
+    INFO(bad.dump());
+    nlohmann::json j = good;
+    j["loss_scale"] = bad;
+    std::ofstream(manifest, std::ios::trunc) << j.dump();
+    EngineAssignment a;
+    a.resume_from = dir;
+    CHECK_THROWS_WITH(Engine(spec, a), Catch::Contains(says));
   }
   fs::remove_all(root);
 }
