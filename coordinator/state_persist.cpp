@@ -86,9 +86,18 @@ JobRequest request_from(const nlohmann::json& x) {
   r.spec_yaml = x.at("spec_yaml").get<std::string>();
   r.device_kind = x.at("device_kind").get<std::string>();
   r.layout = layout_from(x.at("layout"));
-  // Tables written before the plan inputs were kept: derive them from the spec.
-  r.plan = x.contains("plan") ? plan_inputs_from(x.at("plan"))
-                              : plan::plan_inputs(parse_spec(r.spec_yaml, "the job table"));
+  // Tables written before the plan inputs were kept: derive them from the spec (whose
+  // SpecError would not be a troupe::Error, which is what a table that cannot load throws).
+  if (x.contains("plan")) {
+    r.plan = plan_inputs_from(x.at("plan"));
+  } else {
+    try {
+      r.plan = plan::plan_inputs(parse_spec(r.spec_yaml, "the job table"));
+    } catch (const SpecError& e) {
+      throw Error(std::string("job ") + r.name +
+                  " in the job table has no plan and a spec that does not parse:\n" + e.what());
+    }
+  }
   r.total_steps = x.at("total_steps").get<int64_t>();
   r.resume_from = x.at("resume_from").get<std::string>();
   r.checkpoint_dir = x.at("checkpoint_dir").get<std::string>();

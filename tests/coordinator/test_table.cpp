@@ -221,4 +221,10 @@ TEST_CASE("job table: a table without plan inputs derives them from its spec", "
   CHECK(in.model.n_layers == 3);
   CHECK(in.global_batch == 6);
   CHECK(in.micro_batch == 3);
+  // Such a table whose spec does not parse is refused with a troupe::Error naming the job.
+  for (auto& j : table["jobs"]) j["request"]["spec_yaml"] = "model: [\n";
+  CoordinatorState bad("/tmp/troupe-table-runs", 7);
+  CHECK_THROWS_AS(bad.load_table(table, &loaded), troupe::Error);
+  CHECK_THROWS_WITH(bad.load_table(table, &loaded),
+                    Catch::Contains("job old in the job table has no plan and a spec that does not parse"));
 }
