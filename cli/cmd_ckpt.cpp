@@ -7,6 +7,7 @@
 #include "checkpoint/checkpoint.hpp"
 #include "cli/commands.hpp"
 #include "core/layout.hpp"
+#include "core/spec.hpp"
 
 namespace troupe::cli {
 
@@ -118,7 +119,9 @@ int cmd_verify(const std::string& dir) {
 int cmd_export(const std::string& dir, const std::string& out, const std::string& dtype) {
   try {
     const std::string ck = checkpoint::resolve(dir);
-    const DType dt = dtype == "bf16" ? DType::bf16 : dtype == "fp16" ? DType::f16 : DType::f32;
+    DType dt = DType::f32;  // --dtype is one of the precisions' names (checked by the option)
+    for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16})
+      if (dtype == to_string(p)) dt = compute_dtype(p);
     const size_t n = checkpoint::export_model(ck, out, dt);
     std::printf("exported %zu tensors of %s to %s (%s)\n", n, ck.c_str(), out.c_str(), dtype_name(dt));
   } catch (const std::exception& e) {

@@ -289,31 +289,21 @@ void gemm_half(DType dt, bool trans_a, bool trans_b, int M, int N, int K, const 
 void to_half(DType dt, uint16_t* dst, const float* src, size_t n) {
   check_half(dt, "to_half");
   if (dt == DType::bf16) {
-    if (cpu_has_avx2())
-      f32_to_bf16_avx2(dst, src, n);
-    else
-      for (size_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
-  } else {
-    if (cpu_has_f16c())
-      f32_to_f16_f16c(dst, src, n);
-    else
-      for (size_t i = 0; i < n; ++i) dst[i] = f32_to_f16(src[i]);
+    if (cpu_has_avx2()) return f32_to_bf16_avx2(dst, src, n);
+  } else if (cpu_has_f16c()) {
+    return f32_to_f16_f16c(dst, src, n);
   }
+  convert(DType::f32, src, dt, dst, n);  // the scalar rounding of core/dtype_convert.hpp
 }
 
 void from_half(DType dt, float* dst, const uint16_t* src, size_t n) {
   check_half(dt, "from_half");
   if (dt == DType::bf16) {
-    if (cpu_has_avx2())
-      bf16_to_f32_avx2(dst, src, n);
-    else
-      for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
-  } else {
-    if (cpu_has_f16c())
-      f16_to_f32_f16c(dst, src, n);
-    else
-      for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(src[i]);
+    if (cpu_has_avx2()) return bf16_to_f32_avx2(dst, src, n);
+  } else if (cpu_has_f16c()) {
+    return f16_to_f32_f16c(dst, src, n);
   }
+  convert(dt, src, DType::f32, dst, n);
 }
 
 }  // namespace troupe::kernels::cpu
