@@ -35,22 +35,23 @@ JobState state_from(const std::string& name) {
 }
 
 nlohmann::json plan_inputs_json(const plan::PlanInputs& p) {
-  return {{"model", p.model.type == ModelType::gpt ? "gpt" : "mlp"},
-          {"n_layers", p.model.n_layers},
-          {"d_model", p.model.d_model},
-          {"vocab_size", p.model.vocab_size},
-          {"seq_len", p.model.seq_len},
-          {"global_batch", p.global_batch},
-          {"micro_batch", p.micro_batch},
-          {"schedule", plan::schedule_name(p.schedule)},
+  return {{"model", to_string(p.model.type)},  {"n_layers", p.model.n_layers},
+          {"d_model", p.model.d_model},        {"vocab_size", p.model.vocab_size},
+          {"seq_len", p.model.seq_len},        {"global_batch", p.global_batch},
+          {"micro_batch", p.micro_batch},      {"schedule", plan::schedule_name(p.schedule)},
           {"virtual_stages", p.virtual_stages}};
 }
 
 plan::PlanInputs plan_inputs_from(const nlohmann::json& x) {
   plan::PlanInputs p;
   const std::string model = x.at("model").get<std::string>();
-  TROUPE_CHECK(model == "gpt" || model == "mlp", "unknown model type '", model, "' in the job table");
-  p.model.type = model == "gpt" ? ModelType::gpt : ModelType::mlp;
+  bool known = false;
+  for (ModelType t : {ModelType::gpt, ModelType::mlp, ModelType::llama})
+    if (model == to_string(t)) {
+      p.model.type = t;
+      known = true;
+    }
+  TROUPE_CHECK(known, "unknown model type '", model, "' in the job table");
   p.model.n_layers = x.at("n_layers").get<int>();
   p.model.d_model = x.at("d_model").get<int>();
   p.model.vocab_size = x.at("vocab_size").get<int>();

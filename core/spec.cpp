@@ -74,7 +74,8 @@ std::optional<int> layout_devices(const ParallelSpec& p) {
 bool operator==(const ModelSpec& a, const ModelSpec& b) {
   return a.type == b.type && a.vocab_size == b.vocab_size && a.seq_len == b.seq_len &&
          a.d_model == b.d_model && a.n_layers == b.n_layers && a.n_heads == b.n_heads &&
-         a.init_from == b.init_from;
+         a.n_kv_heads == b.n_kv_heads && a.ffn_hidden == b.ffn_hidden && a.norm_eps == b.norm_eps &&
+         a.rope_theta == b.rope_theta && a.tie_embeddings == b.tie_embeddings && a.init_from == b.init_from;
 }
 bool operator==(const DataSpec& a, const DataSpec& b) {
   return a.source == b.source && a.path == b.path && a.val_fraction == b.val_fraction;
@@ -405,7 +406,14 @@ std::string to_yaml(const JobSpec& s) {
   y << "  seq_len: " << s.model.seq_len << "\n";
   y << "  d_model: " << s.model.d_model << "\n";
   y << "  n_layers: " << s.model.n_layers << "\n";
-  if (s.model.type == ModelType::gpt) y << "  n_heads: " << s.model.n_heads << "\n";
+  if (s.model.type != ModelType::mlp) y << "  n_heads: " << s.model.n_heads << "\n";
+  if (s.model.type == ModelType::llama) {
+    y << "  n_kv_heads: " << s.model.n_kv_heads << "\n";
+    y << "  ffn_hidden: " << s.model.ffn_hidden << "\n";
+    y << "  norm_eps: " << real(s.model.norm_eps) << "\n";
+    y << "  rope_theta: " << real(s.model.rope_theta) << "\n";
+    y << "  tie_embeddings: " << (s.model.tie_embeddings ? "true" : "false") << "\n";
+  }
   y << "  init_from: " << quote(s.model.init_from) << "\n";
   y << "data:\n";
   y << "  source: " << to_string(s.data.source) << "\n";

@@ -24,7 +24,7 @@ struct EnumNames;
 template <>
 struct EnumNames<ModelType> {
   static constexpr const char* what = "model type";
-  static constexpr std::string_view names[] = {"gpt", "mlp"};
+  static constexpr std::string_view names[] = {"gpt", "mlp", "llama"};
 };
 template <>
 struct EnumNames<DataSource> {

@@ -52,6 +52,17 @@ bool valid_name(const std::string& s) {
 }
 
 bool is_gpt(Ctx& ctx, const ModelSpec& m) { return ctx.ok("model.type") && m.type == ModelType::gpt; }
+bool is_llama(Ctx& ctx, const ModelSpec& m) { return ctx.ok("model.type") && m.type == ModelType::llama; }
+// Models with attention heads: gpt and llama.
+bool has_heads(Ctx& ctx, const ModelSpec& m) { return is_gpt(ctx, m) || is_llama(ctx, m); }
+
+// Keys that only a llama reads: refused with a hint on other model types.
+void llama_only(Section& s, const std::string& key, JobSpec& j) {
+  s.refuse(key, "'model." + key + "' applies only to model.type llama",
+           std::string("delete it, or set model.type: llama") +
+               (j.model.type == ModelType::gpt && key == "tie_embeddings" ? " (gpt always ties its LM head)"
+                                                                          : ""));
+}
 
 // Each reader below has this shape: `s` is the section, `k` the key the table declares for it.
 using S = Section;
@@ -61,14 +72,31 @@ using K = const std::string;
 
 void model_rules(Section& s, JobSpec& j) {
   Ctx& ctx = s.ctx();
-  const ModelSpec& m = j.model;
-  if (is_gpt(ctx, m) && ctx.ok("model.d_model") && ctx.ok("model.n_heads") && m.n_heads > 0 &&
-      m.d_model % m.n_heads != 0)
+  ModelSpec& m = j.model;
+  const bool heads_ok = has_heads(ctx, m) && ctx.ok("model.n_heads") && m.n_heads > 0;
+  if (heads_ok && ctx.ok("model.d_model") && m.d_model % m.n_heads != 0)
     ctx.error(
         ctx.loc("model.n_heads"),
         "model.d_model (" + std::to_string(m.d_model) + ") is not divisible by model.n_heads (" +
             std::to_string(m.n_heads) + ")",
         "each head gets d_model / n_heads channels; e.g. n_heads: " + nearby_divisors(m.d_model, m.n_heads));
+  if (!is_llama(ctx, m)) return;
+  if (heads_ok && ctx.ok("model.n_kv_heads")) {
+    if (m.n_kv_heads == 0) m.n_kv_heads = m.n_heads;
+    if (m.n_heads % m.n_kv_heads != 0)
+      ctx.error(ctx.loc(ctx.present("model.n_kv_heads") ? "model.n_kv_heads" : "model.n_heads"),
+                "model.n_heads (" + std::to_string(m.n_heads) + ") is not divisible by model.n_kv_heads (" +
+                    std::to_string(m.n_kv_heads) + ")",
+                "grouped-query attention shares each key/value head among n_heads / n_kv_heads query heads; "
+                "e.g. n_kv_heads: " +
+                    nearby_divisors(m.n_heads, m.n_kv_heads));
+  }
+  if (heads_ok && ctx.ok("model.d_model") && m.d_model % m.n_heads == 0 && (m.d_model / m.n_heads) % 2 != 0)
+    ctx.error(ctx.loc("model.n_heads"),
+              "the head size d_model / n_heads (" + std::to_string(m.d_model / m.n_heads) + ") is odd",
+              "rotary embeddings rotate channel pairs; choose n_heads so that d_model / n_heads is even");
+  if (ctx.ok("model.d_model") && ctx.ok("model.ffn_hidden") && m.ffn_hidden == 0 && m.d_model > 0)
+    m.ffn_hidden = static_cast<int>((int64_t{8} * m.d_model / 3 + 63) / 64 * 64);
 }
 
 const Table& model_table() {
@@ -83,10 +111,51 @@ const Table& model_table() {
            [](S& s, K& k, JobSpec& j) {
              if (s.ctx().ok("model.type") && j.model.type == ModelType::mlp) {
                if (s.has(k))
-                 s.refuse(k, "'model.n_heads' applies only to model.type gpt",
+                 s.refuse(k, "'model.n_heads' applies only to model.type gpt or llama",
                           "delete it (an MLP has no attention heads), or set model.type: gpt");
              } else {
-               s.integer(k, j.model.n_heads, 1, 1 << 16, is_gpt(s.ctx(), j.model));
+               s.integer(k, j.model.n_heads, 1, 1 << 16, has_heads(s.ctx(), j.model));
+             }
+           }},
+          {"n_kv_heads",
+           [](S& s, K& k, JobSpec& j) {
+             if (!is_llama(s.ctx(), j.model)) {
+               if (s.has(k)) llama_only(s, k, j);
+             } else {
+               s.integer(k, j.model.n_kv_heads, 1, 1 << 16);
+             }
+           }},
+          {"ffn_hidden",
+           [](S& s, K& k, JobSpec& j) {
+             if (!is_llama(s.ctx(), j.model)) {
+               if (s.has(k)) llama_only(s, k, j);
+             } else {
+               s.integer(k, j.model.ffn_hidden, 1, 1 << 20);
+             }
+           }},
+          {"norm_eps",
+           [](S& s, K& k, JobSpec& j) {
+             if (!is_llama(s.ctx(), j.model)) {
+               if (s.has(k)) llama_only(s, k, j);
+             } else {
+               s.real(k, j.model.norm_eps, 0.0, false, 1.0, false, "RMSNorm's epsilon, in (0, 1); e.g. 1e-5");
+             }
+           }},
+          {"rope_theta",
+           [](S& s, K& k, JobSpec& j) {
+             if (!is_llama(s.ctx(), j.model)) {
+               if (s.has(k)) llama_only(s, k, j);
+             } else {
+               s.real(k, j.model.rope_theta, 1.0, false, 1e9, true,
+                      "the rotary base, above 1; Llama 2 uses 10000, Llama 3 500000");
+             }
+           }},
+          {"tie_embeddings",
+           [](S& s, K& k, JobSpec& j) {
+             if (!is_llama(s.ctx(), j.model)) {
+               if (s.has(k)) llama_only(s, k, j);
+             } else {
+               s.boolean(k, j.model.tie_embeddings);
              }
            }},
           {"init_from", [](S& s, K& k, JobSpec& j) { s.string(k, j.model.init_from); }},
@@ -248,12 +317,27 @@ void parallel_rules(Section& s, JobSpec& j) {
   const ParallelSpec& p = j.parallel;
 
   const bool tp_ok = ctx.ok("parallel.tensor") && p.tensor > 0;
-  if (tp_ok && is_gpt(ctx, m) && ctx.ok("model.n_heads") && m.n_heads > 0 && m.n_heads % p.tensor != 0)
+  if (tp_ok && has_heads(ctx, m) && ctx.ok("model.n_heads") && m.n_heads > 0 && m.n_heads % p.tensor != 0)
     ctx.error(
         ctx.loc("parallel.tensor"),
         "model.n_heads (" + std::to_string(m.n_heads) + ") is not divisible by parallel.tensor (" +
             std::to_string(p.tensor) + ")",
         "tensor parallelism splits attention by heads; e.g. tensor: " + nearby_divisors(m.n_heads, p.tensor));
+  if (tp_ok && is_llama(ctx, m)) {
+    // Shards split key/value heads too (no replication), the SwiGLU hidden units and the vocabulary.
+    auto divides = [&](const char* key, int64_t n, const std::string& why) {
+      if (ctx.ok(key) && n > 0 && n % p.tensor != 0)
+        ctx.error(ctx.loc("parallel.tensor"),
+                  std::string(key) + " (" + std::to_string(n) + ") is not divisible by parallel.tensor (" +
+                      std::to_string(p.tensor) + ")",
+                  why + "; e.g. tensor: " + nearby_divisors(n, p.tensor));
+    };
+    divides("model.n_kv_heads", m.n_kv_heads, "each tensor shard holds whole key/value heads");
+    divides("model.ffn_hidden", m.ffn_hidden, "tensor parallelism splits the SwiGLU hidden units");
+    divides(
+        "model.vocab_size", m.vocab_size,
+        "the embedding and the LM head are split by vocabulary rows (each shard holds vocab_size / tensor)");
+  }
   if (tp_ok && ctx.ok("model.d_model") && m.d_model > 0 && m.d_model % p.tensor != 0)
     ctx.error(
         ctx.loc("parallel.tensor"),

@@ -56,10 +56,29 @@ struct Kernels {
   void (*layernorm_backward)(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                              const float* weight, const float* mean, const float* rstd, int N,
                              int C) = nullptr;
-  // causal attention core: qkv(B,T,3*NH*HS) -> out(B,T,NH*HS), att(B,NH,T,T)
-  void (*attention_forward)(float* out, float* att, const float* qkv, int B, int T, int NH, int HS) = nullptr;
+  // causal attention core, grouped-query with NKV key/value heads (0 = NH):
+  // qkv(B,T,(NH+2*NKV)*HS) -> out(B,T,NH*HS), att(B,NH,T,T)
+  void (*attention_forward)(float* out, float* att, const float* qkv, int B, int T, int NH, int HS,
+                            int NKV) = nullptr;
   void (*attention_backward)(float* dqkv, float* scratch, const float* dout, const float* qkv,
-                             const float* att, int B, int T, int NH, int HS, Out mode) = nullptr;
+                             const float* att, int B, int T, int NH, int HS, Out mode, int NKV) = nullptr;
+  // llama: RMSNorm, rotary embeddings, SwiGLU, vocabulary-parallel embedding and loss
+  void (*rmsnorm_forward)(float* out, float* rstd, const float* inp, const float* weight, int N, int C,
+                          float eps) = nullptr;
+  void (*rmsnorm_backward)(float* dinp, float* dweight, const float* dout, const float* inp,
+                           const float* weight, const float* rstd, int N, int C) = nullptr;
+  void (*rope_forward)(float* x, int B, int T, int n_heads, int HS, int ld, double theta) = nullptr;
+  void (*rope_backward)(float* dx, int B, int T, int n_heads, int HS, int ld, double theta) = nullptr;
+  void (*swiglu_forward)(float* out, const float* gu, int N, int F) = nullptr;
+  void (*swiglu_backward)(float* dgu, const float* dout, const float* gu, int N, int F) = nullptr;
+  void (*embedding_rows_forward)(float* out, const int32_t* tokens, const float* wte, int N, int C, int v0,
+                                 int Vl) = nullptr;
+  void (*embedding_rows_backward)(float* dwte, const float* dout, const int32_t* tokens, int N, int C, int v0,
+                                  int Vl) = nullptr;
+  void (*cross_entropy_stats)(float* row_max, float* row_sum_exp, float* target_logit, const float* logits,
+                              const int32_t* targets, int N, int Vl, int v0) = nullptr;
+  void (*cross_entropy_shard_backward)(float* dlogits, const float* logits, const int32_t* targets,
+                                       const float* lse, int N, int Vl, int v0, float dloss) = nullptr;
   // GELU, tanh form
   void (*gelu_forward)(float* out, const float* inp, size_t n) = nullptr;
   void (*gelu_backward)(float* dinp, const float* inp, const float* dout, size_t n) = nullptr;

@@ -7,10 +7,11 @@
 namespace troupe::model {
 
 enum class ModelKind : uint8_t {
-  gpt,  // byte-level GPT-2-style decoder
-  mlp,  // per-position residual MLP over the embedding (predicts the next byte from the current one)
+  gpt,    // byte-level GPT-2-style decoder
+  mlp,    // per-position residual MLP over the embedding (predicts the next byte from the current one)
+  llama,  // Llama-family decoder: RMSNorm, rotary embeddings, grouped-query attention, SwiGLU, no biases
 };
-const char* model_kind_name(ModelKind k);              // "gpt" / "mlp"
+const char* model_kind_name(ModelKind k);              // "gpt" / "mlp" / "llama"
 ModelKind model_kind_from_name(const std::string& s);  // throws troupe::Error on other names
 
 struct ModelConfig {
@@ -19,8 +20,14 @@ struct ModelConfig {
   int seq_len = 64;      // maximum T; rows of wpe
   int d_model = 64;      // D
   int n_layer = 2;       // L
-  int n_head = 2;        // NH (gpt only); D % NH == 0
-  uint64_t seed = 0;     // parameter init: every element is a function of (seed, name, index)
+  int n_head = 2;        // NH (gpt, llama); D % NH == 0
+  // llama only:
+  int n_kv_head = 0;            // NKV key/value heads (grouped-query attention); NH % NKV == 0; 0 = NH
+  int ffn_hidden = 0;           // F, the SwiGLU hidden width (gate and up each F wide)
+  float norm_eps = 1e-5f;       // RMSNorm epsilon
+  double rope_theta = 10000.0;  // rotary base: channel pair i turns by position * theta^(-2i/HS)
+  bool tie_embeddings = false;  // LM head reads wte (gpt: always tied)
+  uint64_t seed = 0;            // parameter init: every element is a function of (seed, name, index)
   // Activation recomputation per block (train.recompute: block): a stage keeps only each
   // block's input per micro-batch; the blocks share one set of internal activations and
   // each block's forward is re-run right before its backward. Same numbers, less memory.
@@ -28,6 +35,13 @@ struct ModelConfig {
 
   void validate() const;  // throws troupe::Error with the offending field
   int head_dim() const { return d_model / n_head; }
+  int kv_heads() const { return kind == ModelKind::llama && n_kv_head > 0 ? n_kv_head : n_head; }
+  // The MLP's hidden width: 4D (gpt, mlp), ffn_hidden (llama).
+  int64_t ffn() const { return kind == ModelKind::llama ? int64_t{ffn_hidden} : 4 * int64_t{d_model}; }
+  // The LM head reads the embedding's wte (gpt always, llama with tie_embeddings).
+  bool tied_head() const { return kind != ModelKind::llama || tie_embeddings; }
+  // Embedding and LM head split by vocabulary rows under tensor parallelism (llama).
+  bool vocab_parallel() const { return kind == ModelKind::llama; }
 };
 
 // A pipeline stage: blocks [first, last) plus the embedding (first stage) and/or the
@@ -44,16 +58,25 @@ struct StageRange {
 };
 
 // Tensor shard `rank` of a tensor-parallel group of `size` ranks (Megatron): shard t
-// holds heads [t*NH/size, (t+1)*NH/size) and MLP hidden units [t*4D/size, (t+1)*4D/size).
-// size = 1: the whole model, no communication.
+// holds heads [t*NH/size, (t+1)*NH/size) and MLP hidden units [t*F/size, (t+1)*F/size)
+// (F = cfg.ffn()); a llama shard also holds key/value heads [t*NKV/size, (t+1)*NKV/size)
+// (never replicated: size must divide NKV) and vocabulary rows [t*V/size, (t+1)*V/size)
+// of the embedding and the LM head. size = 1: the whole model, no communication.
 struct TensorShard {
   int rank = 0;
   int size = 1;
 
-  // Throws troupe::Error unless 0 <= rank < size, NH % size == 0 (gpt) and 4D % size == 0.
+  // Throws troupe::Error unless 0 <= rank < size, NH % size == 0 (gpt, llama), F % size == 0
+  // and, for llama, NKV % size == 0 and V % size == 0.
   void validate(const ModelConfig& cfg) const;
-  int n_head(const ModelConfig& cfg) const { return cfg.n_head / size; }                    // local heads
-  int64_t hidden(const ModelConfig& cfg) const { return 4 * int64_t{cfg.d_model} / size; }  // local 4D
+  int n_head(const ModelConfig& cfg) const { return cfg.n_head / size; }         // local heads
+  int n_kv_head(const ModelConfig& cfg) const { return cfg.kv_heads() / size; }  // local kv heads
+  int64_t hidden(const ModelConfig& cfg) const { return cfg.ffn() / size; }      // local F
+  // Local vocabulary rows of the embedding / LM head: V/size from vocab_begin (llama), else all V.
+  int64_t vocab(const ModelConfig& cfg) const {
+    return cfg.vocab_parallel() ? cfg.vocab_size / size : cfg.vocab_size;
+  }
+  int64_t vocab_begin(const ModelConfig& cfg) const { return cfg.vocab_parallel() ? rank * vocab(cfg) : 0; }
 };
 
 }  // namespace troupe::model

@@ -4,12 +4,21 @@ namespace troupe::model {
 
 ModelConfig model_config(const JobSpec& spec) {
   ModelConfig c;
-  c.kind = spec.model.type == ModelType::gpt ? ModelKind::gpt : ModelKind::mlp;
+  c.kind = spec.model.type == ModelType::gpt   ? ModelKind::gpt
+           : spec.model.type == ModelType::mlp ? ModelKind::mlp
+                                               : ModelKind::llama;
   c.vocab_size = spec.model.vocab_size;
   c.seq_len = spec.model.seq_len;
   c.d_model = spec.model.d_model;
   c.n_layer = spec.model.n_layers;
-  c.n_head = c.kind == ModelKind::gpt ? spec.model.n_heads : 1;
+  c.n_head = c.kind != ModelKind::mlp ? spec.model.n_heads : 1;
+  if (c.kind == ModelKind::llama) {
+    c.n_kv_head = spec.model.n_kv_heads;
+    c.ffn_hidden = spec.model.ffn_hidden;
+    c.norm_eps = static_cast<float>(spec.model.norm_eps);
+    c.rope_theta = spec.model.rope_theta;
+    c.tie_embeddings = spec.model.tie_embeddings;
+  }
   c.seed = spec.train.seed;
   c.recompute = spec.train.recompute == Recompute::block;
   c.validate();

@@ -13,8 +13,8 @@ size_t sz(int64_t n) { return static_cast<size_t>(n); }
 
 Linear Linear::bind(ParamStore& ps, const std::string& prefix, const kernels::Kernels& k) {
   Param& w = ps.get(prefix + ".weight");
-  Param& b = ps.get(prefix + ".bias");
-  TROUPE_CHECK(w.data.ndim() == 2 && b.data.ndim() == 1 && b.data.size(0) == w.data.size(0),
+  Param* b = ps.contains(prefix + ".bias") ? &ps.get(prefix + ".bias") : nullptr;
+  TROUPE_CHECK(w.data.ndim() == 2 && (!b || (b->data.ndim() == 1 && b->data.size(0) == w.data.size(0))),
                "bad linear parameters ", prefix);
   Linear l;
   l.k = &k;
@@ -24,8 +24,8 @@ Linear Linear::bind(ParamStore& ps, const std::string& prefix, const kernels::Ke
   else
     l.wh = w.compute.h16();
   l.dw = w.grad.f32();
-  l.b = b.data.f32();
-  l.db = b.grad.f32();
+  l.b = b ? b->data.f32() : nullptr;
+  l.db = b ? b->grad.f32() : nullptr;
   l.out = static_cast<int>(w.data.size(0));
   l.in = static_cast<int>(w.data.size(1));
   return l;
@@ -34,7 +34,7 @@ Linear Linear::bind(ParamStore& ps, const std::string& prefix, const kernels::Ke
 void Linear::forward(float* y, const Tensor& x, int N, bool with_bias) const {
   TROUPE_CHECK(x.dtype() == dt && x.numel() >= int64_t{N} * in, "linear input of ", dtype_name(x.dtype()),
                " and ", x.numel(), " elements, expected ", dtype_name(dt), " and ", int64_t{N} * in);
-  const float* bias = with_bias ? b : nullptr;
+  const float* bias = with_bias ? b : nullptr;  // b is null without a bias
   if (dt == DType::f32)
     k->linear_forward(y, x.f32(), w, bias, N, in, out);
   else
@@ -84,12 +84,19 @@ Workspace::Workspace(const ModelConfig& cfg, int max_B, const TensorShard& shard
   dres = f32({N, D});
   tmp_d = f32({N, D});
   dh = f32({N, H});
-  if (cfg.kind == ModelKind::gpt) {
-    dqkv = f32({N, 3 * D / shard.size});
+  // Widths of the column-parallel outputs: q|k|v and the MLP's first projection.
+  int64_t qkv = 0, fc = H;
+  if (cfg.kind != ModelKind::mlp) {
+    qkv = int64_t{shard.n_head(cfg) + 2 * shard.n_kv_head(cfg)} * cfg.head_dim();
+    dqkv = f32({N, qkv});
     datt = f32({int64_t{max_B}, shard.n_head(cfg), cfg.seq_len, cfg.seq_len});
   }
+  if (cfg.kind == ModelKind::llama) {
+    fc = 2 * H;
+    dgu = f32({N, fc});
+  }
   if (compute_dtype != DType::f32) {
-    const int64_t widest = std::max({3 * D / shard.size, H, D});
+    const int64_t widest = std::max({qkv, fc, D});
     dy_h = Tensor::zeros({N * widest}, compute_dtype, alloc);
     act = f32({N, std::max(D, H)});
   }
@@ -127,6 +134,7 @@ void row_parallel_forward(const Linear& l, const TensorGroup& tp, float* y, cons
   }
   l.forward(y, x, N, /*with_bias=*/false);
   reduce_from_tensor_region_forward(tp, y, sz(int64_t{N} * l.out));
+  if (l.b == nullptr) return;
   for (int n = 0; n < N; ++n) l.k->add_inplace(y + sz(int64_t{n} * l.out), l.b, sz(l.out));
 }
 
@@ -229,7 +237,7 @@ void GptBlock::forward(int slot, float* y, const float* x, int B, int T, Workspa
   copy_to_tensor_region_forward(tp_, a.ln);
   c_attn_.forward(a.qkv.f32(), a.ln, N);
   float* atty = staging(a.atty, ws);
-  k_->attention_forward(atty, a.att.f32(), a.qkv.f32(), B, T, NH_, HS_);
+  k_->attention_forward(atty, a.att.f32(), a.qkv.f32(), B, T, NH_, HS_, NH_);
   keep(*k_, a.atty, atty, sz(int64_t{N} * NH_ * HS_));
   row_parallel_forward(c_proj_, tp_, ws.tmp_d.f32(), a.atty, N);
   k_->residual_forward(a.mid.f32(), x, ws.tmp_d.f32(), sz(int64_t{N} * D_));
@@ -245,7 +253,8 @@ void GptBlock::backward(int slot, float* dres, const float* x, int B, int T, Wor
   float* dtmp = ws.tmp_d.f32();
   c_proj_.backward(dtmp, dres, a.atty, N, ws.dy_h, Out::overwrite);  // datty (N, NH_*HS_)
   float* dqkv = ws.dqkv.f32();
-  k_->attention_backward(dqkv, ws.datt.f32(), dtmp, a.qkv.f32(), a.att.f32(), B, T, NH_, HS_, Out::overwrite);
+  k_->attention_backward(dqkv, ws.datt.f32(), dtmp, a.qkv.f32(), a.att.f32(), B, T, NH_, HS_, Out::overwrite,
+                         NH_);
   c_attn_.backward(dtmp, dqkv, a.ln, N, ws.dy_h, Out::overwrite);  // dln_1
   // The key bias shifts every score of a query by the same amount, which softmax
   // ignores: its gradient is exactly zero. Computed, it is rounding noise that AdamW
@@ -261,6 +270,121 @@ void GptBlock::share_activations(Block& owner) {
   acts_ = o.acts_;
   mlp_.share_activations(o.mlp_);
 }
+
+// ---------------------------------------------------------------- RMSNorm
+
+RmsNorm RmsNorm::bind(ParamStore& ps, const std::string& prefix, const kernels::Kernels& k, float eps) {
+  Param& w = ps.get(prefix + ".weight");
+  RmsNorm l;
+  l.k = &k;
+  l.w = w.data.f32();
+  l.dw = w.grad.f32();
+  l.C = static_cast<int>(w.data.size(0));
+  l.eps = eps;
+  return l;
+}
+
+void RmsNorm::forward(Tensor& y, float* rstd, const float* x, int N, Workspace& ws) const {
+  float* out = staging(y, ws);
+  k->rmsnorm_forward(out, rstd, x, w, N, C, eps);
+  keep(*k, y, out, sz(int64_t{N} * C));
+}
+
+void RmsNorm::backward(float* dx, const float* dy, const float* x, const float* rstd, int N) const {
+  k->rmsnorm_backward(dx, dw, dy, x, w, rstd, N, C);
+}
+
+// ---------------------------------------------------------------- llama block
+
+LlamaBlock::LlamaBlock(ParamStore& ps, int layer, const ModelConfig& cfg, int n_slots, int max_B,
+                       const TensorGroup& tp, const DeviceContext& ctx)
+    : tp_(tp),
+      k_(ctx.kernels),
+      D_(cfg.d_model),
+      NH_(tp.shard.n_head(cfg)),
+      NKV_(tp.shard.n_kv_head(cfg)),
+      HS_(cfg.head_dim()),
+      F_(static_cast<int>(tp.shard.hidden(cfg))),
+      theta_(cfg.rope_theta),
+      acts_(std::make_shared<std::vector<Acts>>()) {
+  const std::string h = "h." + std::to_string(layer);
+  ln_1_ = RmsNorm::bind(ps, h + ".ln_1", *k_, cfg.norm_eps);
+  ln_2_ = RmsNorm::bind(ps, h + ".ln_2", *k_, cfg.norm_eps);
+  c_attn_ = Linear::bind(ps, h + ".attn.c_attn", *k_);
+  c_proj_ = Linear::bind(ps, h + ".attn.c_proj", *k_);
+  c_fc_ = Linear::bind(ps, h + ".mlp.c_fc", *k_);
+  c_down_ = Linear::bind(ps, h + ".mlp.c_proj", *k_);
+  const int64_t T = cfg.seq_len, N = int64_t{max_B} * T, D = D_, A = int64_t{NH_} * HS_,
+                QKV = int64_t{NH_ + 2 * NKV_} * HS_;
+  TROUPE_CHECK(c_attn_.in == D && c_attn_.out == QKV && c_proj_.in == A && c_proj_.out == D &&
+                   c_fc_.in == D && c_fc_.out == 2 * F_ && c_down_.in == F_ && c_down_.out == D,
+               h, ": llama shard shapes do not match ", NH_, " heads, ", NKV_, " kv heads of ", HS_, " and ",
+               F_, " hidden units on tensor shard ", tp.shard.rank, "/", tp.size());
+  auto f32 = [&](Shape s) { return Tensor::zeros(std::move(s), DType::f32, *ctx.alloc); };
+  auto kept = [&](Shape s) { return Tensor::zeros(std::move(s), ctx.compute_dtype, *ctx.alloc); };
+  for (int s = 0; s < n_slots; ++s) {
+    Acts a;
+    a.ln1 = kept({N, D});
+    a.rstd1 = f32({N});
+    a.qkv = f32({N, QKV});
+    a.att = f32({int64_t{max_B}, NH_, T, T});
+    a.atty = kept({N, A});
+    a.mid = f32({N, D});
+    a.ln2 = kept({N, D});
+    a.rstd2 = f32({N});
+    a.gu = f32({N, 2 * int64_t{F_}});
+    a.h = kept({N, F_});
+    acts_->push_back(std::move(a));
+  }
+}
+
+void LlamaBlock::forward(int slot, float* y, const float* x, int B, int T, Workspace& ws) {
+  Acts& a = acts_->at(static_cast<size_t>(slot));
+  const int N = B * T, ld = (NH_ + 2 * NKV_) * HS_;
+  ln_1_.forward(a.ln1, a.rstd1.f32(), x, N, ws);
+  copy_to_tensor_region_forward(tp_, a.ln1);
+  c_attn_.forward(a.qkv.f32(), a.ln1, N);
+  k_->rope_forward(a.qkv.f32(), B, T, NH_ + NKV_, HS_, ld, theta_);  // q and k heads lead each row
+  float* atty = staging(a.atty, ws);
+  k_->attention_forward(atty, a.att.f32(), a.qkv.f32(), B, T, NH_, HS_, NKV_);
+  keep(*k_, a.atty, atty, sz(int64_t{N} * NH_ * HS_));
+  row_parallel_forward(c_proj_, tp_, ws.tmp_d.f32(), a.atty, N);
+  k_->residual_forward(a.mid.f32(), x, ws.tmp_d.f32(), sz(int64_t{N} * D_));
+  ln_2_.forward(a.ln2, a.rstd2.f32(), a.mid.f32(), N, ws);
+  copy_to_tensor_region_forward(tp_, a.ln2);
+  c_fc_.forward(a.gu.f32(), a.ln2, N);
+  float* h = staging(a.h, ws);
+  k_->swiglu_forward(h, a.gu.f32(), N, F_);
+  keep(*k_, a.h, h, sz(int64_t{N} * F_));
+  row_parallel_forward(c_down_, tp_, ws.tmp_d.f32(), a.h, N);
+  k_->residual_forward(y, a.mid.f32(), ws.tmp_d.f32(), sz(int64_t{N} * D_));
+}
+
+void LlamaBlock::backward(int slot, float* dres, const float* x, int B, int T, Workspace& ws) {
+  Acts& a = acts_->at(static_cast<size_t>(slot));
+  const int N = B * T, ld = (NH_ + 2 * NKV_) * HS_;
+  const size_t nd = sz(int64_t{N} * D_);
+  float* dtmp = ws.tmp_d.f32();
+  // MLP: dres = dL/dy on entry, dL/dmid after ln_2's backward adds the branch.
+  reduce_from_tensor_region_backward(tp_, dres, nd);
+  c_down_.backward(ws.dh.f32(), dres, a.h, N, ws.dy_h, Out::overwrite);
+  k_->swiglu_backward(ws.dgu.f32(), ws.dh.f32(), a.gu.f32(), N, F_);
+  c_fc_.backward(dtmp, ws.dgu.f32(), a.ln2, N, ws.dy_h, Out::overwrite);
+  copy_to_tensor_region_backward(tp_, dtmp, nd);
+  ln_2_.backward(dres, dtmp, a.mid.f32(), a.rstd2.f32(), N);
+  // Attention: dres = dL/dmid on entry, dL/dx on return.
+  reduce_from_tensor_region_backward(tp_, dres, nd);
+  c_proj_.backward(dtmp, dres, a.atty, N, ws.dy_h, Out::overwrite);  // datty (N, NH_*HS)
+  float* dqkv = ws.dqkv.f32();
+  k_->attention_backward(dqkv, ws.datt.f32(), dtmp, a.qkv.f32(), a.att.f32(), B, T, NH_, HS_, Out::overwrite,
+                         NKV_);
+  k_->rope_backward(dqkv, B, T, NH_ + NKV_, HS_, ld, theta_);
+  c_attn_.backward(dtmp, dqkv, a.ln1, N, ws.dy_h, Out::overwrite);  // dln_1
+  copy_to_tensor_region_backward(tp_, dtmp, nd);
+  ln_1_.backward(dres, dtmp, x, a.rstd1.f32(), N);
+}
+
+void LlamaBlock::share_activations(Block& owner) { acts_ = dynamic_cast<LlamaBlock&>(owner).acts_; }
 
 // ---------------------------------------------------------------- MLP block
 

@@ -44,11 +44,11 @@ struct Linear {
   const float* w = nullptr;      // f32 weights (dt == f32)
   const uint16_t* wh = nullptr;  // 16-bit weights (dt bf16 / f16)
   float* dw = nullptr;
-  const float* b = nullptr;  // may be null (tied LM head)
+  const float* b = nullptr;  // may be null (tied LM head, llama)
   float* db = nullptr;
   int in = 0, out = 0;
 
-  // prefix.weight, prefix.bias
+  // prefix.weight and, when the store has it, prefix.bias
   static Linear bind(ParamStore& ps, const std::string& prefix, const kernels::Kernels& k);
   // x: (>= N, in) of dtype dt. with_bias = false leaves the bias out (row-parallel shards).
   void forward(float* y, const Tensor& x, int N, bool with_bias = true) const;
@@ -78,6 +78,20 @@ struct LayerNorm {
                 int N) const;
 };
 
+// Per-row RMSNorm over C with a weight and no bias (llama): y = x / sqrt(mean(x^2) + eps) * w.
+struct RmsNorm {
+  const kernels::Kernels* k = nullptr;
+  const float* w = nullptr;
+  float* dw = nullptr;
+  int C = 0;
+  float eps = 1e-5f;
+
+  static RmsNorm bind(ParamStore& ps, const std::string& prefix, const kernels::Kernels& k, float eps);
+  // y (>= N rows) in its own dtype, as LayerNorm::forward; rstd(N) saved for backward.
+  void forward(Tensor& y, float* rstd, const float* x, int N, Workspace& ws) const;
+  void backward(float* dx, const float* dy, const float* x, const float* rstd, int N) const;  // dx +=
+};
+
 // Backward scratch shared by the blocks of one stage, sized for the largest micro-batch.
 struct Workspace {
   Workspace() = default;
@@ -86,11 +100,12 @@ struct Workspace {
             Allocator& alloc = cpu_allocator(), DType compute_dtype = DType::f32);
   Tensor dres;   // (B,T,D)  gradient flowing down the residual stream
   Tensor tmp_d;  // (B,T,D)  forward projection outputs; backward dln / datty
-  Tensor dqkv;   // (B,T,3D/tp)
+  Tensor dqkv;   // (B,T,3D/tp); llama (B,T,(NH+2*NKV)*HS/tp)
   Tensor dh;     // (B,T,H) gradient wrt the MLP hidden, after GELU, then (in place) before it
-  Tensor datt;   // (B,NH/tp,T,T) attention backward scratch (gpt)
+  Tensor dgu;    // (B,T,2H) llama: gradient wrt the fused gate|up projection's output
+  Tensor datt;   // (B,NH/tp,T,T) attention backward scratch (gpt, llama)
   // Mixed precision only (compute dtype bf16 / f16; undefined in f32):
-  Tensor dy_h;  // (B*T*max(3D/tp, H, D)) a linear's output gradient in the compute dtype
+  Tensor dy_h;  // (B*T*max(q|k|v width, MLP projection width, D)) a linear's output gradient, compute dtype
   Tensor act;   // (B,T,max(D, H)) f32 output of a layer before it is kept in the compute dtype
 };
 
@@ -157,6 +172,39 @@ class GptBlock : public Block {
   };
   std::shared_ptr<std::vector<Acts>> acts_;  // per slot; shared between blocks under recomputation
   MlpSublayer mlp_;
+};
+
+// Llama block: h = x + o_proj(attn(rope(q|k|v(rms_1(x))))), y = h + down(silu(gate) * up)
+// with gate|up = c_fc(rms_2(h)). Grouped-query attention over NKV key/value heads.
+// Tensor-parallel: c_attn column-parallel over this shard's NH/tp query and NKV/tp
+// key/value heads, c_fc column-parallel over its F/tp gate and up units, both c_proj
+// row-parallel. No biases.
+class LlamaBlock : public Block {
+ public:
+  LlamaBlock(ParamStore& ps, int layer, const ModelConfig& cfg, int n_slots, int max_B,
+             const TensorGroup& tp = {}, const DeviceContext& ctx = DeviceContext::cpu());
+  void forward(int slot, float* y, const float* x, int B, int T, Workspace& ws) override;
+  void backward(int slot, float* dres, const float* x, int B, int T, Workspace& ws) override;
+  void share_activations(Block& owner) override;
+
+ private:
+  TensorGroup tp_;
+  const kernels::Kernels* k_;
+  int D_, NH_, NKV_, HS_, F_;  // local heads, kv heads and hidden units; HS = D/NH
+  double theta_;
+  RmsNorm ln_1_, ln_2_;
+  Linear c_attn_, c_proj_, c_fc_, c_down_;
+  struct Acts {
+    Tensor ln1, rstd1;  // (N,D) in the compute dtype, (N)
+    Tensor qkv;         // (N,(NH_+2*NKV_)*HS) after the rotary embedding of q and k
+    Tensor att;         // (B,NH_,T,T) softmax probabilities
+    Tensor atty;        // (N,NH_*HS) attention output (compute dtype)
+    Tensor mid;         // (N,D) x + attention branch
+    Tensor ln2, rstd2;  // (N,D) compute dtype, (N)
+    Tensor gu;          // (N,2*F_) gate|up (f32)
+    Tensor h;           // (N,F_) silu(gate) * up (compute dtype)
+  };
+  std::shared_ptr<std::vector<Acts>> acts_;  // per slot; shared between blocks under recomputation
 };
 
 // Residual MLP block of the MLP model: x + MLP(ln_2(x)).

@@ -108,6 +108,34 @@ void shard_cols(ParamSpec& p, int64_t n, const TensorShard& shard) {
   p.offset = shard.rank * len;
 }
 
+// A llama block: RMSNorm weights, a fused q|k|v projection ((NH + 2 NKV) HS, D), the
+// attention output (D, NH HS), a fused gate|up projection (2F, D) and down (D, F); no
+// biases. Shard t holds its heads' q rows, its kv heads' k and v rows (three pieces),
+// its hidden units' gate and up rows (two pieces), and the matching columns of the
+// output projections.
+void add_llama_block(std::vector<ParamSpec>& out, const std::string& h, const ModelConfig& cfg,
+                     const TensorShard& shard, double proj_std) {
+  const int64_t D = cfg.d_model, HS = cfg.head_dim(), Q = int64_t{cfg.n_head} * HS,
+                KV = int64_t{cfg.kv_heads()} * HS, F = cfg.ffn();
+  out.push_back(constant(h + ".ln_1.weight", D, 1.0f));
+  out.push_back(weight(h + ".attn.c_attn.weight", {Q + 2 * KV, D}, kInitStd));
+  out.push_back(weight(h + ".attn.c_proj.weight", {D, Q}, proj_std));
+  out.push_back(constant(h + ".ln_2.weight", D, 1.0f));
+  out.push_back(weight(h + ".mlp.c_fc.weight", {2 * F, D}, kInitStd));
+  out.push_back(weight(h + ".mlp.c_proj.weight", {D, F}, proj_std));
+  if (shard.size == 1) return;
+  const size_t n = out.size();
+  ParamSpec& qkv = out[n - 5];
+  const int64_t q = Q / shard.size, kv = KV / shard.size;
+  qkv.split_dim = 0;
+  qkv.local = q + 2 * kv;
+  qkv.pieces = {{shard.rank * q, q, 0}, {Q + shard.rank * kv, kv, q}, {Q + KV + shard.rank * kv, kv, q + kv}};
+  qkv.offset = qkv.pieces.front().offset;
+  shard_cols(out[n - 4], Q, shard);
+  shard_rows(out[n - 2], F, 2, shard);  // gate rows, up rows
+  shard_cols(out[n - 1], F, shard);
+}
+
 }  // namespace
 
 std::vector<ParamSpec> param_specs(const ModelConfig& cfg, const StageRange& range,
@@ -121,12 +149,21 @@ std::vector<ParamSpec> param_specs(const ModelConfig& cfg, const StageRange& ran
   // variance does not grow with depth.
   const double proj_std = kInitStd / std::sqrt(2.0 * std::max(cfg.n_layer, 1));
   std::vector<ParamSpec> out;
+  // Vocabulary rows of this shard (llama under tensor parallelism), else whole.
+  auto vocab_rows = [&](ParamSpec p) {
+    if (cfg.vocab_parallel() && shard.size > 1) shard_rows(p, V, 1, shard);
+    return p;
+  };
   if (range.has_embedding) {
-    out.push_back(weight("wte.weight", {V, D}, kInitStd));
+    out.push_back(vocab_rows(weight("wte.weight", {V, D}, kInitStd)));
     if (cfg.kind == ModelKind::gpt) out.push_back(weight("wpe.weight", {T, D}, kInitStd));
   }
   for (int l = range.first; l < range.last; ++l) {
     const std::string h = "h." + std::to_string(l);
+    if (cfg.kind == ModelKind::llama) {
+      add_llama_block(out, h, cfg, shard, proj_std);
+      continue;
+    }
     if (cfg.kind == ModelKind::gpt) {
       add_layernorm(out, h + ".ln_1", D);
       add_linear(out, h + ".attn.c_attn", 3 * D, D, kInitStd);
@@ -149,9 +186,14 @@ std::vector<ParamSpec> param_specs(const ModelConfig& cfg, const StageRange& ran
     }
   }
   if (range.has_head) {
-    add_layernorm(out, "ln_f", D);
-    if (!range.has_embedding) {
-      out.push_back(weight("wte.weight", {V, D}, kInitStd));
+    if (cfg.kind == ModelKind::llama)
+      out.push_back(constant("ln_f.weight", D, 1.0f));
+    else
+      add_layernorm(out, "ln_f", D);
+    if (!cfg.tied_head()) {
+      out.push_back(vocab_rows(weight("lm_head.weight", {V, D}, kInitStd)));
+    } else if (!range.has_embedding) {
+      out.push_back(vocab_rows(weight("wte.weight", {V, D}, kInitStd)));
       out.back().tied_copy = true;  // the LM head's copy of the first stage's wte
     }
   }

@@ -80,8 +80,16 @@ struct Param {
 };
 
 // The parameters of a stage, in a fixed order: wte.weight, wpe.weight (gpt) when the stage
-// has the embedding; blocks in layer order; ln_f.{weight,bias} and, when the stage has the
-// head but not the embedding, wte.weight (tied LM head, tied_copy) last.
+// has the embedding; blocks in layer order; ln_f.{weight,bias} (llama: ln_f.weight) and,
+// when the stage has the head but not the embedding, wte.weight (tied LM head, tied_copy)
+// last; an untied llama head holds lm_head.weight (V, D) instead.
+//
+// llama blocks: h.L.ln_1.weight, h.L.attn.c_attn.weight ((NH+2*NKV)*HS, D) rows q|k|v,
+// h.L.attn.c_proj.weight (D, NH*HS), h.L.ln_2.weight, h.L.mlp.c_fc.weight (2F, D) rows
+// gate|up, h.L.mlp.c_proj.weight (D, F); no biases. Under tensor parallelism a llama
+// shard holds its q, k and v heads' rows of c_attn (three pieces), its gate and up rows
+// of c_fc (two pieces), the matching columns of both c_proj, and rows
+// [t*V/tp, (t+1)*V/tp) of wte and lm_head (vocabulary-parallel).
 //
 // Tensor shard t of tp (Megatron): attn.c_attn weight and bias hold the q, k and v rows
 // of heads [t*NH/tp, (t+1)*NH/tp) (three pieces, local rows q|k|v); mlp.c_fc weight and

@@ -1,6 +1,7 @@
 #include "model/stage.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "core/error.hpp"
@@ -41,26 +42,31 @@ Stage::Stage(const ModelConfig& cfg, const StageRange& range, int n_slots, int m
       store_(param_specs(cfg, range, shard), cfg.seed, ctx_.compute_dtype) {
   TROUPE_CHECK(n_slots > 0 && max_micro_batch > 0, "need n_slots > 0 and max_micro_batch > 0, got ", n_slots,
                ", ", max_micro_batch);
-  const int64_t T = cfg.seq_len, N = int64_t{max_B_} * T, D = cfg.d_model, V = cfg.vocab_size;
+  const int64_t T = cfg.seq_len, N = int64_t{max_B_} * T, D = cfg.d_model;
   for (int l = range.first; l < range.last; ++l) {
     // Under recomputation the first block owns the one set of internal activations
     // and the others borrow it; otherwise every block keeps one set per slot.
     const int act_slots = cfg.recompute ? (l == range.first ? 1 : 0) : n_slots;
     if (cfg.kind == ModelKind::gpt)
       blocks_.push_back(std::make_unique<GptBlock>(store_, l, cfg, act_slots, max_B_, tp_, ctx_));
+    else if (cfg.kind == ModelKind::llama)
+      blocks_.push_back(std::make_unique<LlamaBlock>(store_, l, cfg, act_slots, max_B_, tp_, ctx_));
     else
       blocks_.push_back(std::make_unique<MlpBlock>(store_, l, cfg, act_slots, max_B_, tp_, ctx_));
     if (cfg.recompute && l > range.first) blocks_.back()->share_activations(*blocks_.front());
   }
   // The embedding's wte, or on a head-only stage its tied copy (Param::tied_copy): the
-  // embedding and the LM head read the same weights. The embedding reads the f32
-  // master (a lookup, f32 under autocast too), the head's product its compute copy.
+  // embedding and the LM head read the same weights, unless the head has its own
+  // lm_head (untied llama). The embedding reads the f32 master (a lookup, f32 under
+  // autocast too), the head's product its compute copy.
   Param* wte = nullptr;
-  if (range.has_embedding || range.has_head) {
+  if (range.has_embedding || (range.has_head && cfg.tied_head())) {
     wte = &store_.get("wte.weight");
     wte_ = wte->data.f32();
     dwte_ = wte->grad.f32();
   }
+  v0_ = static_cast<int>(shard.vocab_begin(cfg));
+  Vl_ = static_cast<int>(shard.vocab(cfg));
   if (range.has_embedding && cfg.kind == ModelKind::gpt) {
     Param& wpe = store_.get("wpe.weight");
     wpe_ = wpe.data.f32();
@@ -69,18 +75,23 @@ Stage::Stage(const ModelConfig& cfg, const StageRange& range, int n_slots, int m
   auto f32 = [&](Shape s) { return Tensor::zeros(std::move(s), DType::f32, *ctx_.alloc); };
   auto kept = [&](Shape s) { return Tensor::zeros(std::move(s), ctx_.compute_dtype, *ctx_.alloc); };
   if (range.has_head) {
-    ln_f_ = LayerNorm::bind(store_, "ln_f", *k_);
+    if (cfg.kind == ModelKind::llama)
+      rms_f_ = RmsNorm::bind(store_, "ln_f", *k_, cfg.norm_eps);
+    else
+      ln_f_ = LayerNorm::bind(store_, "ln_f", *k_);
+    Param& hw = cfg.tied_head() ? *wte : store_.get("lm_head.weight");
     head_.k = k_;
     head_.dt = ctx_.compute_dtype;
     if (head_.dt == DType::f32)
-      head_.w = wte->compute.f32();
+      head_.w = hw.compute.f32();
     else
-      head_.wh = wte->compute.h16();
-    head_.dw = dwte_;
+      head_.wh = hw.compute.h16();
+    head_.dw = hw.grad.f32();
     head_.in = static_cast<int>(D);
-    head_.out = static_cast<int>(V);
-    dlogits_ = f32({N, V});
-    if (head_.dt != DType::f32) dlogits_h_ = kept({N, V});
+    head_.out = Vl_;
+    dlogits_ = f32({N, Vl_});
+    if (head_.dt != DType::f32) dlogits_h_ = kept({N, Vl_});
+    if (cfg.vocab_parallel()) ce_stats_ = f32({(2 * int64_t{shard.size} + 1) * N});
   }
   const float* flat = store_.flat_grads().f32();
   const size_t n_flat = static_cast<size_t>(store_.flat_grads().numel());
@@ -103,7 +114,8 @@ Stage::Stage(const ModelConfig& cfg, const StageRange& range, int n_slots, int m
       s.lnf = kept({N, D});
       s.lnf_mean = f32({N});
       s.lnf_rstd = f32({N});
-      s.logits = f32({N, V});
+      s.logits = f32({N, Vl_});
+      if (cfg.vocab_parallel()) s.lse = f32({N});
     }
     if (!range.has_embedding) s.dinput = f32({N, D});
   }
@@ -131,7 +143,13 @@ double Stage::forward(int slot, const int32_t* tokens, const float* x_in, const 
     for (int i = 0; i < N; ++i)
       TROUPE_CHECK(tokens[i] >= 0 && tokens[i] < V, "token ", tokens[i], " at ", i, " outside [0, ", V, ")");
     std::memcpy(s.tokens.data(), tokens, sizeof(int32_t) * static_cast<size_t>(N));
-    k_->embedding_forward(s.resid[0].f32(), s.tokens.i32(), wte_, wpe_, B, T, D, V);
+    if (cfg_.vocab_parallel()) {
+      // Each shard looks up the tokens of its rows; the sum over shards is the embedding.
+      k_->embedding_rows_forward(s.resid[0].f32(), s.tokens.i32(), wte_, N, D, v0_, Vl_);
+      reduce_from_tensor_region_forward(tp_, s.resid[0].f32(), nd);
+    } else {
+      k_->embedding_forward(s.resid[0].f32(), s.tokens.i32(), wte_, wpe_, B, T, D, V);
+    }
   } else {
     TROUPE_CHECK(x_in != nullptr, "a stage without the embedding needs its input activations");
     std::memcpy(s.resid[0].data(), x_in, sizeof(float) * nd);
@@ -143,15 +161,48 @@ double Stage::forward(int slot, const int32_t* tokens, const float* x_in, const 
   if (!range_.has_head) return 0.0;
 
   // In mixed precision ln_f's output is kept in the compute dtype for the head's product.
-  ln_f_.forward(s.lnf, s.lnf_mean.f32(), s.lnf_rstd.f32(), s.resid.back().f32(), N, ws_);
-  head_.forward(s.logits.f32(), s.lnf, N);
+  if (cfg_.kind == ModelKind::llama)
+    rms_f_.forward(s.lnf, s.lnf_rstd.f32(), s.resid.back().f32(), N, ws_);
+  else
+    ln_f_.forward(s.lnf, s.lnf_mean.f32(), s.lnf_rstd.f32(), s.resid.back().f32(), N, ws_);
+  if (cfg_.vocab_parallel()) copy_to_tensor_region_forward(tp_, s.lnf);
+  head_.forward(s.logits.f32(), s.lnf, N, /*with_bias=*/false);
   if (targets == nullptr) return 0.0;
   for (int i = 0; i < N; ++i)
     TROUPE_CHECK(targets[i] >= 0 && targets[i] < V, "target ", targets[i], " at ", i, " outside [0, ", V,
                  ")");
   std::memcpy(s.targets.data(), targets, sizeof(int32_t) * static_cast<size_t>(N));
   s.has_targets = true;
+  if (cfg_.vocab_parallel()) return vocab_parallel_loss(s, N);
   return k_->cross_entropy(nullptr, s.logits.f32(), s.targets.i32(), N, V, 0.0f);
+}
+
+double Stage::vocab_parallel_loss(Slot& s, int N) {
+  // One allreduce-sum gathers every shard's row max and sum of exponentials into its own
+  // columns (zeros elsewhere, so the sum is exact) and the target logit from the shard
+  // that holds it: [max (tp x N) | sum_exp (tp x N) | target (N)]. Every shard then
+  // combines the same numbers in the same order, so the loss is the same bits on each.
+  const int tp = tp_.size(), r = tp_.shard.rank;
+  const size_t n = static_cast<size_t>(N);
+  float* st = ce_stats_.f32();
+  std::fill(st, st + (2 * static_cast<size_t>(tp) + 1) * n, 0.0f);
+  float* mx = st;
+  float* se = st + static_cast<size_t>(tp) * n;
+  float* tgt = st + 2 * static_cast<size_t>(tp) * n;
+  k_->cross_entropy_stats(mx + r * n, se + r * n, tgt, s.logits.f32(), s.targets.i32(), N, Vl_, v0_);
+  reduce_from_tensor_region_forward(tp_, st, (2 * static_cast<size_t>(tp) + 1) * n);
+  float* lse = s.lse.f32();
+  double total = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    float m = mx[i];
+    for (int q = 1; q < tp; ++q) m = std::max(m, mx[q * n + i]);
+    double sum = 0.0;
+    for (int q = 0; q < tp; ++q) sum += double(se[q * n + i]) * std::exp(double(mx[q * n + i]) - m);
+    const double l = double(m) + std::log(sum);
+    lse[i] = static_cast<float>(l);
+    total += l - double(tgt[i]);
+  }
+  return total;
 }
 
 void Stage::backward(int slot, const float* dout, float dloss, const ReadyFn& on_ready) {
@@ -171,12 +222,23 @@ void Stage::backward(int slot, const float* dout, float dloss, const ReadyFn& on
     // dlogits is recomputed from the saved logits rather than kept per slot: (B,T,V) per
     // slot would dominate activation memory for a small D.
     float* dlogits = dlogits_.f32();
-    std::fill(dlogits, dlogits + static_cast<size_t>(N) * V, 0.0f);
-    k_->cross_entropy(dlogits, s.logits.f32(), s.targets.i32(), N, V, dloss);
+    if (cfg_.vocab_parallel()) {
+      k_->cross_entropy_shard_backward(dlogits, s.logits.f32(), s.targets.i32(), s.lse.f32(), N, Vl_, v0_,
+                                       dloss);
+    } else {
+      std::fill(dlogits, dlogits + static_cast<size_t>(N) * V, 0.0f);
+      k_->cross_entropy(dlogits, s.logits.f32(), s.targets.i32(), N, V, dloss);
+    }
     float* dlnf = ws_.tmp_d.f32();
     head_.backward(dlnf, dlogits, s.lnf, N, dlogits_h_, kernels::Out::overwrite);
     std::fill(dres, dres + nd, 0.0f);
-    ln_f_.backward(dres, dlnf, s.resid.back().f32(), s.lnf_mean.f32(), s.lnf_rstd.f32(), N);
+    if (cfg_.kind == ModelKind::llama) {
+      // Each shard's dlnf is the part through its vocabulary rows; the sum is the whole.
+      copy_to_tensor_region_backward(tp_, dlnf, nd);
+      rms_f_.backward(dres, dlnf, s.resid.back().f32(), s.lnf_rstd.f32(), N);
+    } else {
+      ln_f_.backward(dres, dlnf, s.resid.back().f32(), s.lnf_mean.f32(), s.lnf_rstd.f32(), N);
+    }
     // A full stage's wte (first in the buffer) still takes the embedding's gradient.
     report(head_begin_);
   } else {
@@ -194,7 +256,9 @@ void Stage::backward(int slot, const float* dout, float dloss, const ReadyFn& on
     }
     report(block_begin_[b]);
   }
-  if (range_.has_embedding)
+  if (range_.has_embedding && cfg_.vocab_parallel())
+    k_->embedding_rows_backward(dwte_, dres, s.tokens.i32(), N, D, v0_, Vl_);  // dres is whole on every shard
+  else if (range_.has_embedding)
     k_->embedding_backward(dwte_, dwpe_, dres, s.tokens.i32(), B, T, D, V);
   else
     std::memcpy(s.dinput.data(), dres, sizeof(float) * nd);
@@ -218,11 +282,12 @@ Tensor Stage::logits(int slot) const {
   TROUPE_CHECK(range_.has_head, "only the last stage has logits");
   const Slot& s = slots_.at(static_cast<size_t>(slot));
   TROUPE_CHECK(s.forwarded, "logits(", slot, ") before forward");
-  return s.logits.slice(0, int64_t{s.B} * s.T).reshape({s.B, s.T, cfg_.vocab_size});
+  return s.logits.slice(0, int64_t{s.B} * s.T).reshape({s.B, s.T, Vl_});
 }
 
 void Stage::last_logits(const int32_t* tokens, int T, float* out) {
-  TROUPE_CHECK(range_.has_embedding && range_.has_head, "last_logits needs the full model");
+  TROUPE_CHECK(range_.has_embedding && range_.has_head && Vl_ == cfg_.vocab_size,
+               "last_logits needs the full model, with the whole vocabulary");
   forward(0, tokens, nullptr, nullptr, 1, T);
   const float* row = slots_[0].logits.f32() + static_cast<size_t>(T - 1) * cfg_.vocab_size;
   std::memcpy(out, row, sizeof(float) * static_cast<size_t>(cfg_.vocab_size));

@@ -1,5 +1,8 @@
-// A pipeline stage of a GPT or MLP model: optional embedding, a contiguous range of
-// blocks, optional head (ln_f + LM head tied to wte + cross-entropy). The
+// A pipeline stage of a GPT, MLP or llama model: optional embedding, a contiguous range of
+// blocks, optional head (ln_f + LM head tied to wte, or llama's own lm_head + cross-entropy).
+// A llama under tensor parallelism splits the embedding and the head by vocabulary rows:
+// the lookup is summed over the shards and the loss combines each shard's softmax
+// statistics, so no shard ever holds the full (B,T,V) logits. The
 // single-device model is Stage(cfg, StageRange::full(cfg), ...).
 //
 // Activations live in n_slots independent micro-batch slots, allocated once for
@@ -77,7 +80,9 @@ class Stage {
 
   Tensor output(int slot) const;      // (B,T,D) view, valid after forward(slot), !has_head
   Tensor input_grad(int slot) const;  // (B,T,D) view, valid after backward(slot), !has_embedding
-  Tensor logits(int slot) const;      // (B,T,V) view, valid after forward(slot), has_head
+  // (B,T,Vl) view, valid after forward(slot), has_head: the vocabulary columns of this
+  // shard (all V, except for a llama under tensor parallelism: V/tp from shard*V/tp).
+  Tensor logits(int slot) const;
 
   // Sampling: logits(V) of the last position of prefix tokens(T), B=1, T <= seq_len.
   // Needs the full model (embedding and head); uses slot 0.
@@ -105,7 +110,8 @@ class Stage {
     Tensor tokens, targets;          // (B,T) int32
     std::vector<Tensor> resid;       // n_blocks + 1 of (B,T,D): stage input, then each block's output
     Tensor lnf, lnf_mean, lnf_rstd;  // (B,T,D), (B,T), (B,T)
-    Tensor logits;                   // (B,T,V)
+    Tensor logits;                   // (B,T,Vl): this shard's vocabulary columns (all V but llama's tp > 1)
+    Tensor lse;                      // (B,T) log-sum-exp of each row's logits over every shard (llama)
     Tensor dinput;                   // (B,T,D)
   };
 
@@ -119,10 +125,13 @@ class Stage {
   std::vector<std::unique_ptr<Block>> blocks_;
   std::vector<Slot> slots_;
   Workspace ws_;
-  Tensor dlogits_;    // (B,T,V) head backward scratch
-  Tensor dlogits_h_;  // (B,T,V) the same in the compute dtype (mixed precision only)
-  Linear head_;       // tied: weight = wte, no bias
-  LayerNorm ln_f_;
+  Tensor dlogits_;       // (B,T,V) head backward scratch
+  Tensor dlogits_h_;     // (B,T,V) the same in the compute dtype (mixed precision only)
+  Linear head_;          // weight = wte (tied) or lm_head (untied llama), no bias
+  LayerNorm ln_f_;       // gpt, mlp
+  RmsNorm rms_f_;        // llama
+  int v0_ = 0, Vl_ = 0;  // vocabulary rows [v0_, v0_ + Vl_) of the embedding and the head on this shard
+  Tensor ce_stats_;      // ((2*tp+1)*B*T) vocabulary-parallel loss statistics (llama)
   float *wte_ = nullptr, *dwte_ = nullptr, *wpe_ = nullptr, *dwpe_ = nullptr;
   // Flat-gradient offsets where the head's parameters (ln_f, the tied wte of a head-only
   // stage) and each block begin; the head's run ends at the buffer's end and the
@@ -131,6 +140,9 @@ class Stage {
   std::vector<size_t> block_begin_;
 
   Slot& slot_at(int slot);
+  // Sum of the N rows' losses from this shard's logits columns and the other shards'
+  // statistics; saves each row's log-sum-exp for backward.
+  double vocab_parallel_loss(Slot& s, int N);
 };
 
 }  // namespace troupe::model

@@ -17,8 +17,10 @@ double ms_since(Clock::time_point t0) {
 }  // namespace
 
 plan::ModelShape shape_of(const model::ModelConfig& cfg) {
-  return {cfg.kind == model::ModelKind::gpt ? ModelType::gpt : ModelType::mlp, cfg.n_layer, cfg.d_model,
-          cfg.vocab_size, cfg.seq_len};
+  const ModelType type = cfg.kind == model::ModelKind::gpt     ? ModelType::gpt
+                         : cfg.kind == model::ModelKind::llama ? ModelType::llama
+                                                               : ModelType::mlp;
+  return {type, cfg.n_layer, cfg.d_model, cfg.vocab_size, cfg.seq_len};
 }
 
 std::vector<std::unique_ptr<model::Stage>> make_rank_stages(

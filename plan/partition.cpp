@@ -16,8 +16,9 @@ StageCosts stage_costs(const ModelShape& m) {
   const double D = m.d_model, V = m.vocab_size, T = m.seq_len;
   // Multiply-adds per token. GPT block: q|k|v 3D^2, attention projection D^2, MLP
   // 8D^2, and causal attention scores + weighted sum averaging T/2 keys: T*D.
-  // The MLP model's block is the MLP alone.
-  const double block = m.type == ModelType::gpt ? 12 * D * D + T * D : 8 * D * D;
+  // A llama block costs about the same (q and o 2D^2, k|v at most 2D^2, SwiGLU's three
+  // D x ~8D/3 products 8D^2). The MLP model's block is the MLP alone.
+  const double block = m.type != ModelType::mlp ? 12 * D * D + T * D : 8 * D * D;
   StageCosts c;
   // Embedding: gather + position add forward, scatter-add backward, ~4D per token.
   c.embedding = 4 * D / block;

@@ -199,7 +199,7 @@ struct Engine::Impl {
     if (layout().pp > 1) {
       pp_group = world->new_group(comm::group_of(g.pipeline, r), comm::group_name("pp", g.pipeline, r));
       // The tied embedding lives on the first and the last stage of each pipeline.
-      if (place.first || place.last)
+      if ((place.first || place.last) && cfg.tied_head())
         embed_group =
             world->new_group(place.embedding_group, "emb" + std::to_string(place.embedding_group[0]));
     }
@@ -364,7 +364,7 @@ struct Engine::Impl {
       r.bubble_ms = pr.timing.bubble_ms;
       r.comm_ms = pr.timing.comm_ms;
       set_where("step " + std::to_string(s) + ": tied-embedding gradient sum");
-      parallel::allreduce_tied_embedding(stage_ptrs, embed_group.get(), copt);
+      if (cfg.tied_head()) parallel::allreduce_tied_embedding(stage_ptrs, embed_group.get(), copt);
     }
     check_abort(abort);
     const auto t_comm = clock::now();

@@ -1,4 +1,6 @@
 // Causal multi-head self-attention core: softmax(q k^T / sqrt(HS) + causal mask) v per head.
+// Grouped-query attention (NKV < NH key/value heads): query head h reads key/value head
+// h / (NH/NKV); NKV = NH is GPT's multi-head attention.
 //
 // Every product goes through gemm() on strided views of qkv (row stride 3*C), one head at a
 // time. Only the lower triangle of the (T,T) score matrix matters, so queries are taken in
@@ -17,8 +19,12 @@ namespace {
 
 constexpr int kBlock = 64;
 
-void check_shapes(int B, int T, int NH, int HS) {
-  TROUPE_CHECK(B > 0 && T > 0 && NH > 0 && HS > 0, "B=", B, " T=", T, " NH=", NH, " HS=", HS);
+// Resolves NKV = 0 to NH.
+int check_shapes(int B, int T, int NH, int HS, int NKV) {
+  if (NKV == 0) NKV = NH;
+  TROUPE_CHECK(B > 0 && T > 0 && NH > 0 && HS > 0 && NKV > 0 && NH % NKV == 0, "B=", B, " T=", T, " NH=", NH,
+               " NKV=", NKV, " HS=", HS);
+  return NKV;
 }
 
 // row(T): scores of one query in [0,n), n = t+1; becomes probabilities, zero beyond n.
@@ -40,18 +46,18 @@ TROUPE_VEC_CLONES void softmax_row_backward(float* __restrict__ d, const float* 
 
 }  // namespace
 
-void attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int HS) {
-  check_shapes(B, T, NH, HS);
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int HS, int NKV) {
+  NKV = check_shapes(B, T, NH, HS, NKV);
   TROUPE_CHECK(out && att && qkv, "null tensor");
-  const int C = NH * HS, ld = 3 * C;
+  const int C = NH * HS, CKV = NKV * HS, ld = C + 2 * CKV, group = NH / NKV;
   const float scale = 1.0f / std::sqrt(float(HS));
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < NH; ++h) {
-      const float* q = qkv + size_t(b) * T * ld + size_t(h) * HS;  // (T,HS), row stride ld
-      const float* k = q + C;                                      // (T,HS), row stride ld
-      const float* v = q + 2 * C;                                  // (T,HS), row stride ld
-      float* a = att + (size_t(b) * NH + h) * T * T;               // (T,T)
-      float* o = out + size_t(b) * T * C + size_t(h) * HS;         // (T,HS), row stride C
+      const float* q = qkv + size_t(b) * T * ld + size_t(h) * HS;              // (T,HS), row stride ld
+      const float* k = qkv + size_t(b) * T * ld + C + size_t(h / group) * HS;  // (T,HS), row stride ld
+      const float* v = k + CKV;                                                // (T,HS), row stride ld
+      float* a = att + (size_t(b) * NH + h) * T * T;                           // (T,T)
+      float* o = out + size_t(b) * T * C + size_t(h) * HS;                     // (T,HS), row stride C
       for (int r0 = 0; r0 < T; r0 += kBlock) {
         const int r1 = r0 + kBlock < T ? r0 + kBlock : T;
         // a[r0:r1, 0:r1] = scale * q[r0:r1] k[0:r1]^T
@@ -68,23 +74,26 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
 }
 
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att,
-                        int B, int T, int NH, int HS, Out mode) {
-  check_shapes(B, T, NH, HS);
+                        int B, int T, int NH, int HS, Out mode, int NKV) {
+  NKV = check_shapes(B, T, NH, HS, NKV);
   TROUPE_CHECK(dqkv && scratch && dout && qkv && att, "null tensor");
   TROUPE_CHECK(scratch != att, "scratch must not alias att");
-  const int C = NH * HS, ld = 3 * C;
+  const int C = NH * HS, CKV = NKV * HS, ld = C + 2 * CKV, group = NH / NKV;
   const float scale = 1.0f / std::sqrt(float(HS));
-  // Each block of rows of dq, dk and dv is written by exactly one product below.
-  const float beta = mode == Out::overwrite ? 0.0f : 1.0f;
+  // Each block of rows of dq is written by exactly one product below; those of dk and dv
+  // by one per query head of their group, the first of which overwrites in Out::overwrite.
+  const float beta_q = mode == Out::overwrite ? 0.0f : 1.0f;
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < NH; ++h) {
+      const float beta = h % group == 0 ? beta_q : 1.0f;
       const size_t head = size_t(b) * T * ld + size_t(h) * HS;
+      const size_t kv = size_t(b) * T * ld + C + size_t(h / group) * HS;
       const float* q = qkv + head;  // (T,HS), row stride ld; k, v and the gradients likewise
-      const float* k = q + C;
-      const float* v = q + 2 * C;
+      const float* k = qkv + kv;
+      const float* v = k + CKV;
       float* dq = dqkv + head;
-      float* dk = dq + C;
-      float* dv = dq + 2 * C;
+      float* dk = dqkv + kv;
+      float* dv = dk + CKV;
       const float* a = att + (size_t(b) * NH + h) * T * T;         // (T,T)
       float* d = scratch + (size_t(b) * NH + h) * T * T;           // (T,T)
       const float* g = dout + size_t(b) * T * C + size_t(h) * HS;  // (T,HS), row stride C
@@ -106,7 +115,7 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
       for (int r0 = 0; r0 < T; r0 += kBlock) {
         const int r1 = r0 + kBlock < T ? r0 + kBlock : T;
         // dq[r0:r1] += d[r0:r1, 0:r1] k[0:r1]
-        gemm(false, false, r1 - r0, HS, r1, 1.0f, d + size_t(r0) * T, T, k, ld, beta, dq + size_t(r0) * ld,
+        gemm(false, false, r1 - r0, HS, r1, 1.0f, d + size_t(r0) * T, T, k, ld, beta_q, dq + size_t(r0) * ld,
              ld);
       }
     }

@@ -77,15 +77,49 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         const float* weight, const float* mean, const float* rstd, int N, int C);
 
 // ---------------------------------------------------------------- attention
-// Causal multi-head self-attention core (no projections).
-// qkv(B,T,3*NH*HS): for each token, NH heads of q, then NH heads of k, then NH heads of v.
-// out(B,T,NH*HS); att(B,NH,T,T) saves the softmax probabilities (upper triangle zero).
-// scale = 1/sqrt(HS).
-void attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int HS);
-// dqkv(B,T,3*NH*HS) += (= with Out::overwrite); scratch(B,NH,T,T) is workspace the
+// Causal multi-head self-attention core (no projections), grouped-query when NKV < NH.
+// qkv(B,T,(NH+2*NKV)*HS): for each token, NH heads of q, then NKV heads of k, then NKV
+// heads of v; query head h attends with key/value head h / (NH/NKV). NKV = 0 means NH
+// (GPT: qkv(B,T,3*NH*HS)). out(B,T,NH*HS); att(B,NH,T,T) saves the softmax
+// probabilities (upper triangle zero). scale = 1/sqrt(HS).
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int HS, int NKV = 0);
+// dqkv(B,T,(NH+2*NKV)*HS) += (= with Out::overwrite); scratch(B,NH,T,T) is workspace the
 // kernel may overwrite.
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att,
-                        int B, int T, int NH, int HS, Out mode = Out::accumulate);
+                        int B, int T, int NH, int HS, Out mode = Out::accumulate, int NKV = 0);
+
+// ---------------------------------------------------------------- llama layers
+// RMSNorm over C: out(N,C) = inp * rstd * weight, rstd(N) = 1/sqrt(mean(inp^2) + eps) saved.
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C, float eps);
+// dinp(N,C) += dL/dinp; dweight(C) +=.
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                      const float* rstd, int N, int C);
+// Rotary position embeddings, in place, on heads [0, n_heads) at the start of each of the
+// B*T rows of x (row stride ld floats, head h at h*HS): in the head of position t, channel
+// pair (i, i + HS/2) turns by t * theta^(-2i/HS) (Hugging Face's rotate_half layout).
+void rope_forward(float* x, int B, int T, int n_heads, int HS, int ld, double theta);
+// The transpose (inverse rotation), in place: dL/d(rotated) -> dL/d(input).
+void rope_backward(float* dx, int B, int T, int n_heads, int HS, int ld, double theta);
+// SwiGLU: out(N,F) = silu(gate) * up over gu(N,2F), each row gate(F) | up(F).
+void swiglu_forward(float* out, const float* gu, int N, int F);
+// dgu(N,2F) = dL/dgu (overwritten).
+void swiglu_backward(float* dgu, const float* dout, const float* gu, int N, int F);
+// Vocabulary-parallel embedding over the shard of rows [v0, v0 + Vl) of the vocabulary,
+// wte(Vl,C): out(N,C) = wte[token - v0], zero for tokens outside the shard (a sum over
+// the shards completes it). Backward: dwte += dout rows of the shard's tokens.
+void embedding_rows_forward(float* out, const int32_t* tokens, const float* wte, int N, int C, int v0,
+                            int Vl);
+void embedding_rows_backward(float* dwte, const float* dout, const int32_t* tokens, int N, int C, int v0,
+                             int Vl);
+// Vocabulary-parallel cross-entropy, the shard's part: for logits(N,Vl) of vocabulary
+// columns [v0, v0 + Vl), per row its max, sum of e^(l - max), and the target's logit
+// (0 when the target is another shard's). Combined over shards: lse = M + log(sum_r
+// s_r e^(m_r - M)), M = max_r m_r, and a row's loss is lse - target logit.
+void cross_entropy_stats(float* row_max, float* row_sum_exp, float* target_logit, const float* logits,
+                         const int32_t* targets, int N, int Vl, int v0);
+// dlogits(N,Vl) = (e^(l - lse) - onehot(target)) * dloss, overwritten; lse(N) combined.
+void cross_entropy_shard_backward(float* dlogits, const float* logits, const int32_t* targets,
+                                  const float* lse, int N, int Vl, int v0, float dloss);
 
 // ---------------------------------------------------------------- GELU (tanh form)
 void gelu_forward(float* out, const float* inp, size_t n);

@@ -23,6 +23,16 @@ Kernels make_cpu_table() {
   k.layernorm_backward = &cpu::layernorm_backward;
   k.attention_forward = &cpu::attention_forward;
   k.attention_backward = &cpu::attention_backward;
+  k.rmsnorm_forward = &cpu::rmsnorm_forward;
+  k.rmsnorm_backward = &cpu::rmsnorm_backward;
+  k.rope_forward = &cpu::rope_forward;
+  k.rope_backward = &cpu::rope_backward;
+  k.swiglu_forward = &cpu::swiglu_forward;
+  k.swiglu_backward = &cpu::swiglu_backward;
+  k.embedding_rows_forward = &cpu::embedding_rows_forward;
+  k.embedding_rows_backward = &cpu::embedding_rows_backward;
+  k.cross_entropy_stats = &cpu::cross_entropy_stats;
+  k.cross_entropy_shard_backward = &cpu::cross_entropy_shard_backward;
   k.gelu_forward = &cpu::gelu_forward;
   k.gelu_backward = &cpu::gelu_backward;
   k.gelu_backward_inplace = &cpu::gelu_backward_inplace;

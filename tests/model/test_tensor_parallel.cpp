@@ -466,3 +466,80 @@ TEST_CASE("tensor parallel: loading a full safetensors file into shards gives th
   }
   fs::remove_all(dir);
 }
+
+TEST_CASE(
+    "tensor parallel: llama shards (grouped kv heads, vocabulary-parallel embedding and loss) "
+    "equal the tp = 1 model, alone and split into pipeline stages",
+    "[model][tp][llama]") {
+  for (bool tied : {false, true}) {
+    ModelConfig c = tiny(ModelKind::llama);
+    c.vocab_size = 64;
+    c.n_head = 4;
+    c.n_kv_head = 2;
+    c.ffn_hidden = 24;
+    c.tie_embeddings = tied;
+    const int B = 2, T = 8, tp = 2;
+    INFO((tied ? "tied" : "untied"));
+    auto tokens = [&](uint64_t seed) {
+      auto t = random_tokens(seed, B * T);
+      for (auto& x : t) x %= c.vocab_size;
+      return t;
+    };
+    const auto tok = tokens(21), tgt = tokens(22);
+    Stage full(c, StageRange::full(c), 1, B);
+    perturb(full, 13);
+    const double want = full.forward(0, tok.data(), nullptr, tgt.data(), B, T);
+    full.backward(0, nullptr, 1.0f / (B * T));
+
+    // One stage, two shards: each holds V/2 logits columns; the loss is the same bits on both.
+    TpWorld w(c, tp, StageRange::full(c), 1, B);
+    copy_slices(full, w);
+    std::vector<double> loss(tp);
+    w.run([&](int r, Stage& s) {
+      loss[r] = s.forward(0, tok.data(), nullptr, tgt.data(), B, T);
+      s.backward(0, nullptr, 1.0f / (B * T));
+    });
+    for (int r = 0; r < tp; ++r) {
+      CHECK(std::abs(loss[r] - want) <= 1e-5 * std::abs(want));
+      CHECK(loss[r] == loss[0]);
+      const Tensor& lg = w[r].logits(0);  // (B,T,V/2): columns [r*V/2, (r+1)*V/2)
+      REQUIRE(lg.size(2) == c.vocab_size / tp);
+      double worst = 0;
+      for (int n = 0; n < B * T; ++n)
+        for (int v = 0; v < c.vocab_size / tp; ++v)
+          worst =
+              std::max(worst, std::abs(double(lg.f32()[n * (c.vocab_size / tp) + v]) -
+                                       full.logits(0).f32()[n * c.vocab_size + r * (c.vocab_size / tp) + v]));
+      CHECK(worst <= 1e-5);
+    }
+    check_against_full(full, w, true);
+
+    // Two pipeline stages of two shards each.
+    TpWorld first(c, tp, {0, 1, true, false}, 1, B), last(c, tp, {1, 2, false, true}, 1, B);
+    copy_slices(full, first);
+    copy_slices(full, last);
+    first.run([&](int, Stage& s) { s.forward(0, tok.data(), nullptr, nullptr, B, T); });
+    for (int r = 1; r < tp; ++r) REQUIRE(same_bits(first[r].output(0), first[0].output(0)));
+    last.run([&](int r, Stage& s) {
+      loss[r] = s.forward(0, nullptr, first[0].output(0).f32(), tgt.data(), B, T);
+      s.backward(0, nullptr, 1.0f / (B * T));
+    });
+    first.run([&](int, Stage& s) { s.backward(0, last[0].input_grad(0).f32(), 0.0f); });
+    for (int r = 0; r < tp; ++r) CHECK(std::abs(loss[r] - want) <= 1e-5 * std::abs(want));
+    for (TpWorld* st : {&first, &last})
+      for (int r = 0; r < tp; ++r)
+        for (Param& p : (*st)[r].params()) {
+          if (tied && p.name == "wte.weight") continue;  // the full grad is the sum of both stages'
+          INFO(p.name << " shard " << r);
+          CHECK(worst_rel(p.grad.f32(), slice_of(full.param(p.name).grad, p)) <= 1e-5);
+        }
+    if (tied)
+      for (int r = 0; r < tp; ++r) {
+        const Tensor& g0 = first[r].param("wte.weight").grad;
+        std::vector<float> sum(g0.f32(), g0.f32() + g0.numel());
+        kernels::cpu::add_inplace(sum.data(), last[r].param("wte.weight").grad.f32(), sum.size());
+        CHECK(worst_rel(sum.data(), slice_of(full.param("wte.weight").grad, first[r].param("wte.weight"))) <=
+              1e-5);
+      }
+  }
+}
