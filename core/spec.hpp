@@ -74,6 +74,8 @@ struct DataSpec {
   int eot = -1;                     // end-of-text id, in [0, model.vocab_size); -1 = none
   std::string tokenizer;            // tokenizer JSON for encoding prompts; "" = none
 };
+// The bytes per id data.dtype asks for: 2 or 4, or 0 when it is not given (TokenFile::open).
+inline int token_width(const DataSpec& d) { return !d.dtype ? 0 : *d.dtype == TokenDType::uint32 ? 4 : 2; }
 
 struct OptimizerSpec {
   std::string type = "adamw";

@@ -46,7 +46,7 @@ std::vector<Diagnostic> token_file_issues(const JobSpec& spec, uint64_t scan_up_
     const SourcePos at = position(spec, key);
     out.push_back(Diagnostic{file_of(spec), at.line, at.col, std::move(message), std::move(hint)});
   };
-  const int width = !d.dtype ? 0 : *d.dtype == TokenDType::uint32 ? 4 : 2;
+  const int width = token_width(d);
   // The opened files, kept for the id scan when one may follow.
   std::vector<std::pair<std::string, TokenFile>> opened;
   uint64_t total = 0;

@@ -44,13 +44,11 @@ constexpr uint32_t kEvalTagBase = 1u << 30;
 Dataset make_dataset(const JobSpec& spec) {
   if (spec.data.source == DataSource::synthetic)
     return Dataset::synthetic(spec.train.seed, kSyntheticBytes, spec.data.val_fraction);
-  if (spec.data.source == DataSource::tokens) {
-    const DataSpec& d = spec.data;
-    const int width = !d.dtype ? 0 : *d.dtype == TokenDType::uint32 ? 4 : 2;
-    std::vector<std::string> val;
-    if (!d.val_path.empty()) val.push_back(d.val_path);
-    return Dataset::from_tokens({d.path}, val, width, spec.model.vocab_size, d.val_fraction, d.path);
-  }
+  const DataSpec& d = spec.data;
+  if (d.source == DataSource::tokens)
+    return Dataset::from_tokens({d.path},
+                                d.val_path.empty() ? std::vector<std::string>{} : std::vector{d.val_path},
+                                token_width(d), spec.model.vocab_size, d.val_fraction, d.path);
   return Dataset::from_path(spec.data.path, spec.data.val_fraction);
 }
 
