@@ -19,6 +19,10 @@ void add_validate_command(CLI::App& app, int* exit_code) {
       try {
         JobSpec spec = load_spec(files[i]);
         require_runnable(spec);
+        // Small token files are read through once here, so that an id the model cannot embed is
+        // found now rather than at the workers' start.
+        auto ids = token_file_issues(spec, kValidateScanBytes);
+        if (!ids.empty()) throw SpecError(std::move(ids));
         if (quiet) continue;
         if (files.size() > 1) std::cout << (i ? "---\n" : "") << "# " << files[i] << "\n";
         std::cout << to_yaml(spec);

@@ -42,6 +42,7 @@ static const char* enum_name(E v) {
 }
 const char* to_string(ModelType v) { return enum_name(v); }
 const char* to_string(DataSource v) { return enum_name(v); }
+const char* to_string(TokenDType v) { return enum_name(v); }
 const char* to_string(Precision v) { return enum_name(v); }
 DType compute_dtype(Precision v) {
   switch (v) {
@@ -78,7 +79,8 @@ bool operator==(const ModelSpec& a, const ModelSpec& b) {
          a.rope_theta == b.rope_theta && a.tie_embeddings == b.tie_embeddings && a.init_from == b.init_from;
 }
 bool operator==(const DataSpec& a, const DataSpec& b) {
-  return a.source == b.source && a.path == b.path && a.val_fraction == b.val_fraction;
+  return a.source == b.source && a.path == b.path && a.val_fraction == b.val_fraction && a.dtype == b.dtype &&
+         a.val_path == b.val_path && a.eot == b.eot && a.tokenizer == b.tokenizer;
 }
 bool operator==(const OptimizerSpec& a, const OptimizerSpec& b) {
   return a.type == b.type && a.lr == b.lr && a.beta1 == b.beta1 && a.beta2 == b.beta2 && a.eps == b.eps &&
@@ -417,8 +419,16 @@ std::string to_yaml(const JobSpec& s) {
   y << "  init_from: " << quote(s.model.init_from) << "\n";
   y << "data:\n";
   y << "  source: " << to_string(s.data.source) << "\n";
-  if (s.data.source == DataSource::text) y << "  path: " << quote(s.data.path) << "\n";
+  if (s.data.source != DataSource::synthetic) y << "  path: " << quote(s.data.path) << "\n";
   y << "  val_fraction: " << real(s.data.val_fraction) << "\n";
+  if (s.data.source == DataSource::tokens) {
+    // dtype and eot have no default value to write: without them a header decides the width,
+    // and there is no end-of-text id.
+    if (s.data.dtype) y << "  dtype: " << to_string(*s.data.dtype) << "\n";
+    y << "  val_path: " << quote(s.data.val_path) << "\n";
+    if (s.data.eot >= 0) y << "  eot: " << s.data.eot << "\n";
+    y << "  tokenizer: " << quote(s.data.tokenizer) << "\n";
+  }
   const TrainSpec& t = s.train;
   y << "train:\n";
   y << "  steps: " << t.steps << "\n";

@@ -43,7 +43,8 @@ class SpecError : public std::exception {
 };
 
 enum class ModelType { gpt, mlp, llama };
-enum class DataSource { text, synthetic };
+enum class DataSource { text, synthetic, tokens };
+enum class TokenDType { uint16, uint32 };  // data.dtype: the width of a token file's ids
 enum class Precision { fp32, bf16, fp16 };
 enum class Recompute { none, block };
 enum class Schedule { gpipe, one_f_one_b, interleaved };
@@ -68,9 +69,19 @@ struct ModelSpec {
 
 struct DataSpec {
   DataSource source = DataSource::text;
-  std::string path;  // text only: a file, or a directory whose text files are read
+  // text: a file, or a directory whose text files are read; tokens: a token file, or a
+  // directory whose *.bin files are the shards. "" for synthetic.
+  std::string path;
+  // The tail of the training data held out for evaluation; 0 when val_path gives the split.
   double val_fraction = 0.05;
+  // The rest applies to source tokens only (docs/training.md#token-data).
+  std::optional<TokenDType> dtype;  // not given: a file's header decides, a raw file is uint16
+  std::string val_path;             // the validation split's token file(s); "" = the tail split
+  int eot = -1;                     // end-of-text id, in [0, model.vocab_size); -1 = none
+  std::string tokenizer;            // tokenizer JSON for encoding prompts; "" = none
 };
+// The bytes per id data.dtype asks for: 2 or 4, or 0 when it is not given (TokenFile::open).
+inline int token_width(const DataSpec& d) { return !d.dtype ? 0 : *d.dtype == TokenDType::uint32 ? 4 : 2; }
 
 struct OptimizerSpec {
   std::string type = "adamw";
@@ -180,6 +191,15 @@ JobSpec parse_spec(const std::string& yaml_text, const std::string& filename);
 std::vector<Diagnostic> runnable_issues(const JobSpec& spec);
 // Throws SpecError with runnable_issues(spec) when there are any.
 void require_runnable(const JobSpec& spec);
+// The token files of data.source tokens that cannot be read as the spec says: a path that does
+// not exist, a directory without *.bin files, a size or header that does not fit (the checks of
+// TokenFile::open, which reads a header and nothing else). When the files total at most
+// `scan_up_to` bytes, every id is also checked < model.vocab_size (a pass over the data).
+// One Diagnostic per file at data.path (data.val_path for the validation files); none for
+// another source. runnable_issues includes these without the scan.
+std::vector<Diagnostic> token_file_issues(const JobSpec& spec, uint64_t scan_up_to);
+// troupe validate scans the ids of token files up to this size in all.
+inline constexpr uint64_t kValidateScanBytes = uint64_t{256} << 20;
 
 // The resolved spec as YAML: every key with its value, defaults filled in, "auto" where a parallel
 // degree or micro_batch is left to the planner. parse_spec(to_yaml(s), f) == s.
@@ -188,6 +208,7 @@ std::string to_yaml(const JobSpec& spec);
 // The YAML spelling of each enum value ("1f1b" for Schedule::one_f_one_b).
 const char* to_string(ModelType v);
 const char* to_string(DataSource v);
+const char* to_string(TokenDType v);
 const char* to_string(Precision v);
 // The dtype the products compute in: f32, bf16 or f16 (master weights stay f32).
 DType compute_dtype(Precision v);

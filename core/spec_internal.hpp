@@ -29,7 +29,12 @@ struct EnumNames<ModelType> {
 template <>
 struct EnumNames<DataSource> {
   static constexpr const char* what = "data source";
-  static constexpr std::string_view names[] = {"text", "synthetic"};
+  static constexpr std::string_view names[] = {"text", "synthetic", "tokens"};
+};
+template <>
+struct EnumNames<TokenDType> {
+  static constexpr const char* what = "token dtype";
+  static constexpr std::string_view names[] = {"uint16", "uint32"};
 };
 template <>
 struct EnumNames<Precision> {

@@ -1,9 +1,14 @@
 // What a valid spec asks of this build that its engine cannot do. The schema (spec_sections.cpp)
 // says what a spec may say; this says what runs here, so that a job the workers would refuse at
-// start (and the coordinator would relaunch max_restarts times) is refused before it is launched.
+// start (and the coordinator would relaunch max_restarts times) is refused before it is launched:
+// a cuda device, token files that are missing or malformed (their headers and sizes are read;
+// troupe validate also scans the ids of small ones).
 #include <algorithm>
 
+#include "core/dataset.hpp"
+#include "core/error.hpp"
 #include "core/spec.hpp"
+#include "core/token_file.hpp"
 
 namespace troupe {
 
@@ -21,22 +26,85 @@ SourcePos position(const JobSpec& spec, std::string path) {
   }
 }
 
+std::string file_of(const JobSpec& spec) {
+  return spec.source_file.empty() ? "<job spec>" : spec.source_file;
+}
+
+void sort_by_position(std::vector<Diagnostic>& out) {
+  std::stable_sort(out.begin(), out.end(), [](const Diagnostic& a, const Diagnostic& b) {
+    return a.line != b.line ? a.line < b.line : a.col < b.col;
+  });
+}
+
 }  // namespace
 
-std::vector<Diagnostic> runnable_issues(const JobSpec& spec) {
+std::vector<Diagnostic> token_file_issues(const JobSpec& spec, uint64_t scan_up_to) {
   std::vector<Diagnostic> out;
-  const std::string file = spec.source_file.empty() ? "<job spec>" : spec.source_file;
+  const DataSpec& d = spec.data;
+  if (d.source != DataSource::tokens) return out;
+  auto issue = [&](const std::string& key, std::string message, std::string hint) {
+    const SourcePos at = position(spec, key);
+    out.push_back(Diagnostic{file_of(spec), at.line, at.col, std::move(message), std::move(hint)});
+  };
+  const int width = token_width(d);
+  // The opened files, kept for the id scan when one may follow.
+  std::vector<std::pair<std::string, TokenFile>> opened;
+  uint64_t total = 0;
+  auto check = [&](const std::string& key, const std::string& path) {
+    if (path.empty()) return;
+    std::vector<std::string> files;
+    try {
+      files = list_token_files(path);
+    } catch (const Error& e) {
+      issue(key, e.what(),
+            key +
+                " is a token file, or a directory whose *.bin files are the shards (troupe data tokenize "
+                "writes them)");
+      return;
+    }
+    for (const auto& f : files) {
+      try {
+        TokenFile t = TokenFile::open(f, width);
+        total += t.file_bytes();
+        if (scan_up_to > 0) opened.emplace_back(key, std::move(t));
+      } catch (const Error& e) {
+        const std::string what = e.what();
+        issue(key, what,
+              what.find("but data.dtype is") != std::string::npos
+                  ? "delete data.dtype (a header gives the width), or write the file with the dtype the spec "
+                    "names"
+                  : "a token file is llm.c's .bin (a 1024-byte header, then the tokens) or a raw array of "
+                    "data.dtype ids; see docs/training.md#token-data");
+      }
+    }
+  };
+  check("data.path", d.path);
+  check("data.val_path", d.val_path);
+  if (out.empty() && total <= scan_up_to)
+    for (const auto& [key, f] : opened) {
+      try {
+        f.scan_ids(spec.model.vocab_size);
+      } catch (const Error& e) {
+        issue(key, e.what(),
+              "the ids come from a tokenizer with more ids than the model has: set model.vocab_size to the "
+              "tokenizer's vocab_size, or retokenize");
+      }
+    }
+  sort_by_position(out);
+  return out;
+}
+
+std::vector<Diagnostic> runnable_issues(const JobSpec& spec) {
+  std::vector<Diagnostic> out = token_file_issues(spec, 0);
   auto issue = [&](const std::string& path, std::string message, std::string hint) {
     const SourcePos at = position(spec, path);
-    out.push_back(Diagnostic{file, at.line, at.col, std::move(message), std::move(hint)});
+    out.push_back(Diagnostic{file_of(spec), at.line, at.col, std::move(message), std::move(hint)});
   };
   // The comm layer can use NCCL, but there are no CUDA kernels: a cuda job would train on the CPU.
   if (spec.resources.device == DeviceKind::cuda)
     issue("resources.device", "resources.device: cuda: this build's engine trains on CPU only",
           "use device: cpu (or delete the key: cpu is the default)");
-  std::stable_sort(out.begin(), out.end(), [](const Diagnostic& a, const Diagnostic& b) {
-    return a.line != b.line ? a.line < b.line : a.col < b.col;
-  });
+  sort_by_position(out);
   return out;
 }
 

@@ -44,6 +44,11 @@ constexpr uint32_t kEvalTagBase = 1u << 30;
 Dataset make_dataset(const JobSpec& spec) {
   if (spec.data.source == DataSource::synthetic)
     return Dataset::synthetic(spec.train.seed, kSyntheticBytes, spec.data.val_fraction);
+  const DataSpec& d = spec.data;
+  if (d.source == DataSource::tokens)
+    return Dataset::from_tokens({d.path},
+                                d.val_path.empty() ? std::vector<std::string>{} : std::vector{d.val_path},
+                                token_width(d), spec.model.vocab_size, d.val_fraction, d.path);
   return Dataset::from_path(spec.data.path, spec.data.val_fraction);
 }
 

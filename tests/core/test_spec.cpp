@@ -191,7 +191,8 @@ TEST_CASE("micro_batch follows data parallelism, and auto is kept for the planne
 TEST_CASE("every value written in a spec is read into the struct", "[core][spec]") {
   const char* full = R"(name: full.job_1
 model: {type: gpt, vocab_size: 512, seq_len: 64, d_model: 96, n_layers: 6, n_heads: 6, init_from: /ckpt/x}
-data: {source: text, path: "/data/a b.txt", val_fraction: 0}
+data: {source: tokens, path: "/data/a b", val_fraction: 0, dtype: uint32, val_path: /data/val.bin, eot: 256,
+       tokenizer: /data/tok.json}
 train:
   steps: 1000
   global_batch: 24
@@ -218,8 +219,13 @@ elastic: {min_devices: 6, max_devices: 24}
   CHECK(s.model.vocab_size == 512);
   CHECK(s.model.n_heads == 6);
   CHECK(s.model.init_from == "/ckpt/x");
-  CHECK(s.data.path == "/data/a b.txt");
+  CHECK(s.data.source == troupe::DataSource::tokens);
+  CHECK(s.data.path == "/data/a b");
   CHECK(s.data.val_fraction == 0.0);
+  CHECK(s.data.dtype == troupe::TokenDType::uint32);
+  CHECK(s.data.val_path == "/data/val.bin");
+  CHECK(s.data.eot == 256);
+  CHECK(s.data.tokenizer == "/data/tok.json");
   CHECK(s.train.micro_batch == 3);
   CHECK(s.train.optimizer.lr == 6e-4);
   CHECK(s.train.optimizer.beta1 == 0.8);

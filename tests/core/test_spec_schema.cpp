@@ -66,7 +66,8 @@ TEST_CASE("schema: the tables declare every section of the spec, with its keys i
                                              "checkpoint", "fault", "elastic"});
   CHECK(s.count("train.optimizer") == 1);
   // The order is the one hints list keys in.
-  CHECK(s.at("data") == std::vector<std::string>{"source", "path", "val_fraction"});
+  CHECK(s.at("data") ==
+        std::vector<std::string>{"source", "path", "val_fraction", "dtype", "val_path", "eot", "tokenizer"});
   CHECK(s.at("model") == std::vector<std::string>{"type", "vocab_size", "seq_len", "d_model", "n_layers",
                                                   "n_heads", "n_kv_heads", "ffn_hidden", "norm_eps",
                                                   "rope_theta", "tie_embeddings", "init_from"});
