@@ -11,7 +11,10 @@
 // with the end-of-text token (between documents, none before the first or after the
 // last). Token files are llm.c's format (core/token_writer.hpp).
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -161,6 +164,8 @@ int tokenize(const TokenizeOptions& o) {
   if (o.val_fraction > 0) {
     write_token_file(val_path, ids.data() + split, ids.size() - split, uint64_t(tok.vocab_size()));
     written += ", " + val_path + " (" + std::to_string(ids.size() - split) + " tokens)";
+  } else {
+    fs::remove(val_path, ec);  // a val.bin of an earlier run would pass for this one's
   }
   char ratio[32];
   std::snprintf(ratio, sizeof ratio, "%.3f", ids.empty() ? 0.0 : double(c.bytes) / double(ids.size()));

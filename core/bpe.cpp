@@ -355,6 +355,13 @@ int json_depth(std::string_view s) {
   return max_depth;
 }
 
+// A JSON value for a message, cut short: a hostile file's values may be megabytes.
+std::string brief(const nlohmann::json& v) {
+  std::string s = v.dump();
+  if (s.size() > 60) s = s.substr(0, 60) + "...";
+  return s;
+}
+
 }  // namespace
 
 Tokenizer Tokenizer::load(const std::string& path) {
@@ -383,7 +390,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
     (void)value;
     require(key == "type" || key == "version" || key == "vocab_size" || key == "eot" ||
                 key == "pretokenizer" || key == "merges",
-            where, "unknown key \"", key, "\"");
+            where, "unknown key ", brief(key));
   }
   for (const char* key : {"type", "version", "vocab_size", "eot", "pretokenizer", "merges"})
     require(j.contains(key), where, "\"", key, "\" is missing");
@@ -392,15 +399,15 @@ Tokenizer Tokenizer::load(const std::string& path) {
     *out = v.get<uint64_t>();
     return true;
   };
-  require(j["type"].is_string() && j["type"] == "troupe-bpe", where, "type is ", j["type"].dump(),
+  require(j["type"].is_string() && j["type"] == "troupe-bpe", where, "type is ", brief(j["type"]),
           ", not \"troupe-bpe\"");
   uint64_t version = 0;
-  require(as_id(j["version"], &version) && version == 1, where, "version ", j["version"].dump(),
+  require(as_id(j["version"], &version) && version == 1, where, "version ", brief(j["version"]),
           " is not supported (this troupe reads version 1)");
   require(j["pretokenizer"].is_string() && j["pretokenizer"] == kPretokenizer, where, "pretokenizer ",
-          j["pretokenizer"].dump(), " is unknown (this troupe knows \"", kPretokenizer, "\")");
+          brief(j["pretokenizer"]), " is unknown (this troupe knows \"", kPretokenizer, "\")");
   uint64_t eot = 0;
-  require(as_id(j["eot"], &eot) && eot == kEot, where, "eot is ", j["eot"].dump(), ", must be ", kEot);
+  require(as_id(j["eot"], &eot) && eot == kEot, where, "eot is ", brief(j["eot"]), ", must be ", kEot);
   const auto& jm = j["merges"];
   require(jm.is_array(), where, "merges is not an array");
 
@@ -417,7 +424,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
     const auto& m = jm[i];
     uint64_t a = 0, b = 0;
     require(m.is_array() && m.size() == 2 && as_id(m[0], &a) && as_id(m[1], &b), where, "merge ", i,
-            " is not a pair of ids [a, b]: ", m.dump());
+            " is not a pair of ids [a, b]: ", brief(m));
     const uint64_t next_id = kFirstMerge + i;
     for (uint64_t id : {a, b}) {
       require(id < next_id, where, "merge ", i, " uses id ", id, ", which does not exist before it (ids 0..",
@@ -434,7 +441,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
   }
   uint64_t vocab = 0;
   require(as_id(j["vocab_size"], &vocab) && vocab == kFirstMerge + merges.size(), where, "vocab_size is ",
-          j["vocab_size"].dump(), " but 257 + ", merges.size(), " merges make ", kFirstMerge + merges.size());
+          brief(j["vocab_size"]), " but 257 + ", merges.size(), " merges make ", kFirstMerge + merges.size());
   return Tokenizer(std::move(merges));
 }
 

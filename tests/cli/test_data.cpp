@@ -139,6 +139,7 @@ TEST_CASE("cli: data tokenize writes tokenizer.json and llm.c token files that d
       0);
   for (const char* f : {"tokenizer.json", "train.bin", "val.bin"})
     CHECK(read(dir + "/out/" + f) == read(dir + "/again/" + f));
+  write(dir + "/given/val.bin", "stale");
   Result given = cli("data tokenize " + dir + "/corpus/a.txt --tokenizer " + dir +
                      "/out/tokenizer.json --out " + dir + "/given --val-fraction 0");
   INFO(given.out);

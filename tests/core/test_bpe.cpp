@@ -315,6 +315,42 @@ TEST_CASE("bpe: load refuses each kind of bad tokenizer file, naming the file an
   fs::remove_all(dir);
 }
 
+TEST_CASE("bpe: load of randomly damaged tokenizer files loads or throws troupe::Error, nothing else",
+          "[bpe]") {
+  const std::string dir = temp_dir("fuzz");
+  const std::string good = Tokenizer::train({words_corpus(3, 500)}, 300).to_json();
+  std::mt19937 rng(17);
+  const char kBytes[] = "[]{},:\"0123456789-.e \\\xff";
+  int loaded = 0;
+  for (int i = 0; i < 400; ++i) {
+    std::string text = good;
+    for (int k = 0, n = 1 + int(rng() % 4); k < n; ++k) {
+      const size_t at = rng() % text.size();
+      switch (rng() % 3) {
+        case 0:
+          text[at] = kBytes[rng() % (sizeof kBytes - 1)];
+          break;
+        case 1:
+          text.erase(at, 1 + rng() % 8);
+          break;
+        default:
+          text.insert(at, 1, kBytes[rng() % (sizeof kBytes - 1)]);
+      }
+      if (text.empty()) text = "x";
+    }
+    const std::string path = write(dir + "/t.json", text);
+    try {
+      const Tokenizer t = Tokenizer::load(path);
+      REQUIRE(t.decode(t.encode("the cat")) == "the cat");
+      ++loaded;
+    } catch (const troupe::Error& e) {
+      REQUIRE_THAT(e.what(), Catch::StartsWith("tokenizer " + path + ": "));
+    }
+  }
+  CHECK(loaded < 400);
+  fs::remove_all(dir);
+}
+
 TEST_CASE("bpe: fortunes at vocab 4096 compress to more than 2 bytes per token", "[bpe]") {
   const std::string corpus = "/usr/share/games/fortunes";
   if (!fs::exists(corpus)) {
