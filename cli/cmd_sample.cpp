@@ -1,10 +1,14 @@
-// `troupe sample --ckpt DIR --prompt "..." --tokens N`: generates bytes from a checkpoint.
+// `troupe sample --ckpt DIR --prompt "..." --tokens N [--tokenizer FILE]`: generates text
+// from a checkpoint. Token ids are bytes by default; with a tokenizer (troupe data
+// tokenize's JSON) the prompt is encoded with it, generated ids are decoded with it, and
+// generation stops at its end-of-text token.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
 
 #include "checkpoint/checkpoint.hpp"
 #include "cli/commands.hpp"
+#include "core/bpe.hpp"
 #include "core/rng.hpp"
 #include "core/spec.hpp"
 #include "model/from_spec.hpp"
@@ -22,9 +26,19 @@ struct SampleOptions {
   double temperature = 0.8;
   uint64_t seed = 0;
   int top_k = 0;
+  std::string tokenizer;
 };
 
 int sample(const SampleOptions& o) {
+  std::optional<bpe::Tokenizer> tok;
+  if (!o.tokenizer.empty()) {
+    try {
+      tok.emplace(bpe::Tokenizer::load(o.tokenizer));
+    } catch (const std::exception& e) {
+      std::cerr << "troupe sample: " << e.what() << "\n";
+      return kUsage;
+    }
+  }
   std::string dir;
   std::optional<checkpoint::TensorSource> src;
   try {
@@ -55,19 +69,38 @@ int sample(const SampleOptions& o) {
     return kJobFailed;
   }
 
+  // Ids the model may emit: with a tokenizer only those it can decode (a model's
+  // vocab_size is often padded past the tokenizer's).
+  int V = cfg.vocab_size;
   std::vector<int32_t> ctx;
-  for (unsigned char c : o.prompt) ctx.push_back(c);
-  if (ctx.empty()) ctx.push_back('\n');
+  if (tok) {
+    if (tok->vocab_size() > cfg.vocab_size) {
+      std::cerr << "troupe sample: the tokenizer " << o.tokenizer << " has " << tok->vocab_size()
+                << " tokens, more than the model's vocab_size of " << cfg.vocab_size << "\n";
+      return kUsage;
+    }
+    V = tok->vocab_size();
+    for (uint32_t id : tok->encode(o.prompt)) ctx.push_back(int32_t(id));
+    if (ctx.empty()) ctx.push_back(int32_t(tok->eot()));  // a document starts after end-of-text
+  } else {
+    for (unsigned char c : o.prompt) ctx.push_back(c);
+    if (ctx.empty()) ctx.push_back('\n');
+  }
   std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
   std::vector<float> logits(size_t(cfg.vocab_size));
   rng::Stream stream(o.seed, rng::name_hash("troupe.sample"));
   for (int i = 0; i < o.tokens; ++i) {
     const int T = std::min<int>(int(ctx.size()), cfg.seq_len);
     stage.last_logits(ctx.data() + ctx.size() - size_t(T), T, logits.data());
-    const int32_t next =
-        model::sample_token(logits.data(), cfg.vocab_size, float(o.temperature), o.top_k, stream);
+    const int32_t next = model::sample_token(logits.data(), V, float(o.temperature), o.top_k, stream);
     ctx.push_back(next);
-    std::fputc(next, stdout);
+    if (tok) {
+      if (uint32_t(next) == tok->eot()) break;
+      const std::string_view text = tok->token_bytes(uint32_t(next));
+      std::fwrite(text.data(), 1, text.size(), stdout);
+    } else {
+      std::fputc(next, stdout);
+    }
     std::fflush(stdout);
   }
   std::fputc('\n', stdout);
@@ -82,15 +115,18 @@ void add_sample_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--ckpt", opt.ckpt, "Checkpoint directory (a step_N directory or a root with latest)")
       ->required();
   cmd->add_option("--prompt", opt.prompt, "Text to continue");
-  cmd->add_option("--tokens", opt.tokens, "Bytes to generate")
+  cmd->add_option("--tokens", opt.tokens, "Tokens to generate (bytes without --tokenizer)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--temperature", opt.temperature, "0 = greedy")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 100.0));
   cmd->add_option("--seed", opt.seed, "Sampling seed")->capture_default_str();
-  cmd->add_option("--top-k", opt.top_k, "Sample among the k most likely bytes (0 = all)")
+  cmd->add_option("--top-k", opt.top_k, "Sample among the k most likely tokens (0 = all)")
       ->capture_default_str();
+  cmd->add_option(
+      "--tokenizer", opt.tokenizer,
+      "Tokenizer JSON (troupe data tokenize): encode the prompt, decode tokens, stop at end-of-text");
   cmd->callback([exit_code] { *exit_code = sample(opt); });
 }
 

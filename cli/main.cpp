@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   troupe::cli::add_plan_command(app, &exit_code);
   troupe::cli::add_run_command(app, &exit_code);
   troupe::cli::add_sample_command(app, &exit_code);
+  troupe::cli::add_data_command(app, &exit_code);
   troupe::cli::add_coordinator_command(app, &exit_code);
   troupe::cli::add_agent_command(app, &exit_code);
   troupe::cli::add_worker_command(app, &exit_code);

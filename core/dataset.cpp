@@ -7,21 +7,12 @@
 #include <fstream>
 #include <iterator>
 
+#include "core/corpus_files.hpp"
 #include "core/error.hpp"
 #include "core/rng.hpp"
 
 namespace troupe {
 namespace fs = std::filesystem;
-
-namespace {
-
-std::vector<uint8_t> read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  TROUPE_CHECK(in.good(), "cannot open ", p.string());
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-}  // namespace
 
 Dataset Dataset::from_bytes(std::vector<uint8_t> bytes, double val_fraction, std::string description) {
   TROUPE_CHECK(val_fraction >= 0.0 && val_fraction < 1.0, "val_fraction must be in [0, 1), got ",
@@ -40,26 +31,12 @@ Dataset Dataset::from_bytes(std::vector<uint8_t> bytes, double val_fraction, std
 Dataset Dataset::from_path(const std::string& path, double val_fraction) {
   fs::path root(path);
   TROUPE_CHECK(fs::exists(root), "dataset path ", path, " does not exist");
-  std::vector<fs::path> candidates;
-  if (fs::is_directory(root)) {
-    for (auto it = fs::recursive_directory_iterator(root); it != fs::recursive_directory_iterator(); ++it) {
-      if (it->is_symlink() || !it->is_regular_file()) continue;
-      candidates.push_back(it->path());
-    }
-    // Directory order is file-system dependent; byte order of paths is not.
-    std::sort(candidates.begin(), candidates.end(),
-              [](const fs::path& a, const fs::path& b) { return a.string() < b.string(); });
-  } else {
-    candidates.push_back(root);
-  }
   std::vector<uint8_t> all;
   std::vector<std::string> used;
-  for (const auto& p : candidates) {
-    std::vector<uint8_t> bytes = read_file(p);
-    if (std::memchr(bytes.data(), 0, bytes.size()) != nullptr) continue;
+  for_each_text_file(path, [&](const std::string& file, std::string_view bytes) {
     all.insert(all.end(), bytes.begin(), bytes.end());
-    used.push_back(p.string());
-  }
+    used.push_back(file);
+  });
   TROUPE_CHECK(!all.empty(), "dataset path ", path, " holds no text (files with NUL bytes are skipped)");
   Dataset d = from_bytes(std::move(all), val_fraction, path);
   d.files_ = std::move(used);

@@ -1,0 +1,340 @@
+// `troupe data tokenize|encode|decode`: turn text corpora into token files with troupe's
+// own byte-level BPE (core/bpe.hpp), and token files back into text.
+//
+//   troupe data tokenize CORPUS... --vocab N --out DIR [--val-fraction F] [--tokenizer FILE]
+//       -> DIR/tokenizer.json, DIR/train.bin, DIR/val.bin
+//   troupe data encode --tokenizer FILE IN... --out FILE.bin
+//   troupe data decode --tokenizer FILE IN.bin [--max-tokens K] [--dtype uint16|uint32]
+//
+// A corpus path is a file or a directory read as Dataset::from_path reads one
+// (core/corpus_files.hpp); each non-empty file is a document, and documents are joined
+// with the end-of-text token (between documents, none before the first or after the
+// last). Token files are llm.c's format (core/token_writer.hpp).
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "cli/commands.hpp"
+#include "core/bpe.hpp"
+#include "core/corpus_files.hpp"
+#include "core/error.hpp"
+#include "core/token_writer.hpp"
+
+namespace troupe::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+using clk = std::chrono::steady_clock;
+
+// A failure the user fixes (a missing corpus, a bad tokenizer or token file): exit 2.
+// Anything else that throws (a full disk) exits 1.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+double seconds_since(clk::time_point t0) { return std::chrono::duration<double>(clk::now() - t0).count(); }
+
+std::string mb_per_s(size_t bytes, double seconds) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", seconds > 0 ? double(bytes) / 1e6 / seconds : 0.0);
+  return buf;
+}
+
+struct Corpus {
+  std::vector<std::string> docs;
+  size_t bytes = 0;
+};
+
+Corpus read_corpus(const std::vector<std::string>& paths) {
+  Corpus c;
+  for (const auto& p : paths) {
+    if (!fs::exists(p)) throw UsageError("corpus path " + p + " does not exist");
+    try {
+      for_each_text_file(p, [&](const std::string&, std::string_view text) {
+        if (text.empty()) return;  // no document: it would only add an end-of-text token
+        c.docs.emplace_back(text);
+        c.bytes += text.size();
+      });
+    } catch (const Error& e) {
+      throw UsageError(e.what());
+    }
+  }
+  if (c.docs.empty()) throw UsageError("the corpus holds no text (files with NUL bytes are skipped)");
+  return c;
+}
+
+bpe::Tokenizer load_tokenizer(const std::string& path) {
+  try {
+    return bpe::Tokenizer::load(path);
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+}
+
+// The documents' ids joined with eot; starts[i] is where document i begins.
+std::vector<uint32_t> encode_documents(const bpe::Tokenizer& tok, const Corpus& c,
+                                       std::vector<size_t>* starts) {
+  std::vector<uint32_t> ids;
+  for (size_t d = 0; d < c.docs.size(); ++d) {
+    if (d) ids.push_back(tok.eot());
+    if (starts) starts->push_back(ids.size());
+    const std::vector<uint32_t> doc = tok.encode(c.docs[d]);
+    ids.insert(ids.end(), doc.begin(), doc.end());
+  }
+  return ids;
+}
+
+// Where train ends and val begins in a stream of n tokens: the document start nearest
+// to (1 - F) * n (the earlier on a tie), so no document is cut; when there is only one
+// document, the token nearest that point. F = 0: everything is train.
+//
+//   starts {0, 40, 90}, n = 100, F = 0.05: target 95 -> 90 (val = the last document)
+size_t split_point(const std::vector<size_t>& starts, size_t n, double val_fraction) {
+  if (val_fraction <= 0 || n == 0) return n;
+  const double target = (1.0 - val_fraction) * double(n);
+  if (starts.size() < 2) {
+    const size_t p = size_t(target + 0.5);
+    return std::min(std::max<size_t>(p, 1), n);
+  }
+  size_t best = starts[1];
+  for (size_t i = 2; i < starts.size(); ++i)
+    if (std::abs(double(starts[i]) - target) < std::abs(double(best) - target)) best = starts[i];
+  return best;
+}
+
+// ---------------------------------------------------------------- tokenize
+
+struct TokenizeOptions {
+  std::vector<std::string> corpus;
+  int64_t vocab = 0;
+  std::string out;
+  double val_fraction = 0.05;
+  std::string tokenizer;
+};
+
+int tokenize(const TokenizeOptions& o) {
+  if (!(o.val_fraction >= 0.0 && o.val_fraction < 1.0))
+    throw UsageError("--val-fraction must be in [0, 1), got " + std::to_string(o.val_fraction));
+  if (o.tokenizer.empty() && o.vocab == 0) throw UsageError("--vocab N is required (or --tokenizer FILE)");
+  const bpe::Tokenizer given = o.tokenizer.empty() ? bpe::Tokenizer() : load_tokenizer(o.tokenizer);
+  const Corpus c = read_corpus(o.corpus);
+  std::cerr << "troupe data tokenize: " << c.docs.size() << " documents, " << c.bytes << " bytes\n";
+
+  bpe::Tokenizer trained;
+  double train_s = 0;
+  if (o.tokenizer.empty()) {
+    const std::vector<std::string_view> views(c.docs.begin(), c.docs.end());
+    auto last = clk::now();
+    const auto t0 = clk::now();
+    trained = bpe::Tokenizer::train(views, o.vocab, [&](int64_t done, int64_t wanted) {
+      if (seconds_since(last) < 1.0 && done < wanted) return;
+      last = clk::now();
+      std::cerr << "  training: " << done << "/" << wanted << " merges\n";
+    });
+    train_s = seconds_since(t0);
+    if (trained.vocab_size() < o.vocab)
+      std::cerr << "  the corpus ran out of pairs: the vocabulary has " << trained.vocab_size()
+                << " tokens, not " << o.vocab << "\n";
+  }
+  const bpe::Tokenizer& tok = o.tokenizer.empty() ? trained : given;
+
+  const auto t1 = clk::now();
+  std::vector<size_t> starts;
+  const std::vector<uint32_t> ids = encode_documents(tok, c, &starts);
+  const double encode_s = seconds_since(t1);
+  const size_t split = split_point(starts, ids.size(), o.val_fraction);
+
+  std::error_code ec;
+  fs::create_directories(o.out, ec);
+  if (ec) throw IoError("cannot create " + o.out + ": " + ec.message(), ec.value());
+  const std::string tok_path = o.out + "/tokenizer.json";
+  const std::string train_path = o.out + "/train.bin";
+  const std::string val_path = o.out + "/val.bin";
+  tok.save(tok_path);
+  write_token_file(train_path, ids.data(), split, uint64_t(tok.vocab_size()));
+  std::string written = tok_path + " (" + std::to_string(tok.vocab_size()) + " tokens), " + train_path +
+                        " (" + std::to_string(split) + " tokens)";
+  if (o.val_fraction > 0) {
+    write_token_file(val_path, ids.data() + split, ids.size() - split, uint64_t(tok.vocab_size()));
+    written += ", " + val_path + " (" + std::to_string(ids.size() - split) + " tokens)";
+  } else {
+    fs::remove(val_path, ec);  // a val.bin of an earlier run would pass for this one's
+  }
+  char ratio[32];
+  std::snprintf(ratio, sizeof ratio, "%.3f", ids.empty() ? 0.0 : double(c.bytes) / double(ids.size()));
+  std::cout << "tokenized " << c.docs.size() << " documents, " << c.bytes << " bytes -> " << ids.size()
+            << " tokens (" << ratio << " bytes/token), train "
+            << (o.tokenizer.empty() ? mb_per_s(c.bytes, train_s) + " MB/s"
+                                    : std::string("skipped (--tokenizer)"))
+            << ", encode " << mb_per_s(c.bytes, encode_s) << " MB/s: wrote " << written << "\n";
+  return kOk;
+}
+
+// ---------------------------------------------------------------- encode
+
+struct EncodeOptions {
+  std::string tokenizer;
+  std::vector<std::string> in;
+  std::string out;
+};
+
+int encode(const EncodeOptions& o) {
+  const bpe::Tokenizer tok = load_tokenizer(o.tokenizer);
+  const Corpus c = read_corpus(o.in);
+  const auto t0 = clk::now();
+  const std::vector<uint32_t> ids = encode_documents(tok, c, nullptr);
+  const double s = seconds_since(t0);
+  write_token_file(o.out, ids.data(), ids.size(), uint64_t(tok.vocab_size()));
+  std::cout << "encoded " << c.docs.size() << " documents, " << c.bytes << " bytes -> " << ids.size()
+            << " tokens, " << mb_per_s(c.bytes, s) << " MB/s: wrote " << o.out << "\n";
+  return kOk;
+}
+
+// ---------------------------------------------------------------- decode
+
+struct DecodeOptions {
+  std::string tokenizer;
+  std::string in;
+  int64_t max_tokens = -1;
+  std::string dtype;  // for a headerless file; must agree with a header when given
+};
+
+uint32_t le32(const unsigned char* p) {
+  return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
+}
+
+int decode(const DecodeOptions& o) {
+  const bpe::Tokenizer tok = load_tokenizer(o.tokenizer);
+  const std::string& in = o.in;
+  std::error_code ec;
+  const uint64_t size = fs::file_size(in, ec);
+  if (ec) throw UsageError("cannot read " + in + ": " + ec.message());
+  std::ifstream f(in, std::ios::binary);
+  if (!f) throw UsageError("cannot open " + in);
+
+  // A header when the first int32 is the magic; else raw tokens of --dtype (uint16).
+  unsigned char header[kTokenFileHeaderBytes] = {};
+  f.read(reinterpret_cast<char*>(header), std::min<uint64_t>(size, sizeof header));
+  int width = o.dtype == "uint32" ? 4 : 2;
+  uint64_t offset = 0, count = 0;
+  if (size >= 4 && le32(header) == uint32_t(kTokenFileMagic)) {
+    if (size < kTokenFileHeaderBytes)
+      throw UsageError(in + ": the header is cut short (" + std::to_string(size) + " bytes)");
+    const uint32_t version = le32(header + 4);
+    if (version != 1 && version != 2)
+      throw UsageError(in + ": token file version " + std::to_string(version) +
+                       " is unknown (1: uint16, 2: uint32)");
+    const int header_width = version == 1 ? 2 : 4;
+    if (!o.dtype.empty() && header_width != width)
+      throw UsageError(in + ": the header says " + (version == 1 ? "uint16" : "uint32") +
+                       " tokens, --dtype says " + o.dtype);
+    width = header_width;
+    const int32_t n = int32_t(le32(header + 8));
+    if (n < 0) throw UsageError(in + ": the header counts " + std::to_string(n) + " tokens");
+    count = uint64_t(n);
+    offset = kTokenFileHeaderBytes;
+    if (size != offset + count * uint64_t(width))
+      throw UsageError(in + ": the header counts " + std::to_string(n) + " tokens of " +
+                       std::to_string(width) + " bytes, so the file should be " +
+                       std::to_string(offset + count * uint64_t(width)) + " bytes, but it is " +
+                       std::to_string(size));
+  } else {
+    if (size % uint64_t(width) != 0)
+      throw UsageError(in + ": " + std::to_string(size) + " bytes are not a whole number of " +
+                       std::to_string(width) + "-byte tokens");
+    count = size / uint64_t(width);
+  }
+  if (o.max_tokens >= 0) count = std::min<uint64_t>(count, uint64_t(o.max_tokens));
+
+  f.clear();
+  f.seekg(std::streamoff(offset));
+  constexpr size_t kBlock = size_t(1) << 16;
+  std::vector<unsigned char> raw(kBlock * size_t(width));
+  std::vector<uint32_t> ids;
+  for (uint64_t done = 0; done < count;) {
+    const size_t n = size_t(std::min<uint64_t>(kBlock, count - done));
+    if (!f.read(reinterpret_cast<char*>(raw.data()), std::streamsize(n * size_t(width))))
+      throw UsageError("cannot read " + in + " (it changed while being read)");
+    ids.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      const unsigned char* p = raw.data() + i * size_t(width);
+      ids[i] = width == 2 ? uint32_t(p[0]) | uint32_t(p[1]) << 8 : le32(p);
+      if (ids[i] >= uint32_t(tok.vocab_size()))
+        throw UsageError(in + ": token " + std::to_string(done + i) + " is " + std::to_string(ids[i]) +
+                         ", outside the tokenizer's vocabulary of " + std::to_string(tok.vocab_size()));
+    }
+    const std::string text = tok.decode(ids);
+    if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size())
+      throw IoError("cannot write to stdout", errno);
+    done += n;
+  }
+  std::fflush(stdout);
+  return kOk;
+}
+
+// Runs one subcommand: its failures become messages and exit codes.
+template <class F>
+int guarded(const char* name, F&& run) {
+  try {
+    return run();
+  } catch (const UsageError& e) {
+    std::cerr << "troupe data " << name << ": " << e.what() << "\n";
+    return kUsage;
+  } catch (const std::exception& e) {
+    std::cerr << "troupe data " << name << ": " << e.what() << "\n";
+    return kJobFailed;
+  }
+}
+
+}  // namespace
+
+void add_data_command(CLI::App& app, int* exit_code) {
+  auto* data = app.add_subcommand("data", "Prepare training data: tokenize corpora, encode, decode");
+  data->require_subcommand(1);
+
+  static TokenizeOptions t;
+  auto* tk = data->add_subcommand(
+      "tokenize",
+      "Train a byte-level BPE on text files and write DIR/tokenizer.json, DIR/train.bin and DIR/val.bin. "
+      "Each file is a document; documents are joined with the end-of-text token. The validation split "
+      "starts at the document boundary nearest to the last --val-fraction of the tokens (with a single "
+      "document, at the nearest token)");
+  tk->add_option("corpus", t.corpus, "Text files or directories (read recursively, sorted by path)")
+      ->required();
+  auto* vocab = tk->add_option("--vocab", t.vocab, "Vocabulary size: 256 bytes + end-of-text + merges")
+                    ->check(CLI::Range(int64_t(257), int64_t(1) << 32));
+  tk->add_option("--out", t.out, "Output directory")->required();
+  tk->add_option("--val-fraction", t.val_fraction, "Tail of the tokens for validation (0: no val.bin)")
+      ->capture_default_str();
+  tk->add_option("--tokenizer", t.tokenizer, "Use this tokenizer JSON instead of training one")
+      ->excludes(vocab);
+  tk->callback([exit_code] { *exit_code = guarded("tokenize", [] { return tokenize(t); }); });
+
+  static EncodeOptions e;
+  auto* en = data->add_subcommand(
+      "encode", "Encode text files into one token file (documents joined with end-of-text)");
+  en->add_option("--tokenizer", e.tokenizer, "Tokenizer JSON")->required();
+  en->add_option("in", e.in, "Text files or directories")->required();
+  en->add_option("--out", e.out, "Token file to write (.bin)")->required();
+  en->callback([exit_code] { *exit_code = guarded("encode", [] { return encode(e); }); });
+
+  static DecodeOptions d;
+  auto* de =
+      data->add_subcommand("decode", "Decode a token file to text on stdout (end-of-text prints nothing)");
+  de->add_option("--tokenizer", d.tokenizer, "Tokenizer JSON")->required();
+  de->add_option("in", d.in, "Token file (.bin, with an llm.c header or raw)")->required();
+  de->add_option("--max-tokens", d.max_tokens, "Decode at most this many tokens")
+      ->check(CLI::NonNegativeNumber);
+  de->add_option("--dtype", d.dtype, "Width of a headerless file's tokens (default uint16)")
+      ->check(CLI::IsMember({"uint16", "uint32"}));
+  de->callback([exit_code] { *exit_code = guarded("decode", [] { return decode(d); }); });
+}
+
+}  // namespace troupe::cli
