@@ -246,14 +246,13 @@ namespace {
 // A key that is absent or null takes Hugging Face's default for it.
 struct ConfigCheck {
   const nlohmann::json& cfg;
-  std::string where;
   std::vector<std::string> bad;
 
   const nlohmann::json* get(const char* key) const {
     auto it = cfg.find(key);
     return it == cfg.end() || it->is_null() ? nullptr : &*it;
   }
-  void fail(const char* key, const std::string& why) { bad.push_back(where + ": " + key + " " + why); }
+  void fail(const char* key, const std::string& why) { bad.push_back(std::string(key) + " " + why); }
 
   int64_t integer(const char* key, int64_t dflt) {
     const nlohmann::json* v = get(key);
@@ -319,7 +318,7 @@ struct ConfigCheck {
 
 ModelDims check_config(const nlohmann::json& config, const ModelDims& spec, const std::string& where) {
   if (!config.is_object()) throw CheckpointError(where + ": not a JSON object");
-  ConfigCheck c{config, where, {}};
+  ConfigCheck c{config, {}};
   ModelDims d = spec;
   const std::string model_type = c.string("model_type", "");
   const char* want_type = spec.type == "gpt" ? "gpt2" : spec.type == "llama" ? "llama" : "";
