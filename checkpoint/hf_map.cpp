@@ -1,8 +1,11 @@
 // The Hugging Face layout of each model as data: one table of tensors per model, the
 // config.json each is described by, and the in-memory mapping between the namings.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
+#include <tuple>
 
 #include "checkpoint/hf.hpp"
 

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "checkpoint/checkpoint.hpp"
 #include "checkpoint/hf.hpp"
