@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "checkpoint/checkpoint.hpp"
+#include "checkpoint/hf.hpp"
 #include "cli/commands.hpp"
 #include "core/layout.hpp"
 #include "core/spec.hpp"
@@ -116,12 +117,19 @@ int cmd_verify(const std::string& dir) {
   return bad ? kJobFailed : kOk;
 }
 
-int cmd_export(const std::string& dir, const std::string& out, const std::string& dtype) {
+int cmd_export(const std::string& dir, const std::string& out, const std::string& format,
+               const std::string& dtype) {
   try {
     const std::string ck = checkpoint::resolve(dir);
     DType dt = DType::f32;  // --dtype is one of the precisions' names (checked by the option)
     for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16})
       if (dtype == to_string(p)) dt = compute_dtype(p);
+    if (format == "hf") {
+      const size_t n = checkpoint::hf::export_hf(ck, out, dt);
+      std::printf("exported %zu tensors of %s to %s (Hugging Face layout, %s)\n", n, ck.c_str(), out.c_str(),
+                  dtype_name(dt));
+      return kOk;
+    }
     const size_t n = checkpoint::export_model(ck, out, dt);
     std::printf("exported %zu tensors of %s to %s (%s)\n", n, ck.c_str(), out.c_str(), dtype_name(dt));
   } catch (const std::exception& e) {
@@ -136,7 +144,7 @@ int cmd_export(const std::string& dir, const std::string& out, const std::string
 void add_ckpt_command(CLI::App& app, int* exit_code) {
   auto* ckpt = app.add_subcommand("ckpt", "List, inspect, verify and export checkpoints");
   ckpt->require_subcommand(1);
-  static std::string dir, out, dtype = "fp32";
+  static std::string dir, out, dtype = "fp32", format = "safetensors";
   auto* ls = ckpt->add_subcommand("ls", "List the checkpoints under a directory, newest first");
   ls->add_option("dir", dir, "Checkpoint root (or one step_N directory)")->required();
   ls->callback([exit_code] { *exit_code = cmd_ls(dir); });
@@ -146,13 +154,19 @@ void add_ckpt_command(CLI::App& app, int* exit_code) {
   auto* verify = ckpt->add_subcommand("verify", "Check manifests, sizes and checksums; exit 1 if any is bad");
   verify->add_option("dir", dir, "Checkpoint root (or one step_N directory)")->required();
   verify->callback([exit_code] { *exit_code = cmd_verify(dir); });
-  auto* exp = ckpt->add_subcommand("export", "Write the model as one safetensors file of full tensors");
+  auto* exp = ckpt->add_subcommand(
+      "export", "Write the model as one safetensors file of full tensors, or as a Hugging Face directory");
   exp->add_option("dir", dir, "A step_N directory, or a root (its newest valid checkpoint)")->required();
-  exp->add_option("--out", out, "Output .safetensors file")->required();
+  exp->add_option("--out", out, "Output .safetensors file (--format hf: a directory)")->required();
+  exp->add_option("--format", format,
+                  "safetensors: troupe's names in one file; hf: config.json + model.safetensors "
+                  "under Hugging Face's names (GPT2LMHeadModel, LlamaForCausalLM)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"safetensors", "hf"}));
   exp->add_option("--dtype", dtype, "Tensor dtype of the file: the fp32 masters, or rounded to bf16 / fp16")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
-  exp->callback([exit_code] { *exit_code = cmd_export(dir, out, dtype); });
+  exp->callback([exit_code] { *exit_code = cmd_export(dir, out, format, dtype); });
 }
 
 }  // namespace troupe::cli

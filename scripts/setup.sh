@@ -3,7 +3,7 @@
 # the build, the tests and the quickstart need, then configures and builds.
 #
 #   bash scripts/setup.sh            install + build (build/)
-#   bash scripts/setup.sh --test     install + build + run the whole test suite
+#   bash scripts/setup.sh --test     install (with the test-only packages) + build + run the whole test suite
 #
 # Idempotent and non-interactive; run as root (or with sudo available).
 set -euo pipefail
@@ -24,6 +24,9 @@ packages=(
   libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libxxhash-dev libzstd-dev libdnnl-dev
   python3 python3-zmq python3-numpy fortunes procps
 )
+# Only the tests need these: the PyTorch reference forwards (tests/checkpoint/hf_reference.py).
+test_packages=(python3-torch)
+if [ "$mode" = test ]; then packages+=("${test_packages[@]}"); fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -14,6 +14,7 @@
 
 #include "checkpoint/checkpoint.hpp"
 #include "checkpoint/commit.hpp"
+#include "checkpoint/hf.hpp"
 #include "checkpoint/shard.hpp"
 #include "comm/groups.hpp"
 #include "core/dataset.hpp"
@@ -241,12 +242,11 @@ struct Engine::Impl {
     return s;
   }
 
-  // model.init_from: a safetensors file of full tensors (PyTorch names), or a checkpoint
-  // directory (or a root holding them) of any layout. Only parameters are read, each
-  // shard reading just the byte ranges of its slices.
+  // model.init_from (checkpoint::hf::init_source: a Hugging Face directory, a checkpoint of any
+  // layout, a safetensors file): only parameters are read, each rank reading just its slices.
   void init_from(const std::string& path) {
-    checkpoint::TensorSource src(std::filesystem::is_directory(path) ? checkpoint::resolve(path) : path);
-    for (auto* p : params) src.read_slice(p->name, held_slice(*p), p->data.f32());
+    const checkpoint::hf::SliceReader read = checkpoint::hf::init_source(path, spec);
+    for (auto* p : params) read(p->name, held_slice(*p), p->data.f32());
   }
 
   // Resuming under any layout: after the manifest and every checksum verify, each rank
