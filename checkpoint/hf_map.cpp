@@ -141,6 +141,14 @@ ModelDims dims_of(const JobSpec& spec) {
       d.norm_eps = 1e-5;  // kernels/cpu/layernorm.cpp kEps
       d.tie_embeddings = true;
       return d;
+    case ModelType::llama:
+      d.type = "llama";
+      d.n_kv_heads = m.n_kv_heads > 0 ? m.n_kv_heads : m.n_heads;
+      d.ffn_hidden = m.ffn_hidden;
+      d.norm_eps = m.norm_eps;
+      d.rope_theta = m.rope_theta;
+      d.tie_embeddings = m.tie_embeddings;
+      return d;
     default:
       throw CheckpointError(std::string("model.type ") + to_string(m.type) +
                             " has no Hugging Face layout (gpt and llama have one)");

@@ -104,7 +104,7 @@ int run_job(const RunOptions& opt) {
   JobSpec spec;
   try {
     spec = load_spec(opt.spec_path);
-    require_runnable(spec);
+    require_startable(spec);
   } catch (const SpecError& e) {
     std::cerr << e.what();
     return kUsage;

@@ -30,15 +30,6 @@ struct SampleOptions {
 };
 
 int sample(const SampleOptions& o) {
-  std::optional<bpe::Tokenizer> tok;
-  if (!o.tokenizer.empty()) {
-    try {
-      tok.emplace(bpe::Tokenizer::load(o.tokenizer));
-    } catch (const std::exception& e) {
-      std::cerr << "troupe sample: " << e.what() << "\n";
-      return kUsage;
-    }
-  }
   std::string dir;
   std::optional<checkpoint::TensorSource> src;
   try {
@@ -54,6 +45,19 @@ int sample(const SampleOptions& o) {
   } catch (const SpecError& e) {
     std::cerr << "troupe sample: the checkpoint's spec does not parse:\n" << e.what();
     return kJobFailed;
+  }
+  // The tokenizer: --tokenizer, else the one the job trained with (data.tokenizer).
+  std::optional<bpe::Tokenizer> tok;
+  const std::string tok_path = !o.tokenizer.empty() ? o.tokenizer : spec.data.tokenizer;
+  if (!tok_path.empty()) {
+    try {
+      tok.emplace(bpe::Tokenizer::load(tok_path));
+    } catch (const std::exception& e) {
+      std::cerr << "troupe sample: " << e.what() << "\n";
+      if (o.tokenizer.empty())
+        std::cerr << "  (the checkpoint's data.tokenizer; give --tokenizer FILE to use another)\n";
+      return kUsage;
+    }
   }
   const model::ModelConfig cfg = model::model_config(spec);
   // The model computes as it trained: in mixed precision its products read the 16-bit
@@ -75,7 +79,7 @@ int sample(const SampleOptions& o) {
   std::vector<int32_t> ctx;
   if (tok) {
     if (tok->vocab_size() > cfg.vocab_size) {
-      std::cerr << "troupe sample: the tokenizer " << o.tokenizer << " has " << tok->vocab_size()
+      std::cerr << "troupe sample: the tokenizer " << tok_path << " has " << tok->vocab_size()
                 << " tokens, more than the model's vocab_size of " << cfg.vocab_size << "\n";
       return kUsage;
     }
@@ -126,7 +130,8 @@ void add_sample_command(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option(
       "--tokenizer", opt.tokenizer,
-      "Tokenizer JSON (troupe data tokenize): encode the prompt, decode tokens, stop at end-of-text");
+      "Tokenizer JSON (troupe data tokenize): encode the prompt, decode tokens, stop at end-of-text; "
+      "default: the job's data.tokenizer");
   cmd->callback([exit_code] { *exit_code = sample(opt); });
 }
 

@@ -18,11 +18,9 @@ void add_validate_command(CLI::App& app, int* exit_code) {
     for (size_t i = 0; i < files.size(); ++i) {
       try {
         JobSpec spec = load_spec(files[i]);
-        require_runnable(spec);
         // Small token files are read through once here, so that an id the model cannot embed is
         // found now rather than at the workers' start.
-        auto ids = token_file_issues(spec, kValidateScanBytes);
-        if (!ids.empty()) throw SpecError(std::move(ids));
+        require_startable(spec, kValidateScanBytes);
         if (quiet) continue;
         if (files.size() > 1) std::cout << (i ? "---\n" : "") << "# " << files[i] << "\n";
         std::cout << to_yaml(spec);

@@ -183,11 +183,13 @@ JobSpec load_spec(const std::string& path);
 // Parses and validates YAML text; `filename` is used in diagnostics and stored as source_file.
 JobSpec parse_spec(const std::string& yaml_text, const std::string& filename);
 
-// What this build cannot run although the spec is valid: a precision other than fp32, device
-// cuda (the engine trains on the CPU). One Diagnostic per problem, at the key's position in
-// source_file, with a hint. parse_spec accepts such specs (a spec is also data: a checkpoint's,
-// one written for another build); troupe validate, troupe run and the coordinator's submit
-// refuse them, so a job that cannot start is never launched and retried.
+// What this build cannot run although the spec is valid: device cuda (the engine trains on
+// the CPU). One Diagnostic per problem, at the key's position in source_file, with a hint.
+// parse_spec accepts such specs (a spec is also data: a checkpoint's, one written for another
+// build); troupe validate, troupe plan, troupe run and the coordinator's submit refuse them, so
+// a job that cannot start is never launched and retried. Data files are not looked at here
+// (troupe plan needs none, and the coordinator's host need not hold the workers' data): see
+// token_file_issues.
 std::vector<Diagnostic> runnable_issues(const JobSpec& spec);
 // Throws SpecError with runnable_issues(spec) when there are any.
 void require_runnable(const JobSpec& spec);
@@ -196,8 +198,11 @@ void require_runnable(const JobSpec& spec);
 // TokenFile::open, which reads a header and nothing else). When the files total at most
 // `scan_up_to` bytes, every id is also checked < model.vocab_size (a pass over the data).
 // One Diagnostic per file at data.path (data.val_path for the validation files); none for
-// another source. runnable_issues includes these without the scan.
+// another source. troupe validate and troupe run, which read the data where they run, check these.
 std::vector<Diagnostic> token_file_issues(const JobSpec& spec, uint64_t scan_up_to);
+// Throws SpecError with runnable_issues(spec) and token_file_issues(spec, scan_up_to), sorted
+// by position, when there are any: what troupe validate and troupe run check before starting.
+void require_startable(const JobSpec& spec, uint64_t scan_up_to = 0);
 // troupe validate scans the ids of token files up to this size in all.
 inline constexpr uint64_t kValidateScanBytes = uint64_t{256} << 20;
 

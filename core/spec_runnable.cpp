@@ -95,7 +95,7 @@ std::vector<Diagnostic> token_file_issues(const JobSpec& spec, uint64_t scan_up_
 }
 
 std::vector<Diagnostic> runnable_issues(const JobSpec& spec) {
-  std::vector<Diagnostic> out = token_file_issues(spec, 0);
+  std::vector<Diagnostic> out;
   auto issue = [&](const std::string& path, std::string message, std::string hint) {
     const SourcePos at = position(spec, path);
     out.push_back(Diagnostic{file_of(spec), at.line, at.col, std::move(message), std::move(hint)});
@@ -110,6 +110,14 @@ std::vector<Diagnostic> runnable_issues(const JobSpec& spec) {
 
 void require_runnable(const JobSpec& spec) {
   auto issues = runnable_issues(spec);
+  if (!issues.empty()) throw SpecError(std::move(issues));
+}
+
+void require_startable(const JobSpec& spec, uint64_t scan_up_to) {
+  auto issues = runnable_issues(spec);
+  auto files = token_file_issues(spec, scan_up_to);
+  issues.insert(issues.end(), files.begin(), files.end());
+  sort_by_position(issues);
   if (!issues.empty()) throw SpecError(std::move(issues));
 }
 

@@ -149,8 +149,8 @@ struct Engine::Impl {
     plan = checked_plan(s, a);
     where_in_plan = plan::rank_place(plan, a.rank);
     TROUPE_CHECK(data.split_size(Split::train) > size_t(T) + 1, "the training data (",
-                 data.split_size(Split::train),
-                 " bytes) is shorter than one window of seq_len + 1 = ", T + 1);
+                 data.split_size(Split::train), data.is_bytes() ? " bytes" : " tokens",
+                 ") is shorter than one window of seq_len + 1 = ", T + 1);
     place = parallel::pipeline_place(a.rank, a.layout.dp, a.layout.pp, a.layout.tp);
     copt.timeout = a.comm_timeout;
     ctx.compute_dtype = compute_dtype(s.train.precision);

@@ -14,7 +14,7 @@ directory, to check troupe's export and forward against.
 
 The forward is picked by config.json's model_type (FORWARDS); a model is one function of
 (cfg, tensors, tokens) -> logits (T, V). The reference computes in float64.
-Exit status: 0 agree, 1 disagree or fail, 77 torch is not installed (ctest: skipped).
+Exit status: 0 agree, 1 disagree or fail, 77 torch is not installed (a failure in ctest: scripts/setup.sh --test installs it).
 """
 import argparse
 import glob

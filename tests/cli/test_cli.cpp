@@ -66,9 +66,22 @@ TEST_CASE("cli: version and help exit 0, unknown subcommands and flags exit 2", 
 }
 
 TEST_CASE("cli: validate accepts every shipped config and prints the resolved spec", "[cli]") {
-  Result r = cli("validate configs/*.yaml configs/layouts/*.yaml");
+  Result r = cli("validate configs/quickstart.yaml configs/mlp.yaml configs/layouts/*.yaml");
   INFO(r.out);
   REQUIRE(r.code == 0);
+  // The token-data configs plan without their data (the planner reads none), and validate
+  // names the file to prepare, at data.path.
+  for (const char* config : {"configs/llama-small.yaml", "configs/gpt2-124m.yaml", "configs/llama-1b.yaml"}) {
+    Result plan = cli(std::string("plan ") + config);
+    INFO(config << ":\n" << plan.out);
+    CHECK(plan.code == 0);
+  }
+  Result no_data = cli("validate configs/llama-small.yaml");
+  INFO(no_data.out);
+  CHECK(no_data.code == 2);
+  CHECK(no_data.out.find("configs/llama-small.yaml:24:9: error: data/fortunes/train.bin: no such file") !=
+        std::string::npos);
+  CHECK(no_data.out.find("troupe data tokenize") != std::string::npos);
   Result one = cli("validate configs/quickstart.yaml");
   REQUIRE(one.code == 0);
   // Defaults appear in the resolved spec although the file does not write them.

@@ -210,16 +210,24 @@ TEST_CASE("cli: data refuses bad usage and bad input files with exit code 2", "[
 
 TEST_CASE("cli: sample --tokenizer encodes the prompt and decodes what the model generates", "[cli][data]") {
   const std::string dir = troupe::testing::temp_dir("cli_data_sample");
+  std::string text(50, ' ');
+  for (int i = 0; i < 20; ++i) text += "the cat sat on the mat, the cat sat on the hat\n";
+  write(dir + "/corpus.txt", text);
+  REQUIRE(
+      cli("data tokenize " + dir + "/corpus.txt --vocab 290 --val-fraction 0 --out " + dir + "/tok").code ==
+      0);
+  // A model with more ids than the tokenizer (a padded vocabulary), trained on its tokens.
   write(dir + "/tiny.yaml",
         "name: tiny\nmodel: {type: gpt, seq_len: 16, d_model: 32, n_layers: 2, n_heads: 2, vocab_size: 300}\n"
-        "data: {source: synthetic}\ntrain: {steps: 2, global_batch: 4, seed: 1}\ncheckpoint: {every: 2}\n");
+        "data: {source: tokens, path: " +
+            dir +
+            "/tok/train.bin, val_fraction: 0}\ntrain: {steps: 2, global_batch: 4, seed: 1}\n"
+            "checkpoint: {every: 2}\n");
   Result r = cli("run " + dir + "/tiny.yaml --runs-dir " + dir + "/runs -q");
   INFO(r.out);
   REQUIRE(r.code == 0);
   std::string run;
   for (const auto& e : fs::directory_iterator(dir + "/runs")) run = e.path().string();
-  write(dir + "/corpus.txt", std::string(50, ' ') + "the cat sat on the mat, the cat sat on the hat\n");
-  REQUIRE(cli("data tokenize " + dir + "/corpus.txt --vocab 290 --out " + dir + "/tok").code == 0);
   const std::string args = "sample --ckpt " + run + "/ckpt --tokenizer " + dir +
                            "/tok/tokenizer.json --prompt 'the cat' --tokens 20 --seed 3";
   Result s = cli(args);

@@ -64,6 +64,24 @@ std::string layout_in(const std::string& layout, const std::string& precision, i
   return path;
 }
 
+// A shipped layout file with its GPT turned into a llama of the same width: grouped-query
+// attention (2 key/value heads for 4 query heads), SwiGLU, an untied head split by
+// vocabulary rows under tensor parallelism; written into dir.
+std::string llama_layout_in(const std::string& layout, const std::string& dir) {
+  std::ifstream in(std::string(TROUPE_SOURCE_DIR) + "/configs/layouts/" + layout + ".yaml");
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"  type: gpt\n", "  type: llama\n"},
+           {"  n_heads: 4\n", "  n_heads: 4\n  n_kv_heads: 2\n  ffn_hidden: 160\n"}}) {
+    const size_t at = text.find(from);
+    REQUIRE(at != std::string::npos);
+    text.replace(at, from.size(), to);
+  }
+  const std::string path = dir + "/" + layout + "_llama.yaml";
+  std::ofstream(path) << text;
+  return path;
+}
+
 }  // namespace
 
 TEST_CASE("layouts: every configs/layouts file gives the 1x1x1 losses and final parameters",
@@ -154,5 +172,40 @@ TEST_CASE("layouts: an fp16 overflow on one rank of 2x1x2 skips the step on all,
     CHECK(std::isfinite(line.at("loss").get<double>()));
   }
   CHECK(m.back().at("loss").get<double>() < m.front().at("loss").get<double>());
+  fs::remove_all(tmp);
+}
+
+TEST_CASE("layouts: a llama in every layout of {1,2}^3 gives the 1x1x1 losses within 1e-4",
+          "[cli][layouts][llama]") {
+  const std::string tmp =
+      (fs::temp_directory_path() / ("troupe_layouts_llama_" + std::to_string(::getpid()))).string();
+  fs::create_directories(tmp);
+  const std::string ref_run = run_config(llama_layout_in("tiny_dp1_pp1_tp1", tmp), tmp + "/ref");
+  const std::vector<double> ref = losses(ref_run);
+  REQUIRE(ref.size() == 10);
+  CHECK(ref.back() < ref.front());
+  const std::string ref_ckpt = checkpoint::resolve(ref_run + "/ckpt");
+  const checkpoint::Manifest ref_m = checkpoint::verify(ref_ckpt);
+  for (const char* name : {"tiny_dp1_pp1_tp2", "tiny_dp1_pp2_tp1_1f1b", "tiny_dp1_pp2_tp2",
+                           "tiny_dp2_pp1_tp1", "tiny_dp2_pp1_tp2", "tiny_dp2_pp2_tp1", "tiny_dp2_pp2_tp2"}) {
+    INFO("layout " << name);
+    const std::string run = run_config(llama_layout_in(name, tmp), tmp + "/" + name);
+    const std::vector<double> got = losses(run);
+    REQUIRE(got.size() == ref.size());
+    for (size_t i = 0; i < ref.size(); ++i) CHECK(std::abs(got[i] - ref[i]) <= 1e-4 * ref[i]);
+    // The checkpoint holds the same model whatever the layout: lm_head and wte whole,
+    // assembled from the vocabulary shards.
+    const std::string ckpt = checkpoint::resolve(run + "/ckpt");
+    const checkpoint::Manifest m = checkpoint::verify(ckpt);
+    for (const char* tensor : {"wte.weight", "lm_head.weight", "h.1.attn.c_attn.weight"}) {
+      INFO("parameter " << tensor);
+      Tensor a = checkpoint::read_full(ckpt, m, tensor), b = checkpoint::read_full(ref_ckpt, ref_m, tensor);
+      REQUIRE(a.shape() == b.shape());
+      double max_abs = 0;
+      for (int64_t i = 0; i < a.numel(); ++i)
+        max_abs = std::max(max_abs, std::abs(double(a.f32()[i]) - double(b.f32()[i])));
+      CHECK(max_abs < 1e-4);
+    }
+  }
   fs::remove_all(tmp);
 }

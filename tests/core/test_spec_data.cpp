@@ -132,8 +132,10 @@ TEST_CASE("spec data: keys of token data are refused for text and synthetic, and
   CHECK(both[0].hint.find("or delete val_path") != std::string::npos);
 }
 
-TEST_CASE("spec data: token files that cannot be read are refused at data.path before anything runs",
-          "[core][spec]") {
+TEST_CASE(
+    "spec data: token files that cannot be read are refused at data.path before troupe validate or run "
+    "starts",
+    "[core][spec]") {
   TempDir dir("files");
   auto spec_of = [&](const std::string& data_lines) { return parse_spec(spec_with(data_lines), "job.yaml"); };
   write_u16(dir / "ok.bin", 100, 512, true);
@@ -152,33 +154,35 @@ TEST_CASE("spec data: token files that cannot be read are refused at data.path b
   for (const auto& [path, message] : cases) {
     INFO(path);
     const JobSpec s = spec_of("  source: tokens\n  path: " + path + "\n");  // parse_spec opens no file
-    const auto issues = troupe::runnable_issues(s);
+    CHECK(troupe::runnable_issues(s).empty());  // troupe plan and submit do not read the data
+    const auto issues = troupe::token_file_issues(s, 0);
     REQUIRE(issues.size() == 1);
     CHECK(issues[0].file == "job.yaml");
     CHECK(issues[0].line == 5);
     CHECK(issues[0].col == 9);
     CHECK(issues[0].message == message);
     CHECK_FALSE(issues[0].hint.empty());
-    CHECK_THROWS_AS(troupe::require_runnable(s), troupe::SpecError);
+    CHECK_THROWS_AS(troupe::require_startable(s), troupe::SpecError);
   }
   // A header that disagrees with data.dtype: the hint says to delete dtype.
-  const auto dtype =
-      troupe::runnable_issues(spec_of("  source: tokens\n  path: " + dir / "ok.bin" + "\n  dtype: uint32\n"));
+  const auto dtype = troupe::token_file_issues(
+      spec_of("  source: tokens\n  path: " + dir / "ok.bin" + "\n  dtype: uint32\n"), 0);
   REQUIRE(dtype.size() == 1);
   CHECK(dtype[0].message ==
         dir / "ok.bin: the header says uint16 tokens (version 1) but data.dtype is uint32");
   CHECK(dtype[0].hint.rfind("delete data.dtype", 0) == 0);
   // The validation files' problems are at data.val_path.
-  const auto val = troupe::runnable_issues(
-      spec_of("  source: tokens\n  path: " + dir / "ok.bin" + "\n  val_path: " + dir / "nope" + "\n"));
+  const auto val = troupe::token_file_issues(
+      spec_of("  source: tokens\n  path: " + dir / "ok.bin" + "\n  val_path: " + dir / "nope" + "\n"), 0);
   REQUIRE(val.size() == 1);
   CHECK(val[0].line == 6);
   CHECK(val[0].message == dir / "nope: no such file or directory");
   // Text data is not opened before the run, as before.
-  CHECK(troupe::runnable_issues(
+  CHECK(troupe::token_file_issues(
             parse_spec("name: t\nmodel: {type: gpt, seq_len: 8, d_model: 16, n_layers: 1, n_heads: 2}\n"
                        "data: {path: /no/such/corpus.txt}\ntrain: {steps: 1, global_batch: 2}\n",
-                       "job.yaml"))
+                       "job.yaml"),
+            troupe::kValidateScanBytes)
             .empty());
 }
 
