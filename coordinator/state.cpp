@@ -452,11 +452,15 @@ void CoordinatorState::worker_lost(const std::string& job_id, int generation, in
 }
 
 void CoordinatorState::worker_where(const std::string& job_id, int generation, int rank,
-                                    const std::string& where) {
+                                    const std::string& where, double now) {
   Job* j = rank_job(job_id, generation, rank);
   if (!j) return;
-  j->ranks[rank].where = where;
-  j->ranks[rank].where_ms = now_ms();
+  RankSlot& s = j->ranks[rank];
+  if (j->state == JobState::running && j->last_progress_ms > 0 && where != s.where &&
+      where.rfind("eval batch ", 0) == 0)
+    j->last_progress_ms = std::max(j->last_progress_ms, now);
+  s.where = where;
+  s.where_ms = now;
 }
 
 // ---------------------------------------------------------------- rendezvous

@@ -141,6 +141,9 @@ struct WorkerAssignment {
   plan::RankPlace place;  // where the rank sits in job->plan
 };
 
+// Milliseconds since the epoch (system clock): the state's "now" where a caller gives none.
+double now_ms();
+
 class CoordinatorState {
  public:
   CoordinatorState(std::string runs_root, int protocol_version);
@@ -180,7 +183,12 @@ class CoordinatorState {
   // The worker's actor went down (connection lost) before it finished.
   void worker_lost(const std::string& job_id, int generation, int rank, const std::string& why, Actions* out);
   // A rank answered "where are you".
-  void worker_where(const std::string& job_id, int generation, int rank, const std::string& where);
+  // A rank's "where" (heartbeat). A rank that moves on to another evaluation batch counts as
+  // progress for the step watchdog: an evaluation of eval_batches forward passes runs between
+  // two step reports and may outlast the limit derived from step times, while a rank stuck
+  // in a batch stops moving and is caught as before. `now` is the clock (now_ms()).
+  void worker_where(const std::string& job_id, int generation, int rank, const std::string& where,
+                    double now = now_ms());
 
   // ---- time and elasticity
   // Drives the clock: relaunches recovering jobs whose backoff has passed,
@@ -275,7 +283,6 @@ void save_table(const std::string& state_dir, const nlohmann::json& table);
 // The saved table, or null when the directory holds none yet.
 nlohmann::json load_table_file(const std::string& state_dir);
 
-double now_ms();
 // "SIGKILL" for 9, "signal 42" for unnamed ones.
 std::string signal_name(int sig);
 

@@ -56,12 +56,17 @@ bool is_llama(Ctx& ctx, const ModelSpec& m) { return ctx.ok("model.type") && m.t
 // Models with attention heads: gpt and llama.
 bool has_heads(Ctx& ctx, const ModelSpec& m) { return is_gpt(ctx, m) || is_llama(ctx, m); }
 
-// Keys that only a llama reads: refused with a hint on other model types.
-void llama_only(Section& s, const std::string& key, JobSpec& j) {
-  s.refuse(key, "'model." + key + "' applies only to model.type llama",
-           std::string("delete it, or set model.type: llama") +
-               (j.model.type == ModelType::gpt && key == "tie_embeddings" ? " (gpt always ties its LM head)"
-                                                                          : ""));
+// A key only a llama reads: `read` reads it for a llama; on other model types it is refused
+// with a hint.
+template <class Read>
+void llama_key(Section& s, const std::string& key, JobSpec& j, Read read) {
+  if (is_llama(s.ctx(), j.model))
+    read();
+  else if (s.has(key))
+    s.refuse(key, "'model." + key + "' applies only to model.type llama",
+             std::string("delete it, or set model.type: llama") +
+                 (j.model.type == ModelType::gpt && key == "tie_embeddings" ? " (gpt always ties its LM head)"
+                                                                            : ""));
 }
 
 // Each reader below has this shape: `s` is the section, `k` the key the table declares for it.
@@ -119,45 +124,27 @@ const Table& model_table() {
            }},
           {"n_kv_heads",
            [](S& s, K& k, JobSpec& j) {
-             if (!is_llama(s.ctx(), j.model)) {
-               if (s.has(k)) llama_only(s, k, j);
-             } else {
-               s.integer(k, j.model.n_kv_heads, 1, 1 << 16);
-             }
+             llama_key(s, k, j, [&] { s.integer(k, j.model.n_kv_heads, 1, 1 << 16); });
            }},
           {"ffn_hidden",
            [](S& s, K& k, JobSpec& j) {
-             if (!is_llama(s.ctx(), j.model)) {
-               if (s.has(k)) llama_only(s, k, j);
-             } else {
-               s.integer(k, j.model.ffn_hidden, 1, 1 << 20);
-             }
+             llama_key(s, k, j, [&] { s.integer(k, j.model.ffn_hidden, 1, 1 << 20); });
            }},
           {"norm_eps",
            [](S& s, K& k, JobSpec& j) {
-             if (!is_llama(s.ctx(), j.model)) {
-               if (s.has(k)) llama_only(s, k, j);
-             } else {
+             llama_key(s, k, j, [&] {
                s.real(k, j.model.norm_eps, 0.0, false, 1.0, false, "RMSNorm's epsilon, in (0, 1); e.g. 1e-5");
-             }
+             });
            }},
           {"rope_theta",
            [](S& s, K& k, JobSpec& j) {
-             if (!is_llama(s.ctx(), j.model)) {
-               if (s.has(k)) llama_only(s, k, j);
-             } else {
+             llama_key(s, k, j, [&] {
                s.real(k, j.model.rope_theta, 1.0, false, 1e9, true,
                       "the rotary base, above 1; Llama 2 uses 10000, Llama 3 500000");
-             }
+             });
            }},
           {"tie_embeddings",
-           [](S& s, K& k, JobSpec& j) {
-             if (!is_llama(s.ctx(), j.model)) {
-               if (s.has(k)) llama_only(s, k, j);
-             } else {
-               s.boolean(k, j.model.tie_embeddings);
-             }
-           }},
+           [](S& s, K& k, JobSpec& j) { llama_key(s, k, j, [&] { s.boolean(k, j.model.tie_embeddings); }); }},
           {"init_from", [](S& s, K& k, JobSpec& j) { s.string(k, j.model.init_from); }},
       },
       model_rules};

@@ -10,16 +10,9 @@ namespace troupe::kernels::cpu {
 
 namespace {
 
-// sum_v e^(l_v - mx) over l(V), lane-wise like detail::lane_sum.
+// sum_v e^(l_v - mx) over l(V), compiled for each vector width.
 TROUPE_VEC_CLONES float sum_exp(const float* __restrict__ l, int V, float mx) {
-  float acc[detail::kLanes] = {};
-  int i = 0;
-  for (; i + detail::kLanes <= V; i += detail::kLanes)
-    for (int j = 0; j < detail::kLanes; ++j) acc[j] += detail::exp_approx(l[i + j] - mx);
-  for (int j = 0; j < V - i && j < detail::kLanes; ++j) acc[j] += detail::exp_approx(l[i + j] - mx);
-  for (int w = detail::kLanes / 2; w > 0; w /= 2)
-    for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
-  return acc[0];
+  return detail::lane_sum_exp(l, size_t(V), mx);
 }
 
 // dl(V) += softmax(l) * dloss; the one-hot part is subtracted by the caller.

@@ -13,14 +13,7 @@ namespace troupe::kernels::cpu {
 namespace {
 
 TROUPE_VEC_CLONES float sum_sq(const float* __restrict__ x, int C) {
-  float acc[detail::kLanes] = {};
-  int i = 0;
-  for (; i + detail::kLanes <= C; i += detail::kLanes)
-    for (int j = 0; j < detail::kLanes; ++j) acc[j] += x[i + j] * x[i + j];
-  for (int j = 0; j < C - i && j < detail::kLanes; ++j) acc[j] += x[i + j] * x[i + j];
-  for (int w = detail::kLanes / 2; w > 0; w /= 2)
-    for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
-  return acc[0];
+  return detail::lane_dot(x, x, size_t(C));
 }
 
 TROUPE_VEC_CLONES void scale_mul(float* __restrict__ y, const float* __restrict__ x,
@@ -64,14 +57,7 @@ TROUPE_VEC_CLONES void swiglu_row_backward(float* __restrict__ dg, float* __rest
 }
 
 TROUPE_VEC_CLONES float sum_exp_row(const float* __restrict__ l, int V, float mx) {
-  float acc[detail::kLanes] = {};
-  int i = 0;
-  for (; i + detail::kLanes <= V; i += detail::kLanes)
-    for (int j = 0; j < detail::kLanes; ++j) acc[j] += detail::exp_approx(l[i + j] - mx);
-  for (int j = 0; j < V - i && j < detail::kLanes; ++j) acc[j] += detail::exp_approx(l[i + j] - mx);
-  for (int w = detail::kLanes / 2; w > 0; w /= 2)
-    for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
-  return acc[0];
+  return detail::lane_sum_exp(l, size_t(V), mx);
 }
 
 TROUPE_VEC_CLONES void softmax_row_grad(float* __restrict__ dl, const float* __restrict__ l, int V, float lse,

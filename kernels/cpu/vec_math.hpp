@@ -93,6 +93,18 @@ inline float exp_approx(float x) {
   return p * scale;
 }
 
+// sum of e^(x - mx) over x(n), same lane scheme as lane_sum (softmax denominators).
+inline float lane_sum_exp(const float* __restrict__ x, size_t n, float mx) {
+  float acc[kLanes] = {};
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) acc[j] += exp_approx(x[i + j] - mx);
+  for (size_t j = 0; j < n - i && j < kLanes; ++j) acc[j] += exp_approx(x[i + j] - mx);
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
+  return acc[0];
+}
+
 // tanh(u) = 1 - 2 / (e^(2u) + 1): exactly +-1 once |u| > ~9 (e^(2u) saturates at e^88.3 or 0).
 inline float tanh_approx(float u) { return 1.0f - 2.0f / (exp_approx(2.0f * u) + 1.0f); }
 

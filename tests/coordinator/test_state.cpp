@@ -588,6 +588,35 @@ TEST_CASE("watchdog: a running job with no step within step_timeout fails over n
   CHECK(x.aborts.size() == 2);
 }
 
+TEST_CASE("watchdog: a rank moving through evaluation batches is progress, a rank stuck in one is not",
+          "[recovery][watchdog]") {
+  JobRequest req = elastic(1);
+  req.step_timeout_ms = 5000;
+  Running r(1, 1, req);
+  const double t0 = now_ms();
+  // An evaluation longer than the limit, batch after batch: the job keeps running.
+  r.f.st.worker_where(r.job, 0, 0, "eval batch 0", t0 + 1000);
+  r.f.st.worker_where(r.job, 0, 0, "eval batch 1", t0 + 4000);
+  r.f.st.worker_where(r.job, 0, 0, "eval batch 2", t0 + 8000);
+  Actions a;
+  r.f.st.tick(t0 + 12000, &a);
+  CHECK(r.j().state == JobState::running);
+  // The same batch again is no progress: stuck in it, the rank is caught.
+  r.f.st.worker_where(r.job, 0, 0, "eval batch 2", t0 + 12500);
+  Actions b;
+  r.f.st.tick(t0 + 13500, &b);
+  REQUIRE(r.j().state == JobState::recovering);
+  CHECK(std::string(r.j().failures.back()["message"]).find("eval batch 2") != std::string::npos);
+  // Inside a training step a moving "where" is not progress: only a completed step is.
+  Running q(1, 1, req);
+  const double t1 = now_ms();
+  q.f.st.worker_where(q.job, 0, 0, "step 3: forward micro-batch 0", t1 + 1000);
+  q.f.st.worker_where(q.job, 0, 0, "step 3: backward micro-batch 0", t1 + 4000);
+  Actions c;
+  q.f.st.tick(t1 + 6000, &c);
+  CHECK(q.j().state == JobState::recovering);
+}
+
 TEST_CASE("watchdog: derived limit is max(10 s, 20 x the median step time)", "[watchdog]") {
   Running r(1, 1, elastic(0));
   Actions a;

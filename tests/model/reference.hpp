@@ -57,6 +57,21 @@ inline double ref_gelu(double x) {
   return 0.5 * x * (1.0 + std::tanh(k * (x + 0.044715 * x * x * x)));
 }
 
+// Mean softmax cross-entropy of logits(N,V) against targets(N).
+inline double ref_mean_cross_entropy(const std::vector<double>& logits, const std::vector<int32_t>& targets,
+                                     int N, int V) {
+  double loss = 0;
+  for (int n = 0; n < N; ++n) {
+    const double* r = &logits[static_cast<size_t>(n) * V];
+    double mx = -1e300;
+    for (int v = 0; v < V; ++v) mx = std::max(mx, r[v]);
+    double z = 0;
+    for (int v = 0; v < V; ++v) z += std::exp(r[v] - mx);
+    loss += std::log(z) + mx - r[targets[static_cast<size_t>(n)]];
+  }
+  return loss / N;
+}
+
 // Mean cross-entropy over the B*T tokens.
 inline double ref_loss(const ModelConfig& cfg, const Params& p, const std::vector<int32_t>& tokens,
                        const std::vector<int32_t>& targets, int B, int T) {
@@ -111,17 +126,7 @@ inline double ref_loss(const ModelConfig& cfg, const Params& p, const std::vecto
     for (size_t i = 0; i < x.size(); ++i) x[i] += proj[i];
   }
   auto lnf = ref_layernorm(x, P("ln_f.weight"), P("ln_f.bias"), N, D);
-  auto logits = ref_linear(lnf, P("wte.weight"), nullptr, N, D, V);
-  double loss = 0;
-  for (int n = 0; n < N; ++n) {
-    const double* r = &logits[static_cast<size_t>(n) * V];
-    double mx = -1e300;
-    for (int v = 0; v < V; ++v) mx = std::max(mx, r[v]);
-    double z = 0;
-    for (int v = 0; v < V; ++v) z += std::exp(r[v] - mx);
-    loss += std::log(z) + mx - r[targets[static_cast<size_t>(n)]];
-  }
-  return loss / N;
+  return ref_mean_cross_entropy(ref_linear(lnf, P("wte.weight"), nullptr, N, D, V), targets, N, V);
 }
 
 }  // namespace troupe::model::testing

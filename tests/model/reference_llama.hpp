@@ -104,18 +104,7 @@ inline std::vector<double> ref_llama_logits(const ModelConfig& cfg, const Params
 
 inline double ref_llama_loss(const ModelConfig& cfg, const Params& p, const std::vector<int32_t>& tokens,
                              const std::vector<int32_t>& targets, int B, int T) {
-  const int V = cfg.vocab_size, N = B * T;
-  const auto logits = ref_llama_logits(cfg, p, tokens, B, T);
-  double loss = 0;
-  for (int n = 0; n < N; ++n) {
-    const double* r = &logits[static_cast<size_t>(n) * V];
-    double mx = -1e300;
-    for (int v = 0; v < V; ++v) mx = std::max(mx, r[v]);
-    double z = 0;
-    for (int v = 0; v < V; ++v) z += std::exp(r[v] - mx);
-    loss += std::log(z) + mx - r[targets[static_cast<size_t>(n)]];
-  }
-  return loss / N;
+  return ref_mean_cross_entropy(ref_llama_logits(cfg, p, tokens, B, T), targets, B * T, cfg.vocab_size);
 }
 
 }  // namespace troupe::model::testing
