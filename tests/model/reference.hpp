@@ -57,6 +57,40 @@ inline double ref_gelu(double x) {
   return 0.5 * x * (1.0 + std::tanh(k * (x + 0.044715 * x * x * x)));
 }
 
+// Causal softmax attention over qkv(B*T, (NH + 2*NKV)*HS), rows q heads | k heads | v heads;
+// query head h reads key/value head h / (NH/NKV). Returns (B*T, NH*HS).
+inline std::vector<double> ref_causal_attention(const std::vector<double>& qkv, int B, int T, int NH, int NKV,
+                                                int HS) {
+  const int Q = NH * HS, KV = NKV * HS, ld = Q + 2 * KV;
+  std::vector<double> y(static_cast<size_t>(B) * T * Q, 0.0);
+  auto at = [&](int b, int t, int col) { return &qkv[(static_cast<size_t>(b) * T + t) * ld + col]; };
+  for (int b = 0; b < B; ++b)
+    for (int hd = 0; hd < NH; ++hd) {
+      const int g = hd / (NH / NKV);
+      for (int t = 0; t < T; ++t) {
+        const double* q = at(b, t, hd * HS);
+        std::vector<double> s(static_cast<size_t>(t) + 1);
+        double mx = -1e300;
+        for (int u = 0; u <= t; ++u) {
+          const double* k = at(b, u, Q + g * HS);
+          double dot = 0;
+          for (int e = 0; e < HS; ++e) dot += q[e] * k[e];
+          s[static_cast<size_t>(u)] = dot / std::sqrt(static_cast<double>(HS));
+          mx = std::max(mx, s[static_cast<size_t>(u)]);
+        }
+        double z = 0;
+        for (auto& v : s) z += (v = std::exp(v - mx));
+        for (int u = 0; u <= t; ++u) {
+          const double* v = at(b, u, Q + KV + g * HS);
+          for (int e = 0; e < HS; ++e)
+            y[(static_cast<size_t>(b) * T + t) * Q + static_cast<size_t>(hd) * HS + e] +=
+                s[static_cast<size_t>(u)] / z * v[e];
+        }
+      }
+    }
+  return y;
+}
+
 // Mean softmax cross-entropy of logits(N,V) against targets(N).
 inline double ref_mean_cross_entropy(const std::vector<double>& logits, const std::vector<int32_t>& targets,
                                      int N, int V) {
@@ -91,31 +125,7 @@ inline double ref_loss(const ModelConfig& cfg, const Params& p, const std::vecto
       const int NH = cfg.n_head, HS = D / NH;
       auto ln = ref_layernorm(x, P(h + ".ln_1.weight"), P(h + ".ln_1.bias"), N, D);
       auto qkv = ref_linear(ln, P(h + ".attn.c_attn.weight"), &P(h + ".attn.c_attn.bias"), N, D, 3 * D);
-      std::vector<double> y(static_cast<size_t>(N) * D, 0.0);
-      for (int b = 0; b < B; ++b)
-        for (int hd = 0; hd < NH; ++hd)
-          for (int t = 0; t < T; ++t) {
-            const double* q = &qkv[(static_cast<size_t>(b) * T + t) * 3 * D + static_cast<size_t>(hd) * HS];
-            std::vector<double> s(static_cast<size_t>(t) + 1);
-            double mx = -1e300;
-            for (int u = 0; u <= t; ++u) {
-              const double* k =
-                  &qkv[(static_cast<size_t>(b) * T + u) * 3 * D + D + static_cast<size_t>(hd) * HS];
-              double dot = 0;
-              for (int e = 0; e < HS; ++e) dot += q[e] * k[e];
-              s[static_cast<size_t>(u)] = dot / std::sqrt(static_cast<double>(HS));
-              mx = std::max(mx, s[static_cast<size_t>(u)]);
-            }
-            double z = 0;
-            for (auto& v : s) z += (v = std::exp(v - mx));
-            for (int u = 0; u <= t; ++u) {
-              const double* v =
-                  &qkv[(static_cast<size_t>(b) * T + u) * 3 * D + 2 * D + static_cast<size_t>(hd) * HS];
-              for (int e = 0; e < HS; ++e)
-                y[(static_cast<size_t>(b) * T + t) * D + static_cast<size_t>(hd) * HS + e] +=
-                    s[static_cast<size_t>(u)] / z * v[e];
-            }
-          }
+      const std::vector<double> y = ref_causal_attention(qkv, B, T, NH, NH, HS);
       auto proj = ref_linear(y, P(h + ".attn.c_proj.weight"), &P(h + ".attn.c_proj.bias"), N, D, D);
       for (size_t i = 0; i < x.size(); ++i) x[i] += proj[i];
     }

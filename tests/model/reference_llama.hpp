@@ -58,32 +58,7 @@ inline std::vector<double> ref_llama_logits(const ModelConfig& cfg, const Params
     auto ln = ref_rmsnorm(x, P(h + ".ln_1.weight"), N, D, eps);
     auto qkv = ref_linear(ln, P(h + ".attn.c_attn.weight"), nullptr, N, D, ld);
     ref_rope(qkv, B, T, NH + NKV, HS, ld, cfg.rope_theta);
-    std::vector<double> y(static_cast<size_t>(N) * Q, 0.0);
-    for (int b = 0; b < B; ++b)
-      for (int hd = 0; hd < NH; ++hd) {
-        const int g = hd / (NH / NKV);
-        for (int t = 0; t < T; ++t) {
-          const double* q = &qkv[(static_cast<size_t>(b) * T + t) * ld + static_cast<size_t>(hd) * HS];
-          std::vector<double> s(static_cast<size_t>(t) + 1);
-          double mx = -1e300;
-          for (int u = 0; u <= t; ++u) {
-            const double* k = &qkv[(static_cast<size_t>(b) * T + u) * ld + Q + static_cast<size_t>(g) * HS];
-            double dot = 0;
-            for (int e = 0; e < HS; ++e) dot += q[e] * k[e];
-            s[static_cast<size_t>(u)] = dot / std::sqrt(static_cast<double>(HS));
-            mx = std::max(mx, s[static_cast<size_t>(u)]);
-          }
-          double z = 0;
-          for (auto& v : s) z += (v = std::exp(v - mx));
-          for (int u = 0; u <= t; ++u) {
-            const double* v =
-                &qkv[(static_cast<size_t>(b) * T + u) * ld + Q + KV + static_cast<size_t>(g) * HS];
-            for (int e = 0; e < HS; ++e)
-              y[(static_cast<size_t>(b) * T + t) * Q + static_cast<size_t>(hd) * HS + e] +=
-                  s[static_cast<size_t>(u)] / z * v[e];
-          }
-        }
-      }
+    const std::vector<double> y = ref_causal_attention(qkv, B, T, NH, NKV, HS);
     auto o = ref_linear(y, P(h + ".attn.c_proj.weight"), nullptr, N, Q, D);
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
     auto ln2 = ref_rmsnorm(x, P(h + ".ln_2.weight"), N, D, eps);
