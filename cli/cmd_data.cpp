@@ -24,6 +24,7 @@
 #include "core/bpe.hpp"
 #include "core/corpus_files.hpp"
 #include "core/error.hpp"
+#include "core/token_file.hpp"
 #include "core/token_writer.hpp"
 
 namespace troupe::cli {
@@ -161,11 +162,13 @@ int tokenize(const TokenizeOptions& o) {
   write_token_file(train_path, ids.data(), split, uint64_t(tok.vocab_size()));
   std::string written = tok_path + " (" + std::to_string(tok.vocab_size()) + " tokens), " + train_path +
                         " (" + std::to_string(split) + " tokens)";
-  if (o.val_fraction > 0) {
+  if (o.val_fraction > 0 && split < ids.size()) {
     write_token_file(val_path, ids.data() + split, ids.size() - split, uint64_t(tok.vocab_size()));
     written += ", " + val_path + " (" + std::to_string(ids.size() - split) + " tokens)";
   } else {
     fs::remove(val_path, ec);  // a val.bin of an earlier run would pass for this one's
+    if (o.val_fraction > 0)
+      std::cerr << "  the corpus is too small for a validation split: no " << val_path << " written\n";
   }
   char ratio[32];
   std::snprintf(ratio, sizeof ratio, "%.3f", ids.empty() ? 0.0 : double(c.bytes) / double(ids.size()));
@@ -206,68 +209,31 @@ struct DecodeOptions {
   std::string dtype;  // for a headerless file; must agree with a header when given
 };
 
-uint32_t le32(const unsigned char* p) {
-  return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
-}
-
 int decode(const DecodeOptions& o) {
   const bpe::Tokenizer tok = load_tokenizer(o.tokenizer);
-  const std::string& in = o.in;
-  std::error_code ec;
-  const uint64_t size = fs::file_size(in, ec);
-  if (ec) throw UsageError("cannot read " + in + ": " + ec.message());
-  std::ifstream f(in, std::ios::binary);
-  if (!f) throw UsageError("cannot open " + in);
-
-  // A header when the first int32 is the magic; else raw tokens of --dtype (uint16).
-  unsigned char header[kTokenFileHeaderBytes] = {};
-  f.read(reinterpret_cast<char*>(header), std::min<uint64_t>(size, sizeof header));
-  int width = o.dtype == "uint32" ? 4 : 2;
-  uint64_t offset = 0, count = 0;
-  if (size >= 4 && le32(header) == uint32_t(kTokenFileMagic)) {
-    if (size < kTokenFileHeaderBytes)
-      throw UsageError(in + ": the header is cut short (" + std::to_string(size) + " bytes)");
-    const uint32_t version = le32(header + 4);
-    if (version != 1 && version != 2)
-      throw UsageError(in + ": token file version " + std::to_string(version) +
-                       " is unknown (1: uint16, 2: uint32)");
-    const int header_width = version == 1 ? 2 : 4;
-    if (!o.dtype.empty() && header_width != width)
-      throw UsageError(in + ": the header says " + (version == 1 ? "uint16" : "uint32") +
-                       " tokens, --dtype says " + o.dtype);
-    width = header_width;
-    const int32_t n = int32_t(le32(header + 8));
-    if (n < 0) throw UsageError(in + ": the header counts " + std::to_string(n) + " tokens");
-    count = uint64_t(n);
-    offset = kTokenFileHeaderBytes;
-    if (size != offset + count * uint64_t(width))
-      throw UsageError(in + ": the header counts " + std::to_string(n) + " tokens of " +
-                       std::to_string(width) + " bytes, so the file should be " +
-                       std::to_string(offset + count * uint64_t(width)) + " bytes, but it is " +
-                       std::to_string(size));
-  } else {
-    if (size % uint64_t(width) != 0)
-      throw UsageError(in + ": " + std::to_string(size) + " bytes are not a whole number of " +
-                       std::to_string(width) + "-byte tokens");
-    count = size / uint64_t(width);
+  // The checks of data.source tokens (core/token_file.hpp): a header when the first int32
+  // is the magic (its version must agree with --dtype when given), else raw --dtype ids.
+  TokenFile file;
+  try {
+    file = TokenFile::open(o.in, o.dtype.empty() ? 0 : o.dtype == "uint32" ? 4 : 2);
+  } catch (const Error& e) {
+    throw UsageError(e.what());
   }
+  uint64_t count = file.size();
   if (o.max_tokens >= 0) count = std::min<uint64_t>(count, uint64_t(o.max_tokens));
-
-  f.clear();
-  f.seekg(std::streamoff(offset));
-  constexpr size_t kBlock = size_t(1) << 16;
-  std::vector<unsigned char> raw(kBlock * size_t(width));
+  const auto* bytes = static_cast<const unsigned char*>(file.data());
+  const size_t width = size_t(file.width());
+  constexpr uint64_t kBlock = uint64_t(1) << 16;
   std::vector<uint32_t> ids;
   for (uint64_t done = 0; done < count;) {
-    const size_t n = size_t(std::min<uint64_t>(kBlock, count - done));
-    if (!f.read(reinterpret_cast<char*>(raw.data()), std::streamsize(n * size_t(width))))
-      throw UsageError("cannot read " + in + " (it changed while being read)");
+    const size_t n = size_t(std::min(kBlock, count - done));
     ids.resize(n);
     for (size_t i = 0; i < n; ++i) {
-      const unsigned char* p = raw.data() + i * size_t(width);
-      ids[i] = width == 2 ? uint32_t(p[0]) | uint32_t(p[1]) << 8 : le32(p);
+      const unsigned char* p = bytes + (done + i) * width;
+      ids[i] = uint32_t(p[0]) | uint32_t(p[1]) << 8 |
+               (width == 4 ? uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24 : 0);
       if (ids[i] >= uint32_t(tok.vocab_size()))
-        throw UsageError(in + ": token " + std::to_string(done + i) + " is " + std::to_string(ids[i]) +
+        throw UsageError(o.in + ": token " + std::to_string(done + i) + " is " + std::to_string(ids[i]) +
                          ", outside the tokenizer's vocabulary of " + std::to_string(tok.vocab_size()));
     }
     const std::string text = tok.decode(ids);
@@ -309,7 +275,7 @@ void add_data_command(CLI::App& app, int* exit_code) {
   tk->add_option("corpus", t.corpus, "Text files or directories (read recursively, sorted by path)")
       ->required();
   auto* vocab = tk->add_option("--vocab", t.vocab, "Vocabulary size: 256 bytes + end-of-text + merges")
-                    ->check(CLI::Range(int64_t(257), int64_t(1) << 32));
+                    ->check(CLI::Range(int64_t(257), troupe::bpe::kMaxVocab));
   tk->add_option("--out", t.out, "Output directory")->required();
   tk->add_option("--val-fraction", t.val_fraction, "Tail of the tokens for validation (0: no val.bin)")
       ->capture_default_str();

@@ -87,25 +87,38 @@ int sample(const SampleOptions& o) {
     for (uint32_t id : tok->encode(o.prompt)) ctx.push_back(int32_t(id));
     if (ctx.empty()) ctx.push_back(int32_t(tok->eot()));  // a document starts after end-of-text
   } else {
+    if (cfg.vocab_size != 256) {
+      std::cerr << "troupe sample: the model's vocab_size is " << cfg.vocab_size
+                << ", not the 256 bytes: give --tokenizer FILE (the tokenizer its data was made with)\n";
+      return kUsage;
+    }
     for (unsigned char c : o.prompt) ctx.push_back(c);
     if (ctx.empty()) ctx.push_back('\n');
   }
+  // Generation ends at end-of-text: the tokenizer's, or the job's data.eot.
+  const int64_t eot = tok ? int64_t{tok->eot()} : spec.data.eot;
   std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
   std::vector<float> logits(size_t(cfg.vocab_size));
   rng::Stream stream(o.seed, rng::name_hash("troupe.sample"));
-  for (int i = 0; i < o.tokens; ++i) {
-    const int T = std::min<int>(int(ctx.size()), cfg.seq_len);
-    stage.last_logits(ctx.data() + ctx.size() - size_t(T), T, logits.data());
-    const int32_t next = model::sample_token(logits.data(), V, float(o.temperature), o.top_k, stream);
-    ctx.push_back(next);
-    if (tok) {
-      if (uint32_t(next) == tok->eot()) break;
-      const std::string_view text = tok->token_bytes(uint32_t(next));
-      std::fwrite(text.data(), 1, text.size(), stdout);
-    } else {
-      std::fputc(next, stdout);
+  try {
+    for (int i = 0; i < o.tokens; ++i) {
+      const int T = std::min<int>(int(ctx.size()), cfg.seq_len);
+      stage.last_logits(ctx.data() + ctx.size() - size_t(T), T, logits.data());
+      const int32_t next = model::sample_token(logits.data(), V, float(o.temperature), o.top_k, stream);
+      ctx.push_back(next);
+      if (next == eot) break;
+      if (tok) {
+        const std::string_view text = tok->token_bytes(uint32_t(next));
+        std::fwrite(text.data(), 1, text.size(), stdout);
+      } else {
+        std::fputc(next, stdout);
+      }
+      std::fflush(stdout);
     }
-    std::fflush(stdout);
+  } catch (const std::exception& e) {
+    std::fputc('\n', stdout);
+    std::cerr << "troupe sample: " << e.what() << "\n";
+    return kJobFailed;
   }
   std::fputc('\n', stdout);
   return kOk;

@@ -34,9 +34,11 @@ constexpr ClassTable kClasses;
 inline Class class_of(char ch) { return kClasses.c[static_cast<uint8_t>(ch)]; }
 inline bool leads_on(Class c) { return c == kLetter || c == kOther; }  // may take a leading space
 
-// End of the chunk that starts at s[i] (i < s.size()); see the rules in bpe.hpp.
+// End of the chunk that starts at s[i] (i < s.size()); see the rules in bpe.hpp. A chunk is
+// at most kMaxChunk bytes: text without spaces (CJK, base64, minified code) would otherwise be
+// one chunk as long as the file, and training and encoding cost grow with a chunk's length.
 size_t chunk_end(std::string_view s, size_t i) {
-  const size_t n = s.size();
+  const size_t n = std::min(s.size(), i + kMaxChunk);
   if (s[i] == ' ' && i + 1 < n && leads_on(class_of(s[i + 1]))) {
     const Class c = class_of(s[i + 1]);
     size_t j = i + 2;
@@ -205,8 +207,9 @@ struct HeapEntry {
 
 Tokenizer Tokenizer::train(const std::vector<std::string_view>& documents, int64_t vocab_size,
                            const Progress& cb) {
-  require(vocab_size >= int64_t(kFirstMerge) && vocab_size <= (int64_t(1) << 32), "vocab_size ", vocab_size,
-          " is outside [257, 2^32]: 256 bytes and the end-of-text token come first");
+  require(vocab_size >= int64_t(kFirstMerge) && vocab_size <= kMaxVocab, "vocab_size ", vocab_size,
+          " is outside [257, 2^24]: 256 bytes and the end-of-text token come first, and a model has at most "
+          "2^24 ids");
   const int64_t wanted = vocab_size - int64_t(kFirstMerge);
 
   std::unordered_map<std::string_view, int64_t> chunk_counts;

@@ -16,7 +16,9 @@
 //   * a run of other bytes (punctuation, control bytes), with an optional leading space;
 //   * a run of whitespace (space \t \n \v \f \r); when it is longer than one byte and
 //     its last byte is a space that a letter or punctuation run follows, that space is
-//     left to lead the next chunk (the spirit of GPT-2's `\s+(?!\S)`).
+//     left to lead the next chunk (the spirit of GPT-2's `\s+(?!\S)`);
+//   * no chunk is longer than kMaxChunk (256) bytes: a longer run is cut into pieces of
+//     that size, so text without spaces (CJK, base64) costs what spaced text costs.
 //
 // The file format (written by save(), refused by load() when anything is off):
 //
@@ -38,6 +40,8 @@ inline constexpr uint32_t kEot = 256;         // "<|endoftext|>"
 inline constexpr uint32_t kFirstMerge = 257;  // id of merge 0
 inline constexpr const char* kPretokenizer = "troupe-v1";
 inline constexpr size_t kMaxFileBytes = size_t(64) << 20;  // load() refuses larger files
+inline constexpr int64_t kMaxVocab = int64_t(1) << 24;     // as model.vocab_size
+inline constexpr size_t kMaxChunk = 256;                   // bytes of one pre-tokenizer chunk at most
 
 // The chunks of `text` under "troupe-v1" (see the file comment), as views into it, in
 // order; their concatenation is `text`.

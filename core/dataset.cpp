@@ -208,10 +208,12 @@ std::vector<std::string> list_token_files(const std::string& path) {
   require(fs::exists(root, ec), path, ": no such file or directory");
   if (!fs::is_directory(root, ec)) return {path};
   std::vector<std::string> files;
-  for (const auto& e : fs::directory_iterator(root, ec)) {
+  // Iterated with error codes: a directory that turns unreadable midway is an Error, not a
+  // filesystem_error thrown from operator++.
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
     std::error_code ignored;  // a broken link is not a shard
-    if (e.path().extension() == ".bin" && fs::is_regular_file(e.path(), ignored))
-      files.push_back(e.path().string());
+    if (it->path().extension() == ".bin" && fs::is_regular_file(it->path(), ignored))
+      files.push_back(it->path().string());
   }
   require(!ec, path, ": cannot list the directory: ", ec.message());
   // Directory order is file-system dependent; byte order of paths is not.

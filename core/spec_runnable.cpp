@@ -4,6 +4,8 @@
 // a cuda device, token files that are missing or malformed (their headers and sizes are read;
 // troupe validate also scans the ids of small ones).
 #include <algorithm>
+#include <cmath>
+#include <map>
 
 #include "core/dataset.hpp"
 #include "core/error.hpp"
@@ -50,6 +52,7 @@ std::vector<Diagnostic> token_file_issues(const JobSpec& spec, uint64_t scan_up_
   // The opened files, kept for the id scan when one may follow.
   std::vector<std::pair<std::string, TokenFile>> opened;
   uint64_t total = 0;
+  std::map<std::string, uint64_t> tokens;  // by key: the tokens its files hold
   auto check = [&](const std::string& key, const std::string& path) {
     if (path.empty()) return;
     std::vector<std::string> files;
@@ -66,6 +69,7 @@ std::vector<Diagnostic> token_file_issues(const JobSpec& spec, uint64_t scan_up_
       try {
         TokenFile t = TokenFile::open(f, width);
         total += t.file_bytes();
+        tokens[key] += t.size();
         if (scan_up_to > 0) opened.emplace_back(key, std::move(t));
       } catch (const Error& e) {
         const std::string what = e.what();
@@ -80,6 +84,19 @@ std::vector<Diagnostic> token_file_issues(const JobSpec& spec, uint64_t scan_up_
   };
   check("data.path", d.path);
   check("data.val_path", d.val_path);
+  // Evaluation reads windows of seq_len + 1 tokens of the validation split.
+  const uint64_t window = uint64_t(std::max(spec.model.seq_len, 0)) + 1;
+  if (out.empty() && spec.train.eval_every > 0) {
+    const bool files = !d.val_path.empty();
+    const uint64_t val =
+        files ? tokens["data.val_path"] : uint64_t(std::floor(double(tokens["data.path"]) * d.val_fraction));
+    if (val <= window)
+      issue(files ? "data.val_path" : "data.val_fraction",
+            "the validation split holds " + std::to_string(val) +
+                " tokens, too few for one window of seq_len + 1 = " + std::to_string(window),
+            files ? "give data.val_path more tokens, or set train.eval_every: 0"
+                  : "raise data.val_fraction, give a data.val_path, or set train.eval_every: 0");
+  }
   if (out.empty() && total <= scan_up_to)
     for (const auto& [key, f] : opened) {
       try {

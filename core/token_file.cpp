@@ -19,8 +19,6 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "token files are read i
 
 namespace {
 
-const char* version_name(int32_t version) { return version == 1 ? "uint16" : "uint32"; }
-
 // The largest id among n tokens: a branch-free reduction the compiler vectorizes.
 template <class U>
 U max_of(const U* p, size_t n) {
@@ -51,7 +49,9 @@ TokenFile TokenFile::open(const std::string& path, int width) {
   TROUPE_CHECK(width == 0 || width == 2 || width == 4, "token width ", width, " is not 2 or 4");
   TokenFile f;
   f.path_ = path;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO or a device at the path opens at once (and is refused below as not
+  // a regular file) instead of blocking until a writer appears.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   require(fd >= 0, path, ": cannot open: ", std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -83,12 +83,12 @@ TokenFile TokenFile::open(const std::string& path, int width) {
     require(version == 1 || version == 2, path, ": header version ", version,
             " is not 1 (uint16 tokens) or 2 (uint32 tokens)");
     const int hw = version == 1 ? 2 : 4;
-    require(width == 0 || width == hw, path, ": the header says ", version_name(version), " tokens (version ",
+    require(width == 0 || width == hw, path, ": the header says ", token_dtype_name(hw), " tokens (version ",
             version, ") but data.dtype is ", token_dtype_name(width));
     require(header[2] >= 0, path, ": header token count ", header[2], " is negative");
     const uint64_t n = static_cast<uint64_t>(header[2]);
     const uint64_t want = kHeaderBytes + n * static_cast<uint64_t>(hw);
-    require(want == bytes, path, ": the header says ", n, " ", version_name(version), " tokens (", want,
+    require(want == bytes, path, ": the header says ", n, " ", token_dtype_name(hw), " tokens (", want,
             " bytes with the header) but the file has ", bytes, " bytes");
     require(n > 0, path, ": the header says 0 tokens (no tokens)");
     f.header_ = true;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/token_file.hpp"
 
 namespace troupe {
 
@@ -29,11 +30,11 @@ void write_token_file(const std::string& path, const uint32_t* ids, size_t n, ui
   const int version = token_file_version(vocab_size);
   const int width = version == 1 ? 2 : 4;
   std::vector<uint8_t> header;
-  header.reserve(kTokenFileHeaderBytes);
-  put_le(header, uint32_t(kTokenFileMagic), 4);
+  header.reserve(TokenFile::kHeaderBytes);
+  put_le(header, uint32_t(TokenFile::kMagic), 4);
   put_le(header, uint32_t(version), 4);
   put_le(header, uint32_t(n), 4);
-  header.resize(kTokenFileHeaderBytes, 0);
+  header.resize(TokenFile::kHeaderBytes, 0);
 
   const std::string tmp = path + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "wb");

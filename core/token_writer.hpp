@@ -4,7 +4,7 @@
 //   (1: uint16 tokens, 2: uint32 tokens), [2] = number of tokens, the rest 0;
 //   then the tokens, little-endian.      file size = 1024 + n * width
 //
-// Reading them is core/token_file.hpp's business.
+// Reading them is core/token_file.hpp's business (TokenFile::kMagic, kHeaderBytes).
 #pragma once
 
 #include <cstddef>
@@ -12,9 +12,6 @@
 #include <string>
 
 namespace troupe {
-
-inline constexpr int32_t kTokenFileMagic = 20240520;
-inline constexpr size_t kTokenFileHeaderBytes = 256 * 4;
 
 // The version a vocabulary needs: 1 (uint16) when every id fits 16 bits, else 2.
 inline int token_file_version(uint64_t vocab_size) { return vocab_size <= 65536 ? 1 : 2; }

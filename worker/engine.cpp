@@ -151,6 +151,10 @@ struct Engine::Impl {
     TROUPE_CHECK(data.split_size(Split::train) > size_t(T) + 1, "the training data (",
                  data.split_size(Split::train), data.is_bytes() ? " bytes" : " tokens",
                  ") is shorter than one window of seq_len + 1 = ", T + 1);
+    TROUPE_CHECK(s.train.eval_every == 0 || data.split_size(Split::val) > size_t(T) + 1,
+                 "the validation data (", data.split_size(Split::val), data.is_bytes() ? " bytes" : " tokens",
+                 ") is shorter than one window of seq_len + 1 = ", T + 1,
+                 ": evaluation (train.eval_every) needs one");
     place = parallel::pipeline_place(a.rank, a.layout.dp, a.layout.pp, a.layout.tp);
     copt.timeout = a.comm_timeout;
     ctx.compute_dtype = compute_dtype(s.train.precision);

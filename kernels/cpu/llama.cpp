@@ -25,14 +25,7 @@ TROUPE_VEC_CLONES void scale_mul(float* __restrict__ y, const float* __restrict_
 TROUPE_VEC_CLONES void rms_row_backward(float* __restrict__ dx, float* __restrict__ dw,
                                         const float* __restrict__ g, const float* __restrict__ x,
                                         const float* __restrict__ w, float r, int C) {
-  float acc[detail::kLanes] = {};
-  int i = 0;
-  for (; i + detail::kLanes <= C; i += detail::kLanes)
-    for (int j = 0; j < detail::kLanes; ++j) acc[j] += w[i + j] * g[i + j] * x[i + j];
-  for (int j = 0; j < C - i && j < detail::kLanes; ++j) acc[j] += w[i + j] * g[i + j] * x[i + j];
-  for (int wd = detail::kLanes / 2; wd > 0; wd /= 2)
-    for (int j = 0; j < wd; ++j) acc[j] += acc[j + wd];
-  const float k = acc[0] / float(C) * r * r * r;
+  const float k = detail::lane_dot3(w, g, x, size_t(C)) / float(C) * r * r * r;
   for (int c = 0; c < C; ++c) {
     dx[c] += r * w[c] * g[c] - x[c] * k;
     dw[c] += g[c] * x[c] * r;

@@ -53,6 +53,19 @@ inline float lane_dot(const float* __restrict__ x, const float* __restrict__ y, 
   return acc[0];
 }
 
+// sum of x*y*z over (n), same lane scheme as lane_sum.
+inline float lane_dot3(const float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ z,
+                       size_t n) {
+  float acc[kLanes] = {};
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) acc[j] += x[i + j] * y[i + j] * z[i + j];
+  for (size_t j = 0; j < n - i && j < kLanes; ++j) acc[j] += x[i + j] * y[i + j] * z[i + j];
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
+  return acc[0];
+}
+
 // Maximum of x(n), n >= 1.
 inline float lane_max(const float* __restrict__ x, size_t n) {
   float acc[kLanes];

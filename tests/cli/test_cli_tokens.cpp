@@ -73,6 +73,11 @@ TEST_CASE("cli: a GPT of vocab 512 trains on a token file through troupe run", "
   for (double l : loss) CHECK(std::isfinite(l));
   CHECK(std::abs(loss[0] - std::log(512.0)) < 0.5);  // a fresh model: about uniform over 512 ids
   CHECK(loss.back() < loss[0]);
+  // Its ids are not bytes, and the spec names no tokenizer: sample refuses, naming the fix.
+  Result s = cli("sample --ckpt " + runs[0] + "/ckpt --prompt abc --tokens 3");
+  INFO(s.out);
+  CHECK(s.code == 2);
+  CHECK(s.out.find("vocab_size is 512, not the 256 bytes: give --tokenizer FILE") != std::string::npos);
   fs::remove_all(dir);
 }
 

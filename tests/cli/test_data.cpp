@@ -190,7 +190,7 @@ TEST_CASE("cli: data refuses bad usage and bad input files with exit code 2", "[
   write(dir + "/short.bin", bin.substr(0, bin.size() - 1));
   Result cut = cli("data decode --tokenizer " + tok + " " + dir + "/short.bin");
   CHECK(cut.code == 2);
-  CHECK(cut.out.find("so the file should be") != std::string::npos);
+  CHECK(cut.out.find("but the file has") != std::string::npos);
   bin[1024] = '\xff';
   bin[1025] = '\x7f';
   write(dir + "/big_id.bin", bin);

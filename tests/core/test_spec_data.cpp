@@ -1,5 +1,6 @@
 // data.source tokens in the spec: its keys, their rules, and the checks of the token files that
 // troupe validate, troupe run and the coordinator's submit make before anything starts.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -201,4 +202,47 @@ TEST_CASE("spec data: ids >= model.vocab_size are found by the scan of small fil
   CHECK(issues[0].hint.find("model.vocab_size") != std::string::npos);
   // Files over the limit in all are left to the engine's open, which scans every id.
   CHECK(troupe::token_file_issues(s, 1000).empty());
+}
+
+TEST_CASE("spec data: with evaluation on, a validation split shorter than one window is refused at its key",
+          "[core][spec]") {
+  TempDir dir("short_val");
+  write_u16(dir / "train.bin", 1000, 512, true);
+  write_u16(dir / "val.bin", 6, 512, true);  // seq_len 8: a window is 9 tokens
+  auto with_eval = [](std::string text) {
+    return text.replace(text.find("  steps: 3\n"), 11, "  steps: 3\n  eval_every: 1\n");
+  };
+  const JobSpec files = parse_spec(with_eval(spec_with("  source: tokens\n  path: " + dir / "train.bin" +
+                                                       "\n  val_path: " + dir / "val.bin" + "\n")),
+                                   "job.yaml");
+  auto issues = troupe::token_file_issues(files, 0);
+  REQUIRE(issues.size() == 1);
+  CHECK(issues[0].line == 6);  // data.val_path
+  CHECK(issues[0].message ==
+        "the validation split holds 6 tokens, too few for one window of seq_len + 1 = 9");
+  // The tail of 1000 tokens at val_fraction 0.005 is 5 tokens: at data.val_fraction.
+  const JobSpec tail = parse_spec(
+      with_eval(spec_with("  source: tokens\n  path: " + dir / "train.bin" + "\n  val_fraction: 0.005\n")),
+      "job.yaml");
+  issues = troupe::token_file_issues(tail, 0);
+  REQUIRE(issues.size() == 1);
+  CHECK(issues[0].line == 6);
+  CHECK(issues[0].message.find("holds 5 tokens") != std::string::npos);
+  // Without evaluation the split is not read.
+  CHECK(troupe::token_file_issues(parse_spec(spec_with("  source: tokens\n  path: " + dir / "train.bin" +
+                                                       "\n  val_path: " + dir / "val.bin" + "\n"),
+                                             "job.yaml"),
+                                  0)
+            .empty());
+}
+
+TEST_CASE("spec data: a FIFO at data.path is refused as not a regular file, without blocking",
+          "[core][spec]") {
+  TempDir dir("fifo");
+  const std::string fifo = dir / "pipe.bin";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  const auto issues = troupe::token_file_issues(
+      parse_spec(spec_with("  source: tokens\n  path: " + fifo + "\n"), "job.yaml"), 0);
+  REQUIRE(issues.size() == 1);
+  CHECK(issues[0].message == fifo + ": not a regular file");
 }
