@@ -55,7 +55,11 @@ if [ "$mode" = test ]; then
   (cd "$root/build" && ctest --output-on-failure -j "$jobs" --timeout 600)
   # The fuzz tests (spec parser, control-plane handlers, API) also run under AddressSanitizer and UBSan.
   echo "== fuzz tests under ASan+UBSan (build-asan/)"
-  cmake -S "$root" -B "$root/build-asan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTROUPE_SANITIZE=ON \
+  # -O1 -g1: the level AddressSanitizer's documentation suggests, with line tables so that every
+  # report has file:line; it compiles the CAF-heavy sources about twice as fast as RelWithDebInfo's
+  # -O2 -g (coordinator_actor.cpp: 67 s instead of 125 s on one core).
+  cmake -S "$root" -B "$root/build-asan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DTROUPE_SANITIZE=ON \
     -DTROUPE_CUDA=OFF -DTROUPE_BUILD_BENCH=OFF >"$root/build-asan-configure.log" 2>&1 \
     || { cat "$root/build-asan-configure.log"; exit 1; }
   cmake --build "$root/build-asan" -j "$jobs" --target test_spec_fuzz test_control_fuzz
