@@ -2,12 +2,14 @@
 //
 //   pipeline_bubble [--steps 5] [--layers 8] [--d-model 64] [--seq 32] [--micro-batch 4]
 //
-// For pipeline 2 and 4, micro-batches 4/8/16, schedules 1F1B and interleaved
-// (2 virtual stages), runs the PipelineExecutor with the ranks as threads over
+// For pipeline 2 and 4, micro-batches 4/8/16, schedules 1F1B, interleaved
+// (2 virtual stages) and zero-bubble ZB-H1 (backward split into B and W), runs the PipelineExecutor with the ranks as threads over
 // the local backend on a small GPT and prints, per configuration:
-//   theory     GPipe/1F1B (p-1)/(m+p-1); interleaved (p-1)/(v*m+p-1)
+//   theory     GPipe/1F1B (p-1)/(m+p-1); interleaved (p-1)/(v*m+p-1);
+//              ZB-H1 (p-1)/(3m+p-1) (F = B = W)
 //   simulated  check_schedule's bubble: the table's exact idle fraction with
-//              t_B = 2 t_F, equal chunks and free communication (noise-free)
+//              t_B = 2 t_F (t_W = t_F of it under ZB-H1), equal chunks and free
+//              communication (noise-free)
 //   measured   mean over ranks of (step - compute) / step, median over steps;
 //              a barrier separates steps, as the optimizer would
 //   imbal      slowest / mean chunk cost of the partition (head and embedding
@@ -159,11 +161,13 @@ int main(int argc, char** argv) {
                   l1, cores);
     std::fclose(f);
   }
-  std::printf("theory: 1f1b (p-1)/(m+p-1), interleaved (p-1)/(v*m+p-1); simulated: checker, t_B = 2 t_F\n\n");
+  std::printf(
+      "theory: 1f1b (p-1)/(m+p-1), interleaved (p-1)/(v*m+p-1), zb-h1 (p-1)/(3m+p-1); simulated: checker, "
+      "t_B = 2 t_F (zb-h1: B = W = t_F)\n\n");
   std::printf("%-12s %3s %2s %3s %8s %10s %9s %7s %9s %8s\n", "schedule", "pp", "v", "m", "theory",
               "simulated", "measured", "imbal", "step ms", "comm ms");
   for (int pp : {2, 4})
-    for (ScheduleKind kind : {ScheduleKind::one_f_one_b, ScheduleKind::interleaved})
+    for (ScheduleKind kind : {ScheduleKind::one_f_one_b, ScheduleKind::interleaved, ScheduleKind::zb_h1})
       for (int m : {4, 8, 16}) {
         const int v = kind == ScheduleKind::interleaved ? 2 : 1;
         if (a.layers < pp * v) continue;

@@ -1,5 +1,6 @@
 #include "checkpoint/shard.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <filesystem>
 
@@ -33,7 +34,10 @@ ShardSnapshot snapshot_shard(const std::string& root, int64_t step, int rank, in
       s.names.push_back(prefixes[k] + t.name);
       s.shapes.push_back(shape);
       s.buffers.emplace_back(size_t(n));
-      copy_block(sources[k], t.local_shape, part.dim, part.begin, part.end, s.buffers.back().data());
+      if (k > 0 && t.moments_are_parts)
+        std::copy(sources[k], sources[k] + n, s.buffers.back().begin());
+      else
+        copy_block(sources[k], t.local_shape, part.dim, part.begin, part.end, s.buffers.back().data());
     }
     slices[t.name] = slice_json(part.stored);
   }

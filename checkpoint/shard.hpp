@@ -26,6 +26,9 @@ struct HeldTensor {
   const float* m = nullptr;
   const float* v = nullptr;
   int replica = 0, replicas = 1;  // this rank among the ranks holding the same slice
+  // m and v already hold only this replica's part (spread(held, replica, replicas), in
+  // copy_block's layout), not the whole local tensor: ZeRO ranks own no whole moments.
+  bool moments_are_parts = false;
 };
 
 struct ShardSnapshot {

@@ -163,6 +163,7 @@ int run_job(const RunOptions& opt) {
             (asg.resume_from.empty() ? "" : ", resumed from " + asg.resume_from));
   log->info("engine started: {} parameters, first step {}", engine->num_params(), engine->next_step());
   log->info("plan: {}; {}", engine->plan().str(), engine->place().str());
+  log->info("memory: {}", to_string(engine->memory()));
 
   g_engine.store(engine.get());
   std::signal(SIGINT, on_sigint);

@@ -47,7 +47,7 @@ enum class DataSource { text, synthetic, tokens };
 enum class TokenDType { uint16, uint32 };  // data.dtype: the width of a token file's ids
 enum class Precision { fp32, bf16, fp16 };
 enum class Recompute { none, block };
-enum class Schedule { gpipe, one_f_one_b, interleaved };
+enum class Schedule { gpipe, one_f_one_b, interleaved, zb_h1 };
 enum class DeviceKind { cpu, cuda };
 enum class LrSchedule { constant, cosine, linear };
 
@@ -102,6 +102,10 @@ struct TrainSpec {
   double grad_clip = 1.0;  // max global L2 norm; 0 = off
   Precision precision = Precision::fp32;
   Recompute recompute = Recompute::none;
+  // ZeRO stage over the data-parallel group: 0 replicates the optimizer, 1 shards AdamW's moments
+  // (each rank updates its part, then parameters are all-gathered), 2 also reduce-scatters the
+  // gradients instead of all-reducing them.
+  int zero = 0;
   uint64_t seed = 0;
   int64_t eval_every = 0;  // 0 = off
   int eval_batches = 4;

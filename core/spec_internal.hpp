@@ -49,7 +49,7 @@ struct EnumNames<Recompute> {
 template <>
 struct EnumNames<Schedule> {
   static constexpr const char* what = "pipeline schedule";
-  static constexpr std::string_view names[] = {"gpipe", "1f1b", "interleaved"};
+  static constexpr std::string_view names[] = {"gpipe", "1f1b", "interleaved", "zb-h1"};
 };
 template <>
 struct EnumNames<DeviceKind> {

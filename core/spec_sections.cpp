@@ -348,6 +348,12 @@ const Table& train_table() {
            }},
           {"precision", [](S& s, K& k, JobSpec& j) { s.enumeration(k, j.train.precision); }},
           {"recompute", [](S& s, K& k, JobSpec& j) { s.enumeration(k, j.train.recompute); }},
+          {"zero",
+           [](S& s, K& k, JobSpec& j) {
+             s.integer(k, j.train.zero, 0, 3, false,
+                       "zero is 0 (replicated optimizer), 1 (sharded AdamW state), 2 (also sharded "
+                       "gradients) or 3 (also sharded parameters)");
+           }},
           {"seed", [](S& s, K& k, JobSpec& j) { s.seed(k, j.train.seed); }},
           {"eval_every",
            [](S& s, K& k, JobSpec& j) {
@@ -433,6 +439,12 @@ void parallel_rules(Section& s, JobSpec& j) {
   if (sched_ok && pp_ok && p.schedule == Schedule::interleaved && p.pipeline < 2)
     ctx.error(ctx.loc("parallel.schedule"), "schedule interleaved needs parallel.pipeline of 2 or more",
               "interleaving spreads model chunks over pipeline ranks; set pipeline: 2 or use schedule: 1f1b");
+  if (sched_ok && p.schedule == Schedule::zb_h1 && ctx.ok("train.recompute") && t.recompute != Recompute::none)
+    ctx.error(ctx.loc("parallel.schedule"),
+              "schedule zb-h1 runs each weight gradient after its input gradient, from every block's saved "
+              "activations: train.recompute " +
+                  std::string(to_string(t.recompute)) + " does not keep them",
+              "use train.recompute: none with zb-h1, or schedule: 1f1b with recompute");
   if (sched_ok && vs_ok && p.schedule != Schedule::interleaved && p.virtual_stages > 1)
     ctx.error(ctx.loc("parallel.virtual_stages"),
               "parallel.virtual_stages " + std::to_string(p.virtual_stages) + " needs schedule interleaved",

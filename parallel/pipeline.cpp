@@ -159,15 +159,31 @@ void PipelineExecutor::compute(const plan::Op& op, const MicroBatchSource& data,
                                    last ? mb.targets : nullptr, B_, T_);
     if (!first) release(in);
     if (last) res.loss_sum += loss;
+  } else if (op.pass == plan::Pass::W) {
+    // The weight gradients of a split backward; rank_program placed this op after the batch that
+    // sent the micro-batch's input gradient, so its slot is free once they are done.
+    const int slot = slot_of_[op.chunk].at(op.mb);
+    st.backward_weights(slot);
+    free_slots_[op.chunk].push_back(slot);
+    slot_of_[op.chunk].erase(op.mb);
   } else {
     const int slot = slot_of_[op.chunk].at(op.mb);
+    // A split schedule's B is the input gradient only: the slot stays until its W.
+    const bool split = schedule_.split_backward();
+    auto backward = [&](const float* dout, float dl) {
+      if (split)
+        st.backward_input(slot, dout, dl);
+      else
+        st.backward(slot, dout, dl);
+    };
     if (st.range().has_head) {
-      st.backward(slot, nullptr, dloss);
+      backward(nullptr, dloss);
     } else {
       auto it = take_inbox(plan::Carry::gradient);
-      st.backward(slot, it->second.data(), 0.0f);
+      backward(it->second.data(), 0.0f);
       release(it);
     }
+    if (split) return;
     if (k == 0) {
       free_slots_[op.chunk].push_back(slot);
       slot_of_[op.chunk].erase(op.mb);

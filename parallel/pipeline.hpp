@@ -5,7 +5,9 @@
 //             chunk 0, the micro-batch's tokens; Stage::forward on mb's slot; the
 //             last model chunk adds the loss SUM of mb (targets from the source).
 //   B(mb, c): dout = the gradient received for (mb, k), or on the last chunk the
-//             loss itself with dloss = 1 / (global tokens); Stage::backward.
+//             loss itself with dloss = 1 / (global tokens); Stage::backward, or in a
+//             split schedule (zb-h1) Stage::backward_input: the input gradient only.
+//   W(mb, c): split schedules: Stage::backward_weights, the weight gradients of mb.
 // and for each batch step one Communicator::batch with the group's sends (the
 // F output / B input gradient, from the stage's slot) and the next group's
 // receives, posted together (Megatron's send_forward_recv_backward and
@@ -15,7 +17,7 @@
 // Activation slots: chunk c needs plan::check_schedule(...).peak_in_flight[rank][c];
 // a micro-batch takes a free slot at F (the most recently freed, deterministic)
 // and gives it back after the batch that sends its input gradient (at once on
-// model chunk 0, which sends none).
+// model chunk 0, which sends none); in a split schedule, at its W.
 #pragma once
 
 #include <atomic>

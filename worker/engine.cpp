@@ -32,6 +32,7 @@
 #include "parallel/loss_scale.hpp"
 #include "parallel/optimizer.hpp"
 #include "parallel/pipeline.hpp"
+#include "parallel/zero.hpp"
 
 namespace troupe {
 
@@ -129,6 +130,10 @@ struct Engine::Impl {
   // stays after the schedule.
   size_t bucket_floats = parallel::kDefaultBucketFloats;
   std::unique_ptr<parallel::BucketReducer> reducer;
+  // ZeRO (train.zero >= 1 with data > 1): this data-parallel rank's part of every bucket of the
+  // flat buffers; AdamW runs on its pieces only (refs are then pieces, not parameters).
+  int zero = 0;
+  std::unique_ptr<parallel::ZeroPartition> zpart;
 
   int64_t next_step = 0;
   std::vector<int32_t> tokens, targets;
@@ -162,17 +167,24 @@ struct Engine::Impl {
     fault = parallel::OverflowFault::from_env();
     if (world_size() > 1) connect();
     build_stages();
-    for (auto* st : stage_ptrs)
-      for (auto& p : st->params()) {
-        params.push_back(&p);
-        refs.push_back({p.name, p.data.f32(), p.grad.f32(), size_t(p.data.numel()), p.decay});
-      }
-    opt = std::make_unique<AdamW>(s.train.optimizer, refs);
     bucket_floats = env_size("TROUPE_DP_BUCKET_FLOATS", parallel::kDefaultBucketFloats);
     TROUPE_CHECK(bucket_floats > 0, "TROUPE_DP_BUCKET_FLOATS must be positive");
+    for (auto* st : stage_ptrs)
+      for (auto& p : st->params()) params.push_back(&p);
+    zero = dp_group ? s.train.zero : 0;
+    TROUPE_CHECK(zero <= 2, "train.zero ", zero, ": this engine runs ZeRO stages 0, 1 and 2");
+    if (zero > 0) {
+      zpart = std::make_unique<parallel::ZeroPartition>(stage_ptrs, layout().dp, coord().d, bucket_floats);
+      refs = zpart->refs();
+    } else {
+      for (auto* p : params) refs.push_back({p->name, p->data.f32(), p->grad.f32(), size_t(p->data.numel()), p->decay});
+    }
+    opt = std::make_unique<AdamW>(s.train.optimizer, refs);
     const char* overlap = std::getenv("TROUPE_DP_OVERLAP");
     if (dp_group && !exec && !(overlap != nullptr && std::string(overlap) == "0"))
-      reducer = std::make_unique<parallel::BucketReducer>(dp_group.get(), copt, bucket_floats);
+      reducer = std::make_unique<parallel::BucketReducer>(
+          dp_group.get(), copt, bucket_floats,
+          zero == 2 ? parallel::BucketCollective::reduce_scatter : parallel::BucketCollective::allreduce);
     tokens.resize(size_t(plan.micro_batch) * T);
     targets.resize(size_t(plan.micro_batch) * T);
     if (!a.resume_from.empty())
@@ -259,12 +271,25 @@ struct Engine::Impl {
   void resume(const std::string& dir) {
     checkpoint::TensorSource src(checkpoint::resolve(dir));
     TROUPE_CHECK(src.manifest().has_value(), dir, ": not a checkpoint directory");
-    for (size_t i = 0; i < params.size(); ++i) {
-      const checkpoint::SliceSpec want = held_slice(*params[i]);
-      src.read_slice(params[i]->name, want, params[i]->data.f32());
-      src.read_slice("optim.m." + params[i]->name, want, opt->m(i).data());
-      src.read_slice("optim.v." + params[i]->name, want, opt->v(i).data());
-    }
+    std::vector<float> m, v;  // ZeRO: one parameter's whole moments at a time
+    size_t i = 0;
+    for (size_t c = 0; c < stage_ptrs.size(); ++c)
+      for (size_t j = 0; j < stage_ptrs[c]->params().size(); ++j, ++i) {
+        model::Param& p = *params[i];
+        const checkpoint::SliceSpec want = held_slice(p);
+        src.read_slice(p.name, want, p.data.f32());
+        float *mp = nullptr, *vp = nullptr;
+        if (zpart) {
+          m.resize(size_t(p.data.numel()));
+          v.resize(m.size());
+          mp = m.data(), vp = v.data();
+        } else {
+          mp = opt->m(i).data(), vp = opt->v(i).data();
+        }
+        src.read_slice("optim.m." + p.name, want, mp);
+        src.read_slice("optim.v." + p.name, want, vp);
+        if (zpart) zpart->load_param_moments(c, j, mp, vp, *opt);
+      }
     next_step = src.manifest()->step;
     restore_loss_scale(src.manifest()->loss_scale, dir);
   }
@@ -292,9 +317,15 @@ struct Engine::Impl {
 
   int first_row(int mb) const { return where_in_plan.first_row + mb * plan.micro_batch; }
 
-  // Sums the gradients over the data-parallel group, bucket by bucket, after the backward.
+  // Sums the gradients over the data-parallel group, bucket by bucket, after the backward
+  // (ZeRO 2: each rank receives the sum of its parts only).
   void reduce_data_parallel() {
     if (!dp_group) return;
+    if (zero == 2) {
+      set_where("step " + std::to_string(next_step) + ": data-parallel reduce-scatter of the gradients");
+      zpart->reduce_scatter_grads(*dp_group, copt);
+      return;
+    }
     for (auto* st : stage_ptrs) {
       const Tensor& flat = st->store().flat_grads();
       parallel::reduce_buckets(*dp_group, flat.f32(), size_t(flat.numel()), bucket_floats, copt,
@@ -316,11 +347,27 @@ struct Engine::Impl {
   // Param::tied_copy, is left out); data replicas hold the same gradients after the
   // reduction, so one replica counts.
   double grad_norm_squared() {
+    if (zpart) return world_sum(zero_grad_sum_squares());
     double local = 0.0;
     for (auto* st : stage_ptrs)
       local += model::tensor_parallel_grad_sum_squares(st->tensor_group(), st->params(),
                                                        *st->device_context().kernels);
     return world_sum(coord().t == 0 && coord().d == 0 ? local : 0.0);
+  }
+
+  // ZeRO: each data-parallel rank sums the squares of the pieces it owns (the only gradients
+  // reduced under stage 2); a parameter replicated over the tensor group counts on shard 0, a
+  // split one on every shard, the tied copy never.
+  double zero_grad_sum_squares() const {
+    double local = 0.0;
+    const std::vector<parallel::ZeroPartition::Piece>& pieces = zpart->pieces();
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const model::Stage& st = *stage_ptrs[pieces[i].stage];
+      const model::Param& p = st.params()[pieces[i].param];
+      if (p.tied_copy || (p.split_dim < 0 && coord().t != 0)) continue;
+      local += st.device_context().kernels->sum_squares(refs[i].grad, refs[i].numel);
+    }
+    return local;
   }
 
   StepReport step(const std::atomic<bool>& abort) {
@@ -391,9 +438,13 @@ struct Engine::Impl {
     }
     r.comm_ms += std::chrono::duration<double, std::milli>(clock::now() - t_comm).count();
     if (stepped) {
-      for (auto* st : stage_ptrs) clip_grads(stage_refs(st), norm, spec.train.grad_clip);
+      clip_grads(refs, norm, spec.train.grad_clip);
       // AdamW counts the updates it made: a skipped fp16 step is not one.
       opt->step(lr, s + 1 - scaler.state().skipped_steps);
+      if (zpart) {
+        set_where("step " + std::to_string(s) + ": data-parallel all-gather of the updated parameters");
+        zpart->allgather_params(*dp_group, copt);
+      }
       refresh_compute();
     }
     next_step = s + 1;
@@ -418,14 +469,6 @@ struct Engine::Impl {
     double flag = parallel::grads_finite(stage_ptrs) ? 0.0 : 1.0;
     if (world) world->allreduce(&flag, 1, comm::ReduceOp::max, copt);
     return flag > 0.0;
-  }
-
-  std::vector<ParamRef> stage_refs(model::Stage* st) const {
-    std::vector<ParamRef> out;
-    for (const auto& ref : refs)
-      for (const auto& p : st->params())
-        if (p.data.f32() == ref.data) out.push_back(ref);
-    return out;
   }
 
   // Mean loss over train.eval_batches validation batches. With a pipeline, a forward-only
@@ -499,18 +542,49 @@ struct Engine::Impl {
   // What this rank holds, each tensor once. A split tensor is replicated over the
   // data-parallel group, a whole one over data and tensor groups: the replicas share
   // its bytes out.
+  // ZeRO: the moments of each stored part are gathered from their owners over the data group
+  // (collective: every data replica snapshots the same step), into `parts`.
   checkpoint::ShardSnapshot snapshot(const std::string& root) const {
     std::vector<checkpoint::HeldTensor> held;
+    std::vector<parallel::ZeroPartition::MomentPart> wants;
+    std::vector<std::vector<float>> parts;  // m, v of each want
     size_t i = 0;
-    for (auto* st : stage_ptrs)
-      for (const auto& p : st->params()) {
+    for (size_t c = 0; c < stage_ptrs.size(); ++c)
+      for (size_t j = 0; j < stage_ptrs[c]->params().size(); ++j) {
+        const model::Param& p = stage_ptrs[c]->params()[j];
         const size_t k = i++;
         if (p.tied_copy) continue;  // stored once, by the first stage
         const bool split = p.split_dim >= 0;
-        held.push_back({p.name, held_slice(p), p.data.shape(), p.data.f32(), opt->m(k).data(),
-                        opt->v(k).data(), split ? coord().d : coord().d * layout().tp + coord().t,
-                        split ? layout().dp : layout().dp * layout().tp});
+        checkpoint::HeldTensor t{p.name, held_slice(p), p.data.shape(), p.data.f32(), nullptr, nullptr,
+                                 split ? coord().d : coord().d * layout().tp + coord().t,
+                                 split ? layout().dp : layout().dp * layout().tp};
+        if (!zpart) {
+          t.m = opt->m(k).data();
+          t.v = opt->v(k).data();
+        } else {
+          const checkpoint::Spread part = checkpoint::spread(t.held, t.replica, t.replicas);
+          size_t n = part.end > part.begin ? size_t(p.data.numel() / p.data.size(part.dim)) : 0;
+          n *= size_t(std::max<int64_t>(0, part.end - part.begin));
+          parts.emplace_back(n);
+          parts.emplace_back(n);
+          wants.push_back({c, j, part.dim, part.begin, part.end, nullptr, nullptr});
+          t.moments_are_parts = true;
+        }
+        held.push_back(t);
       }
+    if (zpart) {
+      // Pointers once `parts` no longer grows.
+      size_t w = 0;
+      for (auto& t : held) {
+        if (!t.moments_are_parts) continue;
+        wants[w].m = parts[2 * w].data();
+        wants[w].v = parts[2 * w + 1].data();
+        t.m = wants[w].m;
+        t.v = wants[w].v;
+        ++w;
+      }
+      zpart->gather_moment_parts(*dp_group, *opt, wants, copt);
+    }
     return checkpoint::snapshot_shard(root, next_step, asg.rank, world_size(), asg.generation, layout().str(),
                                       spec.checkpoint.keep, held, manifest_json());
   }
@@ -606,6 +680,31 @@ int64_t Engine::num_params() const {
   int64_t n = 0;
   for (auto* st : impl_->stage_ptrs) n += st->num_params();
   return n;
+}
+std::string to_string(const EngineMemory& m) {
+  auto mib = [](int64_t b) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f MiB", double(b) / double(1 << 20));
+    return std::string(buf);
+  };
+  std::string s = "params " + mib(m.params);
+  if (m.compute > 0) s += " (+ " + mib(m.compute) + " 16-bit copy)";
+  s += ", grads " + mib(m.grads) + ", optimizer " + mib(m.optimizer);
+  if (m.zero > 0) s += " (ZeRO " + std::to_string(m.zero) + ")";
+  return s;
+}
+
+EngineMemory Engine::memory() const {
+  EngineMemory m;
+  for (auto* st : impl_->stage_ptrs) {
+    const model::ParamStore& ps = st->store();
+    m.params += int64_t(ps.flat_params().nbytes());
+    m.grads += int64_t(ps.flat_grads().nbytes());
+    if (ps.compute_dtype() != DType::f32) m.compute += int64_t(ps.flat_compute().nbytes());
+  }
+  for (const ParamRef& r : impl_->refs) m.optimizer += int64_t(2 * r.numel * sizeof(float));
+  m.zero = impl_->zero;
+  return m;
 }
 std::string Engine::where() const { return impl_->current_where(); }
 bool Engine::resumed() const { return !impl_->asg.resume_from.empty(); }

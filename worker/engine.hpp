@@ -58,6 +58,18 @@ struct StepReport {
   bool skipped = false;            // fp16: an inf/NaN on some rank skipped this optimizer step
 };
 
+// Bytes this rank holds for training state (not activations): what ZeRO shards.
+struct EngineMemory {
+  int64_t params = 0;     // f32 master weights (every rank holds its chunks' whole parameters)
+  int64_t compute = 0;    // their 16-bit copy in mixed precision (0 in fp32)
+  int64_t grads = 0;      // the f32 gradient buffers the backward accumulates into
+  int64_t optimizer = 0;  // AdamW's m and v: this rank's part under ZeRO 1 and 2
+  int zero = 0;           // the ZeRO stage in effect (0 without data parallelism)
+};
+
+// "params 96.9 MiB, grads 96.9 MiB, optimizer 48.4 MiB (ZeRO 2)": what the worker log prints.
+std::string to_string(const EngineMemory& m);
+
 // Thrown by step() after request_abort().
 class EngineAborted : public std::runtime_error {
  public:
@@ -97,6 +109,7 @@ class Engine {
   std::string where() const;
 
   int64_t num_params() const;
+  EngineMemory memory() const;
   // The plan this rank runs and its place in it (what the worker log prints).
   const plan::Plan& plan() const;
   plan::RankPlace place() const;

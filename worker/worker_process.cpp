@@ -1,5 +1,6 @@
 // The worker process: one worker actor (control) + one engine thread (compute).
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -178,6 +179,7 @@ WorkerResult train(const Assignment& a, const coordinator_actor& coord, const wo
     }
     Engine engine(spec, ea);
     std::cout << "plan: " << engine.plan().str() << std::endl;
+    std::cout << "memory: " << to_string(engine.memory()) << std::endl;
     {
       std::lock_guard<std::mutex> lock(control.mu);
       control.engine = &engine;
@@ -195,6 +197,8 @@ WorkerResult train(const Assignment& a, const coordinator_actor& coord, const wo
     }
     const bool drained = end == LoopEnd::drained;
     if (drained) std::cout << "drained after step " << engine.next_step() - 1 << std::endl;
+    rusage ru{};
+    if (getrusage(RUSAGE_SELF, &ru) == 0) std::cout << "peak RSS " << ru.ru_maxrss / 1024 << " MiB" << std::endl;
     std::lock_guard<std::mutex> lock(control.mu);
     control.engine = nullptr;
     control.phase = drained ? "drained" : "finished";

@@ -309,15 +309,19 @@ TEST_CASE("a new agent mid-run makes the job grow, the loss curve stays the unin
   WARN("1x1x1 -> 2x1x1 from step " << first << drift_text(d, first));
 }
 
-TEST_CASE("troupe scale shrinks and grows a running job, the loss curve stays the uninterrupted one",
-          "[fault][elastic][multiprocess]") {
+TEST_CASE("troupe scale shrinks and grows a ZeRO 2 job, the loss curve stays the uninterrupted one",
+          "[fault][elastic][multiprocess][zero]") {
   Cluster c;
   REQUIRE(c.ready());
   c.add_agent("cpu:2");
   REQUIRE(c.wait_devices(2));
-  std::string job =
-      c.call({{"op", "submit"},
-              {"spec", fault_spec("scale", 2, kEndlessSteps, 10, "elastic:\n  min_devices: 1\n")}})["job"];
+  // ZeRO 2 at 2x1x1 (each rank writes only the moments it owns), none at 1x1x1, sharded again
+  // at 2x1x1: every resize reloads the optimizer under another partition.
+  std::string spec = fault_spec("scale", 2, kEndlessSteps, 10, "elastic:\n  min_devices: 1\n");
+  const size_t seed_at = spec.find("  seed: 0\n");
+  REQUIRE(seed_at != std::string::npos);
+  spec.insert(seed_at, "  zero: 2\n");
+  std::string job = c.call({{"op", "submit"}, {"spec", spec}})["job"];
   PidLog pids;
   REQUIRE(wait_steps(c, job, 3, pids, 0));
   auto scale = [&](int n) {
