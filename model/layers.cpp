@@ -1,6 +1,7 @@
 #include "model/layers.hpp"
 
 #include <algorithm>
+#include <cstring>
 
 #include "core/error.hpp"
 
@@ -41,18 +42,57 @@ void Linear::forward(float* y, const Tensor& x, int N, bool with_bias) const {
     k->linear_forward_h(dt, y, x.h16(), wh, bias, N, in, out);
 }
 
-void Linear::backward(float* dx, const float* dy, const Tensor& x, int N, const Tensor& dy_h,
-                      Out dx_mode) const {
-  TROUPE_CHECK(x.dtype() == dt && x.numel() >= int64_t{N} * in, "linear input of ", dtype_name(x.dtype()),
-               ", expected ", dtype_name(dt));
-  if (dt == DType::f32) {
-    k->linear_backward(dx, dw, b ? db : nullptr, dy, x.f32(), w, N, in, out, dx_mode);
+namespace {
+
+// The backward kernel call of `l` writing the gradients that are not null: dx (+)= dy @ W,
+// dW += dy^T x, db += column sums of dy.
+void linear_grads(const Linear& l, float* dx, float* dw, float* db, const float* dy, const Tensor& x, int N,
+                  const Tensor& dy_h, Out dx_mode) {
+  TROUPE_CHECK(x.dtype() == l.dt && x.numel() >= int64_t{N} * l.in, "linear input of ", dtype_name(x.dtype()),
+               ", expected ", dtype_name(l.dt));
+  if (l.dt == DType::f32) {
+    l.k->linear_backward(dx, dw, db, dy, x.f32(), l.w, N, l.in, l.out, dx_mode);
     return;
   }
-  TROUPE_CHECK(dy_h.dtype() == dt && dy_h.numel() >= int64_t{N} * out, "linear output-gradient scratch of ",
-               dy_h.numel(), " ", dtype_name(dy_h.dtype()), ", expected ", int64_t{N} * out, " ",
-               dtype_name(dt));
-  k->linear_backward_h(dt, dx, dw, b ? db : nullptr, dy, dy_h.h16(), x.h16(), wh, N, in, out, dx_mode);
+  TROUPE_CHECK(dy_h.dtype() == l.dt && dy_h.numel() >= int64_t{N} * l.out,
+               "linear output-gradient scratch of ", dy_h.numel(), " ", dtype_name(dy_h.dtype()),
+               ", expected ", int64_t{N} * l.out, " ", dtype_name(l.dt));
+  l.k->linear_backward_h(l.dt, dx, dw, db, dy, dy_h.h16(), x.h16(), l.wh, N, l.in, l.out, dx_mode);
+}
+
+}  // namespace
+
+void Linear::backward(float* dx, const float* dy, const Tensor& x, int N, const Tensor& dy_h,
+                      Out dx_mode) const {
+  linear_grads(*this, dx, dw, b ? db : nullptr, dy, x, N, dy_h, dx_mode);
+}
+
+void Linear::backward_input(float* dx, const float* dy, const Tensor& x, int N, const Tensor& dy_h,
+                            Out dx_mode) const {
+  linear_grads(*this, dx, nullptr, b ? db : nullptr, dy, x, N, dy_h, dx_mode);
+}
+
+void Linear::backward_weight(const float* dy, const Tensor& x, int N, const Tensor& dy_h) const {
+  linear_grads(*this, nullptr, dw, nullptr, dy, x, N, dy_h, Out::accumulate);
+}
+
+KeptGrads::KeptGrads(std::vector<int> widths, int64_t max_N, Allocator& alloc)
+    : widths_(std::move(widths)), max_N_(max_N), alloc_(&alloc) {}
+
+std::vector<Tensor>& KeptGrads::at(int slot) {
+  TROUPE_CHECK(slot >= 0 && alloc_ != nullptr, "kept gradients of slot ", slot, " of an unbound block");
+  if (slots_.size() <= sz(slot)) slots_.resize(sz(slot) + 1);
+  std::vector<Tensor>& dy = slots_[sz(slot)];
+  if (dy.empty())
+    for (int w : widths_) dy.push_back(Tensor::zeros({max_N_, w}, DType::f32, *alloc_));
+  return dy;
+}
+
+size_t KeptGrads::bytes() const {
+  size_t n = 0;
+  for (const auto& dy : slots_)
+    for (const Tensor& t : dy) n += t.nbytes();
+  return n;
 }
 
 LayerNorm LayerNorm::bind(ParamStore& ps, const std::string& prefix, const kernels::Kernels& k) {
@@ -138,6 +178,21 @@ void row_parallel_forward(const Linear& l, const TensorGroup& tp, float* y, cons
   for (int n = 0; n < N; ++n) l.k->add_inplace(y + sz(int64_t{n} * l.out), l.b, sz(l.out));
 }
 
+// A Linear's backward inside a block (dx overwritten): the whole of it, or with `kept`
+// the B half of a split backward, dy copied into kept for backward_weights' dW product.
+void linear_backward(const Linear& l, float* dx, const float* dy, const Tensor& x, int N, Workspace& ws,
+                     Tensor* kept) {
+  if (kept == nullptr) {
+    l.backward(dx, dy, x, N, ws.dy_h, Out::overwrite);
+    return;
+  }
+  std::memcpy(kept->data(), dy, sizeof(float) * sz(int64_t{N} * l.out));
+  l.backward_input(dx, dy, x, N, ws.dy_h, Out::overwrite);
+}
+
+// The i-th kept buffer of a split backward's slot, or null in a whole backward.
+Tensor* kept_at(std::vector<Tensor>* dy, size_t i) { return dy ? &(*dy)[i] : nullptr; }
+
 }  // namespace
 
 // ---------------------------------------------------------------- MLP sublayer
@@ -150,6 +205,7 @@ MlpSublayer::MlpSublayer(ParamStore& ps, const std::string& prefix, const ModelC
       ln_2_(LayerNorm::bind(ps, prefix + ".ln_2", *ctx.kernels)),
       c_fc_(Linear::bind(ps, prefix + ".mlp.c_fc", *ctx.kernels)),
       c_proj_(Linear::bind(ps, prefix + ".mlp.c_proj", *ctx.kernels)),
+      kept_({c_proj_.out, c_fc_.out}, int64_t{max_B} * cfg.seq_len, *ctx.alloc),
       acts_(std::make_shared<std::vector<Acts>>()) {
   const int64_t N = int64_t{max_B} * cfg.seq_len, D = cfg.d_model;
   TROUPE_CHECK(c_fc_.in == D && c_fc_.out == H_ && c_proj_.in == H_ && c_proj_.out == D, prefix,
@@ -181,19 +237,27 @@ void MlpSublayer::forward(int slot, float* y, const float* x, int N, Workspace& 
   k_->residual_forward(y, x, ws.tmp_d.f32(), sz(int64_t{N} * D));
 }
 
-void MlpSublayer::backward(int slot, float* dres, const float* x, int N, Workspace& ws) {
+void MlpSublayer::backward(int slot, float* dres, const float* x, int N, Workspace& ws, bool split) {
   Acts& a = acts_->at(static_cast<size_t>(slot));
+  std::vector<Tensor>* dy = split ? &kept_.at(slot) : nullptr;
   const int D = ln_2_.C;
   const int64_t nh = int64_t{N} * H_, nd = int64_t{N} * D;
   float* dh = ws.dh.f32();
   float* dln = ws.tmp_d.f32();
   // The residual path passes dres through unchanged; the branch adds into it via ln_2.
   reduce_from_tensor_region_backward(tp_, dres, sz(nd));
-  c_proj_.backward(dh, dres, a.h, N, ws.dy_h, Out::overwrite);
+  linear_backward(c_proj_, dh, dres, a.h, N, ws, kept_at(dy, 0));
   k_->gelu_backward_inplace(dh, a.h_pre.f32(), sz(nh));
-  c_fc_.backward(dln, dh, a.ln, N, ws.dy_h, Out::overwrite);
+  linear_backward(c_fc_, dln, dh, a.ln, N, ws, kept_at(dy, 1));
   copy_to_tensor_region_backward(tp_, dln, sz(nd));
   ln_2_.backward(dres, dln, x, a.mean.f32(), a.rstd.f32(), N);
+}
+
+void MlpSublayer::backward_weights(int slot, int N, Workspace& ws) {
+  Acts& a = acts_->at(static_cast<size_t>(slot));
+  std::vector<Tensor>& dy = kept_.at(slot);
+  c_proj_.backward_weight(dy[0].f32(), a.h, N, ws.dy_h);
+  c_fc_.backward_weight(dy[1].f32(), a.ln, N, ws.dy_h);
 }
 
 // ---------------------------------------------------------------- GPT block
@@ -208,6 +272,7 @@ GptBlock::GptBlock(ParamStore& ps, int layer, const ModelConfig& cfg, int n_slot
       ln_1_(LayerNorm::bind(ps, "h." + std::to_string(layer) + ".ln_1", *ctx.kernels)),
       c_attn_(Linear::bind(ps, "h." + std::to_string(layer) + ".attn.c_attn", *ctx.kernels)),
       c_proj_(Linear::bind(ps, "h." + std::to_string(layer) + ".attn.c_proj", *ctx.kernels)),
+      kept_({c_proj_.out, c_attn_.out}, int64_t{max_B} * cfg.seq_len, *ctx.alloc),
       acts_(std::make_shared<std::vector<Acts>>()),
       mlp_(ps, "h." + std::to_string(layer), cfg, n_slots, max_B, tp, ctx) {
   const int64_t T = cfg.seq_len, N = int64_t{max_B} * T, D = D_, A = int64_t{NH_} * HS_;
@@ -245,17 +310,26 @@ void GptBlock::forward(int slot, float* y, const float* x, int B, int T, Workspa
 }
 
 void GptBlock::backward(int slot, float* dres, const float* x, int B, int T, Workspace& ws) {
+  backward_pass(slot, dres, x, B, T, ws, false);
+}
+
+void GptBlock::backward_input(int slot, float* dres, const float* x, int B, int T, Workspace& ws) {
+  backward_pass(slot, dres, x, B, T, ws, true);
+}
+
+void GptBlock::backward_pass(int slot, float* dres, const float* x, int B, int T, Workspace& ws, bool split) {
   Acts& a = acts_->at(static_cast<size_t>(slot));
+  std::vector<Tensor>* dy = split ? &kept_.at(slot) : nullptr;
   const int N = B * T;
   const int64_t nd = int64_t{N} * D_, na = int64_t{N} * NH_ * HS_;
-  mlp_.backward(slot, dres, a.mid.f32(), N, ws);
+  mlp_.backward(slot, dres, a.mid.f32(), N, ws, split);
   reduce_from_tensor_region_backward(tp_, dres, sz(nd));
   float* dtmp = ws.tmp_d.f32();
-  c_proj_.backward(dtmp, dres, a.atty, N, ws.dy_h, Out::overwrite);  // datty (N, NH_*HS_)
+  linear_backward(c_proj_, dtmp, dres, a.atty, N, ws, kept_at(dy, 0));  // datty (N, NH_*HS_)
   float* dqkv = ws.dqkv.f32();
   k_->attention_backward(dqkv, ws.datt.f32(), dtmp, a.qkv.f32(), a.att.f32(), B, T, NH_, HS_, Out::overwrite,
                          NH_);
-  c_attn_.backward(dtmp, dqkv, a.ln, N, ws.dy_h, Out::overwrite);  // dln_1
+  linear_backward(c_attn_, dtmp, dqkv, a.ln, N, ws, kept_at(dy, 1));  // dln_1
   // The key bias shifts every score of a query by the same amount, which softmax
   // ignores: its gradient is exactly zero. Computed, it is rounding noise that AdamW
   // (dividing by its own running size) would turn into steps of size lr, different in
@@ -264,6 +338,17 @@ void GptBlock::backward(int slot, float* dres, const float* x, int B, int T, Wor
   copy_to_tensor_region_backward(tp_, dtmp, sz(nd));
   ln_1_.backward(dres, dtmp, x, a.mean.f32(), a.rstd.f32(), N);
 }
+
+void GptBlock::backward_weights(int slot, int B, int T, Workspace& ws) {
+  Acts& a = acts_->at(static_cast<size_t>(slot));
+  std::vector<Tensor>& dy = kept_.at(slot);
+  const int N = B * T;
+  mlp_.backward_weights(slot, N, ws);
+  c_proj_.backward_weight(dy[0].f32(), a.atty, N, ws.dy_h);
+  c_attn_.backward_weight(dy[1].f32(), a.ln, N, ws.dy_h);
+}
+
+size_t GptBlock::deferred_bytes() const { return kept_.bytes() + mlp_.deferred_bytes(); }
 
 void GptBlock::share_activations(Block& owner) {
   auto& o = dynamic_cast<GptBlock&>(owner);
@@ -314,6 +399,8 @@ LlamaBlock::LlamaBlock(ParamStore& ps, int layer, const ModelConfig& cfg, int n_
   c_proj_ = Linear::bind(ps, h + ".attn.c_proj", *k_);
   c_fc_ = Linear::bind(ps, h + ".mlp.c_fc", *k_);
   c_down_ = Linear::bind(ps, h + ".mlp.c_proj", *k_);
+  kept_ =
+      KeptGrads({c_down_.out, c_fc_.out, c_proj_.out, c_attn_.out}, int64_t{max_B} * cfg.seq_len, *ctx.alloc);
   const int64_t T = cfg.seq_len, N = int64_t{max_B} * T, D = D_, A = int64_t{NH_} * HS_,
                 QKV = int64_t{NH_ + 2 * NKV_} * HS_;
   TROUPE_CHECK(c_attn_.in == D && c_attn_.out == QKV && c_proj_.in == A && c_proj_.out == D &&
@@ -361,28 +448,50 @@ void LlamaBlock::forward(int slot, float* y, const float* x, int B, int T, Works
 }
 
 void LlamaBlock::backward(int slot, float* dres, const float* x, int B, int T, Workspace& ws) {
+  backward_pass(slot, dres, x, B, T, ws, false);
+}
+
+void LlamaBlock::backward_input(int slot, float* dres, const float* x, int B, int T, Workspace& ws) {
+  backward_pass(slot, dres, x, B, T, ws, true);
+}
+
+void LlamaBlock::backward_pass(int slot, float* dres, const float* x, int B, int T, Workspace& ws,
+                               bool split) {
   Acts& a = acts_->at(static_cast<size_t>(slot));
+  std::vector<Tensor>* dy = split ? &kept_.at(slot) : nullptr;
   const int N = B * T, ld = (NH_ + 2 * NKV_) * HS_;
   const size_t nd = sz(int64_t{N} * D_);
   float* dtmp = ws.tmp_d.f32();
   // MLP: dres = dL/dy on entry, dL/dmid after ln_2's backward adds the branch.
   reduce_from_tensor_region_backward(tp_, dres, nd);
-  c_down_.backward(ws.dh.f32(), dres, a.h, N, ws.dy_h, Out::overwrite);
+  linear_backward(c_down_, ws.dh.f32(), dres, a.h, N, ws, kept_at(dy, 0));
   k_->swiglu_backward(ws.dgu.f32(), ws.dh.f32(), a.gu.f32(), N, F_);
-  c_fc_.backward(dtmp, ws.dgu.f32(), a.ln2, N, ws.dy_h, Out::overwrite);
+  linear_backward(c_fc_, dtmp, ws.dgu.f32(), a.ln2, N, ws, kept_at(dy, 1));
   copy_to_tensor_region_backward(tp_, dtmp, nd);
   ln_2_.backward(dres, dtmp, a.mid.f32(), a.rstd2.f32(), N);
   // Attention: dres = dL/dmid on entry, dL/dx on return.
   reduce_from_tensor_region_backward(tp_, dres, nd);
-  c_proj_.backward(dtmp, dres, a.atty, N, ws.dy_h, Out::overwrite);  // datty (N, NH_*HS)
+  linear_backward(c_proj_, dtmp, dres, a.atty, N, ws, kept_at(dy, 2));  // datty (N, NH_*HS)
   float* dqkv = ws.dqkv.f32();
   k_->attention_backward(dqkv, ws.datt.f32(), dtmp, a.qkv.f32(), a.att.f32(), B, T, NH_, HS_, Out::overwrite,
                          NKV_);
   k_->rope_backward(dqkv, B, T, NH_ + NKV_, HS_, ld, theta_);
-  c_attn_.backward(dtmp, dqkv, a.ln1, N, ws.dy_h, Out::overwrite);  // dln_1
+  linear_backward(c_attn_, dtmp, dqkv, a.ln1, N, ws, kept_at(dy, 3));  // dln_1
   copy_to_tensor_region_backward(tp_, dtmp, nd);
   ln_1_.backward(dres, dtmp, x, a.rstd1.f32(), N);
 }
+
+void LlamaBlock::backward_weights(int slot, int B, int T, Workspace& ws) {
+  Acts& a = acts_->at(static_cast<size_t>(slot));
+  std::vector<Tensor>& dy = kept_.at(slot);
+  const int N = B * T;
+  c_down_.backward_weight(dy[0].f32(), a.h, N, ws.dy_h);
+  c_fc_.backward_weight(dy[1].f32(), a.ln2, N, ws.dy_h);
+  c_proj_.backward_weight(dy[2].f32(), a.atty, N, ws.dy_h);
+  c_attn_.backward_weight(dy[3].f32(), a.ln1, N, ws.dy_h);
+}
+
+size_t LlamaBlock::deferred_bytes() const { return kept_.bytes(); }
 
 void LlamaBlock::share_activations(Block& owner) { acts_ = dynamic_cast<LlamaBlock&>(owner).acts_; }
 
@@ -399,6 +508,16 @@ void MlpBlock::forward(int slot, float* y, const float* x, int B, int T, Workspa
 void MlpBlock::backward(int slot, float* dres, const float* x, int B, int T, Workspace& ws) {
   mlp_.backward(slot, dres, x, B * T, ws);
 }
+
+void MlpBlock::backward_input(int slot, float* dres, const float* x, int B, int T, Workspace& ws) {
+  mlp_.backward(slot, dres, x, B * T, ws, /*split=*/true);
+}
+
+void MlpBlock::backward_weights(int slot, int B, int T, Workspace& ws) {
+  mlp_.backward_weights(slot, B * T, ws);
+}
+
+size_t MlpBlock::deferred_bytes() const { return mlp_.deferred_bytes(); }
 
 void MlpBlock::share_activations(Block& owner) {
   mlp_.share_activations(dynamic_cast<MlpBlock&>(owner).mlp_);

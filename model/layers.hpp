@@ -13,6 +13,11 @@
 // Backward scratch is shared (one backward runs at a time) in a Workspace.
 // All backward passes ACCUMULATE parameter gradients (kernel convention).
 //
+// A block's backward can also run split in two (zero-bubble pipeline schedules):
+// backward_input is backward without the Linear weight-gradient products dW += dy^T x,
+// keeping each Linear's dy (f32) in the slot; backward_weights(slot) makes those products
+// later, with the same kernel calls, so the two halves leave the grads backward would.
+//
 // With tensor parallelism (TensorGroup of size tp > 1) a block holds its shard's
 // parameters (model/params.hpp): attention over NH/tp heads and an MLP hidden of 4D/tp,
 // with the communication pairs of model/tensor_parallel.hpp around them. Activations
@@ -56,6 +61,30 @@ struct Linear {
   // scratch of dtype dt that dy is rounded into (unused with f32).
   void backward(float* dx, const float* dy, const Tensor& x, int N, const Tensor& dy_h,
                 kernels::Out dx_mode = kernels::Out::accumulate) const;
+  // The two halves of backward: dx and db without dW, then dW += dy^T x alone. Each is the
+  // same kernel call as backward's with the other outputs left out (in mixed precision both
+  // round the f32 dy into dy_h, to the same bits), so together they leave backward's bits.
+  void backward_input(float* dx, const float* dy, const Tensor& x, int N, const Tensor& dy_h,
+                      kernels::Out dx_mode = kernels::Out::accumulate) const;
+  void backward_weight(const float* dy, const Tensor& x, int N, const Tensor& dy_h) const;
+};
+
+// The output gradients of a block's Linears kept between the two halves of a split
+// backward: per slot, one f32 (max N, out) buffer per Linear, allocated from `alloc` on
+// the slot's first backward_input (a schedule without the split pays nothing).
+class KeptGrads {
+ public:
+  KeptGrads() = default;
+  KeptGrads(std::vector<int> widths, int64_t max_N, Allocator& alloc);
+  // The slot's buffers, in the order of `widths`.
+  std::vector<Tensor>& at(int slot);
+  size_t bytes() const;
+
+ private:
+  std::vector<int> widths_;
+  int64_t max_N_ = 0;
+  Allocator* alloc_ = nullptr;
+  std::vector<std::vector<Tensor>> slots_;  // empty until a slot's first use
 };
 
 struct Workspace;
@@ -117,6 +146,12 @@ class Block {
   virtual void forward(int slot, float* y, const float* x, int B, int T, Workspace& ws) = 0;
   // dres(B,T,D): on entry dL/dy, on return dL/dx (updated in place). Parameter grads +=.
   virtual void backward(int slot, float* dres, const float* x, int B, int T, Workspace& ws) = 0;
+  // The split backward: backward_input is backward (the same dres, communication and
+  // grads) except the Linears' dW, whose dy it keeps in the slot; backward_weights adds
+  // those dW. The slot's activations must stay as forward left them in between.
+  virtual void backward_input(int slot, float* dres, const float* x, int B, int T, Workspace& ws) = 0;
+  virtual void backward_weights(int slot, int B, int T, Workspace& ws) = 0;
+  virtual size_t deferred_bytes() const = 0;  // of the kept dy buffers
   // From now on keep internal activations in `owner`'s buffers (a block of the same kind
   // and shape): activation recomputation, where only one block's internals live at a time.
   virtual void share_activations(Block& owner) = 0;
@@ -130,7 +165,10 @@ class MlpSublayer {
   MlpSublayer(ParamStore& ps, const std::string& prefix, const ModelConfig& cfg, int n_slots, int max_B,
               const TensorGroup& tp = {}, const DeviceContext& ctx = DeviceContext::cpu());
   void forward(int slot, float* y, const float* x, int N, Workspace& ws);
-  void backward(int slot, float* dres, const float* x, int N, Workspace& ws);
+  // split: the B half of a split backward (Block::backward_input), else the whole backward.
+  void backward(int slot, float* dres, const float* x, int N, Workspace& ws, bool split = false);
+  void backward_weights(int slot, int N, Workspace& ws);
+  size_t deferred_bytes() const { return kept_.bytes(); }
   void share_activations(MlpSublayer& owner) { acts_ = owner.acts_; }
 
  private:
@@ -139,6 +177,7 @@ class MlpSublayer {
   int H_;  // local hidden units
   LayerNorm ln_2_;
   Linear c_fc_, c_proj_;
+  KeptGrads kept_;  // dy of c_proj, c_fc
   struct Acts {
     Tensor ln, mean, rstd;  // (N,D) in the compute dtype, (N), (N)
     Tensor h_pre, h;        // (N,H) before (f32) and after GELU (compute dtype)
@@ -155,6 +194,9 @@ class GptBlock : public Block {
            const TensorGroup& tp = {}, const DeviceContext& ctx = DeviceContext::cpu());
   void forward(int slot, float* y, const float* x, int B, int T, Workspace& ws) override;
   void backward(int slot, float* dres, const float* x, int B, int T, Workspace& ws) override;
+  void backward_input(int slot, float* dres, const float* x, int B, int T, Workspace& ws) override;
+  void backward_weights(int slot, int B, int T, Workspace& ws) override;
+  size_t deferred_bytes() const override;
   void share_activations(Block& owner) override;
 
  private:
@@ -163,6 +205,7 @@ class GptBlock : public Block {
   int D_, NH_, HS_;  // NH_: local heads (NH/tp); HS_ = D/NH
   LayerNorm ln_1_;
   Linear c_attn_, c_proj_;
+  KeptGrads kept_;  // dy of c_proj, c_attn (the MLP sublayer keeps its own)
   struct Acts {
     Tensor ln, mean, rstd;  // (N,D) in the compute dtype, (N), (N)
     Tensor qkv;             // (N,3*NH_*HS_) q|k|v of the local heads, heads contiguous inside each
@@ -172,6 +215,9 @@ class GptBlock : public Block {
   };
   std::shared_ptr<std::vector<Acts>> acts_;  // per slot; shared between blocks under recomputation
   MlpSublayer mlp_;
+
+  // backward, or with split backward_input: one code path for both.
+  void backward_pass(int slot, float* dres, const float* x, int B, int T, Workspace& ws, bool split);
 };
 
 // Llama block: h = x + o_proj(attn(rope(q|k|v(rms_1(x))))), y = h + down(silu(gate) * up)
@@ -185,6 +231,9 @@ class LlamaBlock : public Block {
              const TensorGroup& tp = {}, const DeviceContext& ctx = DeviceContext::cpu());
   void forward(int slot, float* y, const float* x, int B, int T, Workspace& ws) override;
   void backward(int slot, float* dres, const float* x, int B, int T, Workspace& ws) override;
+  void backward_input(int slot, float* dres, const float* x, int B, int T, Workspace& ws) override;
+  void backward_weights(int slot, int B, int T, Workspace& ws) override;
+  size_t deferred_bytes() const override;
   void share_activations(Block& owner) override;
 
  private:
@@ -194,6 +243,7 @@ class LlamaBlock : public Block {
   double theta_;
   RmsNorm ln_1_, ln_2_;
   Linear c_attn_, c_proj_, c_fc_, c_down_;
+  KeptGrads kept_;  // dy of c_down, c_fc, c_proj, c_attn
   struct Acts {
     Tensor ln1, rstd1;  // (N,D) in the compute dtype, (N)
     Tensor qkv;         // (N,(NH_+2*NKV_)*HS) after the rotary embedding of q and k
@@ -205,6 +255,9 @@ class LlamaBlock : public Block {
     Tensor h;           // (N,F_) silu(gate) * up (compute dtype)
   };
   std::shared_ptr<std::vector<Acts>> acts_;  // per slot; shared between blocks under recomputation
+
+  // backward, or with split backward_input: one code path for both.
+  void backward_pass(int slot, float* dres, const float* x, int B, int T, Workspace& ws, bool split);
 };
 
 // Residual MLP block of the MLP model: x + MLP(ln_2(x)).
@@ -214,6 +267,9 @@ class MlpBlock : public Block {
            const TensorGroup& tp = {}, const DeviceContext& ctx = DeviceContext::cpu());
   void forward(int slot, float* y, const float* x, int B, int T, Workspace& ws) override;
   void backward(int slot, float* dres, const float* x, int B, int T, Workspace& ws) override;
+  void backward_input(int slot, float* dres, const float* x, int B, int T, Workspace& ws) override;
+  void backward_weights(int slot, int B, int T, Workspace& ws) override;
+  size_t deferred_bytes() const override;
   void share_activations(Block& owner) override;
 
  private:

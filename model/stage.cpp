@@ -131,6 +131,8 @@ Stage::Slot& Stage::slot_at(int slot) {
 double Stage::forward(int slot, const int32_t* tokens, const float* x_in, const int32_t* targets, int B,
                       int T) {
   Slot& s = slot_at(slot);
+  TROUPE_CHECK(!s.weights_pending, "forward(", slot,
+               ") while the slot's weight gradients are pending: backward_weights first");
   TROUPE_CHECK(B > 0 && B <= max_B_, "micro-batch ", B, " outside [1, ", max_B_, "]");
   TROUPE_CHECK(T > 0 && T <= cfg_.seq_len, "T = ", T, " outside [1, ", cfg_.seq_len, "]");
   const int N = B * T, D = cfg_.d_model, V = cfg_.vocab_size;
@@ -206,6 +208,17 @@ double Stage::vocab_parallel_loss(Slot& s, int N) {
 }
 
 void Stage::backward(int slot, const float* dout, float dloss, const ReadyFn& on_ready) {
+  backward_pass(slot, dout, dloss, on_ready, /*split=*/false);
+}
+
+void Stage::backward_input(int slot, const float* dout, float dloss) {
+  TROUPE_CHECK(!cfg_.recompute,
+               "the split backward (zero-bubble schedules) needs every block's saved activations: "
+               "train.recompute is not supported with it");
+  backward_pass(slot, dout, dloss, {}, /*split=*/true);
+}
+
+void Stage::backward_pass(int slot, const float* dout, float dloss, const ReadyFn& on_ready, bool split) {
   Slot& s = slot_at(slot);
   // The lowest flat-gradient offset reported final so far.
   size_t ready = static_cast<size_t>(store_.flat_grads().numel());
@@ -213,24 +226,21 @@ void Stage::backward(int slot, const float* dout, float dloss, const ReadyFn& on
     if (on_ready && first < ready) on_ready(first, ready);
     ready = std::min(ready, first);
   };
-  TROUPE_CHECK(s.forwarded, "backward(", slot, ") without a forward of that slot");
-  const int B = s.B, T = s.T, N = B * T, D = cfg_.d_model, V = cfg_.vocab_size;
+  TROUPE_CHECK(s.forwarded, split ? "backward_input(" : "backward(", slot,
+               ") without a forward of that slot");
+  TROUPE_CHECK(!s.weights_pending, split ? "backward_input(" : "backward(", slot,
+               ") while the slot's weight gradients are pending: backward_weights first");
+  const int B = s.B, T = s.T, N = B * T, D = cfg_.d_model;
   const size_t nd = static_cast<size_t>(N) * D;
   float* dres = ws_.dres.f32();
   if (range_.has_head) {
     TROUPE_CHECK(s.has_targets, "backward through the head needs a forward with targets");
-    // dlogits is recomputed from the saved logits rather than kept per slot: (B,T,V) per
-    // slot would dominate activation memory for a small D.
-    float* dlogits = dlogits_.f32();
-    if (cfg_.vocab_parallel()) {
-      k_->cross_entropy_shard_backward(dlogits, s.logits.f32(), s.targets.i32(), s.lse.f32(), N, Vl_, v0_,
-                                       dloss);
-    } else {
-      std::fill(dlogits, dlogits + static_cast<size_t>(N) * V, 0.0f);
-      k_->cross_entropy(dlogits, s.logits.f32(), s.targets.i32(), N, V, dloss);
-    }
+    const float* dlogits = head_output_grad(s, N, dloss);
     float* dlnf = ws_.tmp_d.f32();
-    head_.backward(dlnf, dlogits, s.lnf, N, dlogits_h_, kernels::Out::overwrite);
+    if (split)
+      head_.backward_input(dlnf, dlogits, s.lnf, N, dlogits_h_, kernels::Out::overwrite);
+    else
+      head_.backward(dlnf, dlogits, s.lnf, N, dlogits_h_, kernels::Out::overwrite);
     std::fill(dres, dres + nd, 0.0f);
     if (cfg_.kind == ModelKind::llama) {
       // Each shard's dlnf is the part through its vocabulary rows; the sum is the whole.
@@ -246,7 +256,9 @@ void Stage::backward(int slot, const float* dout, float dloss, const ReadyFn& on
     std::memcpy(dres, dout, sizeof(float) * nd);
   }
   for (size_t b = blocks_.size(); b-- > 0;) {
-    if (cfg_.recompute) {
+    if (split) {
+      blocks_[b]->backward_input(slot, dres, s.resid[b].f32(), B, T, ws_);
+    } else if (cfg_.recompute) {
       // Re-run the block's forward from its saved input: its internals come back bit for
       // bit (the output rewrites resid[b+1] with the same values, no longer needed).
       blocks_[b]->forward(0, s.resid[b + 1].f32(), s.resid[b].f32(), B, T, ws_);
@@ -256,13 +268,62 @@ void Stage::backward(int slot, const float* dout, float dloss, const ReadyFn& on
     }
     report(block_begin_[b]);
   }
-  if (range_.has_embedding && cfg_.vocab_parallel())
-    k_->embedding_rows_backward(dwte_, dres, s.tokens.i32(), N, D, v0_, Vl_);  // dres is whole on every shard
-  else if (range_.has_embedding)
-    k_->embedding_backward(dwte_, dwpe_, dres, s.tokens.i32(), B, T, D, V);
-  else
+  if (split) {
+    s.weights_pending = true;
+    s.dloss = dloss;
+  }
+  if (!range_.has_embedding) {
     std::memcpy(s.dinput.data(), dres, sizeof(float) * nd);
+  } else if (split && embedding_after_head()) {
+    // wte takes the head's product before the embedding's rows in backward; W keeps that
+    // order, so the rows wait for it (nothing waits for a first stage's B).
+    if (!s.dembed.defined())
+      s.dembed = Tensor::zeros({int64_t{max_B_} * cfg_.seq_len, D}, DType::f32, *ctx_.alloc);
+    std::memcpy(s.dembed.data(), dres, sizeof(float) * nd);
+  } else {
+    embedding_backward(s, dres);
+  }
   report(0);
+}
+
+void Stage::backward_weights(int slot) {
+  Slot& s = slot_at(slot);
+  TROUPE_CHECK(s.weights_pending, "backward_weights(", slot, ") without a backward_input of that slot");
+  const int B = s.B, T = s.T, N = B * T;
+  // The same products in the same order as backward: the head, the blocks in reverse.
+  if (range_.has_head) head_.backward_weight(head_output_grad(s, N, s.dloss), s.lnf, N, dlogits_h_);
+  for (size_t b = blocks_.size(); b-- > 0;) blocks_[b]->backward_weights(slot, B, T, ws_);
+  if (range_.has_embedding && embedding_after_head()) embedding_backward(s, s.dembed.f32());
+  s.weights_pending = false;
+}
+
+size_t Stage::deferred_bytes() const {
+  size_t n = 0;
+  for (const auto& b : blocks_) n += b->deferred_bytes();
+  for (const Slot& s : slots_) n += s.dembed.nbytes();
+  return n;
+}
+
+const float* Stage::head_output_grad(Slot& s, int N, float dloss) {
+  // dlogits is recomputed from the saved logits rather than kept per slot: (B,T,V) per
+  // slot would dominate activation memory for a small D.
+  float* dlogits = dlogits_.f32();
+  if (cfg_.vocab_parallel()) {
+    k_->cross_entropy_shard_backward(dlogits, s.logits.f32(), s.targets.i32(), s.lse.f32(), N, Vl_, v0_,
+                                     dloss);
+  } else {
+    std::fill(dlogits, dlogits + static_cast<size_t>(N) * cfg_.vocab_size, 0.0f);
+    k_->cross_entropy(dlogits, s.logits.f32(), s.targets.i32(), N, cfg_.vocab_size, dloss);
+  }
+  return dlogits;
+}
+
+void Stage::embedding_backward(const Slot& s, const float* dres) {
+  const int N = s.B * s.T, D = cfg_.d_model;
+  if (cfg_.vocab_parallel())
+    k_->embedding_rows_backward(dwte_, dres, s.tokens.i32(), N, D, v0_, Vl_);  // dres is whole on every shard
+  else
+    k_->embedding_backward(dwte_, dwpe_, dres, s.tokens.i32(), s.B, s.T, D, cfg_.vocab_size);
 }
 
 Tensor Stage::output(int slot) const {

@@ -18,6 +18,13 @@
 // With a split of the tied embedding, both the first and the last stage hold
 // wte.weight; their grads must be summed (and values kept equal) between them.
 //
+// Split backward (zero-bubble schedules): per micro-batch slot, forward(m) ...
+// backward_input(m, dout, dloss) ... backward_weights(m) does what backward(m, dout, dloss)
+// does, in two parts: B, what the previous stage waits for (input_grad(m)), and later W,
+// the Linears' weight-gradient products. W's in the order the backward()s would have run
+// leave the grads bit for bit as backward() does; B keeps every tensor-parallel
+// communication, W has none. Not with recomputation (W needs each block's internals).
+//
 // Tensor parallelism: Stage(cfg, range, n_slots, max_B, TensorShard{t, tp}, group) holds
 // shard t's parameters (model/params.hpp) and runs the blocks' allreduces over `group`
 // (rank t of tp ranks, used by this stage's thread only, kept alive by the caller).
@@ -78,8 +85,27 @@ class Stage {
   using ReadyFn = std::function<void(size_t first_float, size_t end_float)>;
   void backward(int slot, const float* dout, float dloss, const ReadyFn& on_ready = {});
 
-  Tensor output(int slot) const;      // (B,T,D) view, valid after forward(slot), !has_head
-  Tensor input_grad(int slot) const;  // (B,T,D) view, valid after backward(slot), !has_embedding
+  // B of a split backward: everything backward() does except the Linear weight-gradient
+  // products (dW += dy^T x): input_grad(slot), biases, norms and embedding grads are as
+  // backward() leaves them; each Linear's output gradient dy is kept in the slot (f32) for
+  // backward_weights(slot). The slot may not be forwarded again before backward_weights(slot).
+  // The head's dy, dlogits (B,T,V), is not kept: W recomputes it from the slot's logits
+  // and dloss, as backward() does. One exception to "embedding grads in B": on a stage with
+  // both the embedding and the tied head (wte read by both) they wait for W, after the
+  // head's product, the order backward() adds the two into wte in (and nothing waits for
+  // such a stage's B). Throws troupe::Error under cfg.recompute.
+  void backward_input(int slot, const float* dout, float dloss);
+  // W: the deferred weight-gradient products of the slot, each the same kernel call
+  // backward() makes. Per micro-batch, backward_input then backward_weights leaves every
+  // gradient bit-identical to backward(); over several micro-batches, W's in the same
+  // micro-batch order as the backward()s would have been give bit-identical accumulated grads.
+  void backward_weights(int slot);
+  // Bytes of the kept output gradients (allocated on the first backward_input, per slot; 0 before).
+  size_t deferred_bytes() const;
+
+  Tensor output(int slot) const;  // (B,T,D) view, valid after forward(slot), !has_head
+  // (B,T,D) view, valid after backward(slot) or backward_input(slot), !has_embedding
+  Tensor input_grad(int slot) const;
   // (B,T,Vl) view, valid after forward(slot), has_head: the vocabulary columns of this
   // shard (all V, except for a llama under tensor parallelism: V/tp from shard*V/tp).
   Tensor logits(int slot) const;
@@ -107,12 +133,15 @@ class Stage {
   struct Slot {
     int B = 0, T = 0;
     bool forwarded = false, has_targets = false;
+    bool weights_pending = false;    // between backward_input and backward_weights
+    float dloss = 0.0f;              // backward_input's, for W's recomputed dlogits
     Tensor tokens, targets;          // (B,T) int32
     std::vector<Tensor> resid;       // n_blocks + 1 of (B,T,D): stage input, then each block's output
     Tensor lnf, lnf_mean, lnf_rstd;  // (B,T,D), (B,T), (B,T)
     Tensor logits;                   // (B,T,Vl): this shard's vocabulary columns (all V but llama's tp > 1)
     Tensor lse;                      // (B,T) log-sum-exp of each row's logits over every shard (llama)
     Tensor dinput;                   // (B,T,D)
+    Tensor dembed;                   // (max N,D) the embedding's gradient kept for W (embedding_after_head)
   };
 
   ModelConfig cfg_;
@@ -140,6 +169,14 @@ class Stage {
   std::vector<size_t> block_begin_;
 
   Slot& slot_at(int slot);
+  // backward, or with split backward_input: one code path for both.
+  void backward_pass(int slot, const float* dout, float dloss, const ReadyFn& on_ready, bool split);
+  // dlogits (N,Vl) of the slot's saved logits into dlogits_.
+  const float* head_output_grad(Slot& s, int N, float dloss);
+  // The embedding's grads (wte, and wpe for gpt) from dres(N,D) = dL/d(its output).
+  void embedding_backward(const Slot& s, const float* dres);
+  // wte takes both the head's product and the embedding's rows on this stage.
+  bool embedding_after_head() const { return range_.has_embedding && range_.has_head && cfg_.tied_head(); }
   // Sum of the N rows' losses from this shard's logits columns and the other shards'
   // statistics; saves each row's log-sum-exp for backward.
   double vocab_parallel_loss(Slot& s, int N);
