@@ -1,5 +1,7 @@
 #include "parallel/data_parallel.hpp"
 
+#include "parallel/zero.hpp"
+
 namespace troupe::parallel {
 
 void reduce_buckets(comm::Communicator& group, float* g, size_t n, size_t bucket, const comm::Options& opt,
@@ -12,8 +14,13 @@ void reduce_buckets(comm::Communicator& group, float* g, size_t n, size_t bucket
   }
 }
 
-BucketReducer::BucketReducer(comm::Communicator* group, const comm::Options& opt, size_t bucket_floats)
-    : group_(group), opt_(opt), bucket_floats_(bucket_floats), thread_([this] { run(); }) {}
+BucketReducer::BucketReducer(comm::Communicator* group, const comm::Options& opt, size_t bucket_floats,
+                             BucketCollective collective)
+    : group_(group),
+      opt_(opt),
+      bucket_floats_(bucket_floats),
+      collective_(collective),
+      thread_(&BucketReducer::run, this) {}
 
 BucketReducer::~BucketReducer() {
   {
@@ -81,6 +88,7 @@ void BucketReducer::backward_overlapped(model::Stage& st, float dloss) {
 }
 
 void BucketReducer::run() {
+  std::vector<float> scratch;  // reduce_scatter: padded buckets, this thread's only
   std::unique_lock<std::mutex> lock(m_);
   for (;;) {
     cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
@@ -96,7 +104,10 @@ void BucketReducer::run() {
     std::exception_ptr err;
     const auto t0 = clock::now();
     try {
-      group_->allreduce(b.data, b.count, comm::ReduceOp::sum, opt_);
+      if (collective_ == BucketCollective::reduce_scatter)
+        reduce_scatter_bucket(*group_, b.data, b.count, scratch, opt_);
+      else
+        group_->allreduce(b.data, b.count, comm::ReduceOp::sum, opt_);
     } catch (...) {
       err = std::current_exception();
     }

@@ -35,7 +35,13 @@ inline size_t bucket_begin(size_t end, size_t bucket) { return end > bucket ? en
 void reduce_buckets(comm::Communicator& group, float* g, size_t n, size_t bucket, const comm::Options& opt,
                     const std::function<void(size_t k)>& before_bucket = {});
 
-// Allreduces gradient buckets over the data-parallel group on a thread of its own
+// What BucketReducer does with each bucket: sum it on every rank (allreduce), or give
+// each rank the sum of its part only (reduce_scatter_bucket, parallel/zero.hpp: ZeRO
+// stage 2; the buckets of backward_overlapped are buckets_of()'s, so the parts are
+// ZeroPartition's).
+enum class BucketCollective { allreduce, reduce_scatter };
+
+// Reduces gradient buckets over the data-parallel group on a thread of its own
 // while the engine thread runs the rest of the backward. During a step only this
 // thread uses the group; the first error is kept and rethrown by wait() on the
 // engine thread.
@@ -44,7 +50,8 @@ class BucketReducer {
   using clock = std::chrono::steady_clock;
   using Span = std::pair<clock::time_point, clock::time_point>;
 
-  BucketReducer(comm::Communicator* group, const comm::Options& opt, size_t bucket_floats);
+  BucketReducer(comm::Communicator* group, const comm::Options& opt, size_t bucket_floats,
+                BucketCollective collective = BucketCollective::allreduce);
   ~BucketReducer();
   BucketReducer(const BucketReducer&) = delete;
   BucketReducer& operator=(const BucketReducer&) = delete;
@@ -74,6 +81,7 @@ class BucketReducer {
   comm::Communicator* group_;
   comm::Options opt_;
   size_t bucket_floats_;
+  BucketCollective collective_;
   std::mutex m_;
   std::condition_variable cv_, idle_;
   std::deque<Bucket> queue_;

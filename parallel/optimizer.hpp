@@ -39,6 +39,8 @@ class AdamW {
   const std::vector<ParamRef>& params() const { return params_; }
   std::vector<float>& m(size_t i) { return m_[i]; }
   std::vector<float>& v(size_t i) { return v_[i]; }
+  const std::vector<float>& m(size_t i) const { return m_[i]; }
+  const std::vector<float>& v(size_t i) const { return v_[i]; }
 
  private:
   OptimizerSpec spec_;
