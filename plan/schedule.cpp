@@ -17,7 +17,8 @@ const char* carry_name(Carry c) { return c == Carry::activation ? "activations" 
 }  // namespace
 
 std::string to_string(const Op& op) {
-  std::string s = (op.pass == Pass::F ? "F" : "B") + std::to_string(op.mb);
+  const char* pass = op.pass == Pass::F ? "F" : op.pass == Pass::B ? "B" : "W";
+  std::string s = pass + std::to_string(op.mb);
   if (op.chunk != 0) s += "." + std::to_string(op.chunk);
   if (op.fused) s += "+";
   return s;
@@ -31,14 +32,17 @@ const char* schedule_name(ScheduleKind k) {
       return "1f1b";
     case ScheduleKind::interleaved:
       return "interleaved";
+    case ScheduleKind::zb_h1:
+      return "zb-h1";
   }
   return "?";
 }
 
 ScheduleKind schedule_from_name(const std::string& s) {
-  for (ScheduleKind k : {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved})
+  for (ScheduleKind k :
+       {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved, ScheduleKind::zb_h1})
     if (s == schedule_name(k)) return k;
-  TROUPE_CHECK(false, "unknown pipeline schedule '", s, "' (gpipe, 1f1b, interleaved)");
+  TROUPE_CHECK(false, "unknown pipeline schedule '", s, "' (gpipe, 1f1b, interleaved, zb-h1)");
   return ScheduleKind::gpipe;
 }
 
@@ -131,6 +135,41 @@ Schedule interleaved_1f1b(int pp, int v, int m) {
   return s;
 }
 
+Schedule zb_h1(int pp, int m) {
+  check_sizes(pp, 1, m);
+  Schedule s{ScheduleKind::zb_h1, pp, 1, m, std::vector<std::vector<Op>>(pp)};
+  for (int p = 0; p < pp; ++p) {
+    auto& ops = s.ranks[p];
+    // 1F1B's warm-up and F/B order, so the F/B communication pairs as 1F1B's.
+    const int warmup = std::min(pp - p - 1, m);
+    const int steady = m - warmup;
+    // W of micro-batch k - p after the B of k: rank p then holds
+    // (pp - p) + p = pp micro-batches, what rank 0 holds in 1F1B, and keeps p
+    // W's back for the cool-down, where it would otherwise wait for the
+    // gradients coming down the pipeline.
+    int next_w = 0;
+    auto weights_after_b = [&](int k) {
+      if (k - p >= 0) ops.push_back({Pass::W, next_w++, 0});
+    };
+    // warm-up forwards
+    for (int i = 0; i < warmup; ++i) ops.push_back({Pass::F, i, 0});
+    // steady: F, B, and a delayed W
+    for (int i = 0; i < steady; ++i) {
+      ops.push_back({Pass::F, warmup + i, 0});
+      ops.push_back({Pass::B, i, 0});
+      weights_after_b(i);
+    }
+    // cool-down backwards, each with a delayed W
+    for (int i = steady; i < m; ++i) {
+      ops.push_back({Pass::B, i, 0});
+      weights_after_b(i);
+    }
+    // the W's still held back, in micro-batch order
+    while (next_w < m) ops.push_back({Pass::W, next_w++, 0});
+  }
+  return s;
+}
+
 Schedule make_schedule(ScheduleKind kind, int pp, int v, int m) {
   switch (kind) {
     case ScheduleKind::gpipe:
@@ -139,6 +178,10 @@ Schedule make_schedule(ScheduleKind kind, int pp, int v, int m) {
       return one_f_one_b(pp, m);
     case ScheduleKind::interleaved:
       return interleaved_1f1b(pp, v, m);
+    case ScheduleKind::zb_h1:
+      TROUPE_CHECK(v == 1, "the zb-h1 schedule has one chunk per rank (got virtual stages ", v,
+                   "): use virtual stages 1, or the interleaved schedule");
+      return zb_h1(pp, m);
   }
   TROUPE_CHECK(false, "unknown schedule kind");
   return {};
@@ -172,6 +215,7 @@ OpComm op_comm(const Schedule& s, int rank, const Op& op) {
     t.tag = transfer_tag(carry, op.mb, dest, S);
     return t;
   };
+  if (op.pass == Pass::W) return c;  // weight gradients stay on the rank
   if (op.pass == Pass::F) {
     if (k > 0) c.has_in = true, c.in = make(false, Carry::activation, k - 1, k);
     if (k < S - 1) c.has_out = true, c.out = make(true, Carry::activation, k + 1, k + 1);
@@ -202,36 +246,50 @@ std::vector<ProgramStep> rank_program(const Schedule& s, int rank, Pairing pairi
     }
     return prog;
   }
-  // Communication groups: runs of ops joined by `fused`. Before a group its
+  // Communication groups: runs of F/B ops joined by `fused`. Before a group its
   // inputs arrive; after it its outputs leave, in one batch with the next
-  // group's inputs.
-  std::vector<std::pair<size_t, size_t>> groups;  // [begin, end)
-  for (size_t i = 0; i < ops.size();) {
-    size_t j = i + 1;
-    while (j < ops.size() && ops[j - 1].fused) ++j;
-    groups.push_back({i, j});
-    i = j;
+  // group's inputs. W ops communicate nothing and join no group: each runs after
+  // the batch that follows the group before it, so the F/B batches are the ones
+  // the table has without its W's, and a B's input gradient leaves before the
+  // W's queued behind it.
+  struct Group {
+    std::vector<size_t> ops;      // F/B, indices into the table
+    std::vector<size_t> weights;  // W's after the group, run after its batch
+  };
+  std::vector<Group> groups;
+  std::vector<size_t> leading;  // W's before any F/B
+  bool joined = false;          // the last F/B was fused with the next
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].pass == Pass::W) {
+      (groups.empty() ? leading : groups.back().weights).push_back(i);
+      continue;
+    }
+    if (groups.empty() || !joined) groups.emplace_back();
+    groups.back().ops.push_back(i);
+    joined = ops[i].fused;
   }
   auto inputs = [&](size_t g, std::vector<Transfer>& b) {
-    for (size_t i = groups[g].first; i < groups[g].second; ++i) {
+    for (size_t i : groups[g].ops) {
       OpComm c = op_comm(s, rank, ops[i]);
       if (c.has_in) b.push_back(c.in);
     }
   };
+  for (size_t i : leading) compute(ops[i]);
   for (size_t g = 0; g < groups.size(); ++g) {
     if (g == 0) {
       std::vector<Transfer> b;
       inputs(0, b);
       post(std::move(b));
     }
-    for (size_t i = groups[g].first; i < groups[g].second; ++i) compute(ops[i]);
+    for (size_t i : groups[g].ops) compute(ops[i]);
     std::vector<Transfer> b;
-    for (size_t i = groups[g].first; i < groups[g].second; ++i) {
+    for (size_t i : groups[g].ops) {
       OpComm c = op_comm(s, rank, ops[i]);
       if (c.has_out) b.push_back(c.out);
     }
     if (g + 1 < groups.size()) inputs(g + 1, b);
     post(std::move(b));
+    for (size_t i : groups[g].weights) compute(ops[i]);
   }
   return prog;
 }
@@ -273,7 +331,8 @@ std::string position_text(const SimRank& r) {
   return os.str();
 }
 
-// Static consistency: ranges, each (chunk, mb) F and B exactly once, F first.
+// Static consistency: ranges, each (chunk, mb) F and B exactly once, F first;
+// where the backward is split also W exactly once, after its B, and elsewhere no W.
 void check_table(const Schedule& s) {
   if (s.pp < 1 || s.v < 1 || s.m < 1)
     throw ScheduleError("schedule sizes pipeline " + std::to_string(s.pp) + ", virtual " +
@@ -282,7 +341,7 @@ void check_table(const Schedule& s) {
     throw ScheduleError("schedule has " + std::to_string(s.ranks.size()) + " rank tables for pipeline " +
                         std::to_string(s.pp));
   for (int p = 0; p < s.pp; ++p) {
-    // state[chunk][mb]: 0 nothing, 1 forwarded, 2 backwarded
+    // state[chunk][mb]: 0 nothing, 1 forwarded, 2 backwarded, 3 weight gradients done
     std::vector<std::vector<int>> state(s.v, std::vector<int>(s.m, 0));
     for (size_t i = 0; i < s.ranks[p].size(); ++i) {
       const Op& op = s.ranks[p][i];
@@ -293,10 +352,17 @@ void check_table(const Schedule& s) {
       if (op.pass == Pass::F) {
         if (st != 0) throw ScheduleError(describe_rank_op(p, i, op) + ": duplicate F of this micro-batch");
         st = 1;
-      } else {
+      } else if (op.pass == Pass::B) {
         if (st == 0) throw ScheduleError(describe_rank_op(p, i, op) + ": B before its F");
-        if (st == 2) throw ScheduleError(describe_rank_op(p, i, op) + ": duplicate B of this micro-batch");
+        if (st >= 2) throw ScheduleError(describe_rank_op(p, i, op) + ": duplicate B of this micro-batch");
         st = 2;
+      } else {
+        if (!s.split_backward())
+          throw ScheduleError(describe_rank_op(p, i, op) + ": W in a " + schedule_name(s.kind) +
+                              " schedule, whose B computes the weight gradients too");
+        if (st < 2) throw ScheduleError(describe_rank_op(p, i, op) + ": W before its B");
+        if (st == 3) throw ScheduleError(describe_rank_op(p, i, op) + ": duplicate W of this micro-batch");
+        st = 3;
       }
     }
   }
@@ -333,20 +399,23 @@ void check_matching(const Schedule& s, const std::vector<SimRank>& ranks) {
     if (problems.size() > 4) msg += "\n  (" + std::to_string(problems.size() - 4) + " more)";
     throw ScheduleError(msg);
   }
-  // Completeness (a single stage has no transfers to reveal a missing op).
+  // Completeness (a single stage has no transfers to reveal a missing op; a W
+  // never has any).
   for (int p = 0; p < s.pp; ++p) {
-    std::vector<int> f(static_cast<size_t>(s.v) * s.m, 0), b(f.size(), 0);
+    std::vector<int> f(static_cast<size_t>(s.v) * s.m, 0), b(f.size(), 0), w(f.size(), 0);
     for (const Op& op : s.ranks[p])
-      (op.pass == Pass::F ? f : b)[static_cast<size_t>(op.chunk) * s.m + op.mb]++;
+      (op.pass == Pass::F ? f : op.pass == Pass::B ? b : w)[static_cast<size_t>(op.chunk) * s.m + op.mb]++;
     for (int c = 0; c < s.v; ++c)
       for (int mb = 0; mb < s.m; ++mb) {
         const size_t i = static_cast<size_t>(c) * s.m + mb;
-        if (!f[i] || !b[i])
+        const bool no_w = s.split_backward() && !w[i];
+        if (!f[i] || !b[i] || no_w)
           throw ScheduleError("rank " + std::to_string(p) + " chunk " + std::to_string(c) + ": micro-batch " +
                               std::to_string(mb) + " has no " +
-                              (f[i]   ? "B"
-                               : b[i] ? "F"
-                                      : "F and no B"));
+                              (!f[i] && !b[i] ? "F and no B"
+                               : !f[i]        ? "F"
+                               : !b[i]        ? "B"
+                                              : "W"));
       }
   }
 }
@@ -383,6 +452,47 @@ CheckResult check_schedule(const Schedule& s, const CheckOptions& opt) {
     r.match_time.assign(r.prog[r.at].batch.size(), r.clock);
   };
 
+  // Runs the compute step ranks[p] is at (accounting its slots) and returns its
+  // duration; the caller moves the clock.
+  const bool split = s.split_backward();
+  auto run_compute = [&](int p) {
+    SimRank& r = ranks[p];
+    const Op& op = r.prog[r.at].op;
+    const double t = (op.pass == Pass::F   ? opt.t_forward
+                      : op.pass == Pass::W ? opt.t_weight
+                      : split              ? opt.t_backward - opt.t_weight
+                                           : opt.t_backward) /
+                     s.v;
+    res.busy[p] += t;
+    int& l = live[p][op.chunk];
+    if (op.pass == Pass::F) {
+      ++l;
+      ++live_rank[p];
+      res.peak_in_flight[p][op.chunk] = std::max(res.peak_in_flight[p][op.chunk], l);
+      res.peak_per_rank[p] = std::max(res.peak_per_rank[p], live_rank[p]);
+      if (opt.max_slots > 0 && l > opt.max_slots)
+        throw ScheduleError("rank " + std::to_string(p) + " chunk " + std::to_string(op.chunk) + " holds " +
+                            std::to_string(l) + " live micro-batches at " + to_string(op) +
+                            ", more than its " + std::to_string(opt.max_slots) + " activation slots");
+    } else if (op.pass == Pass::W) {
+      // The weight gradients were the last use of the saved activations.
+      --l;
+      --live_rank[p];
+    } else if (!split) {
+      // The executor frees a slot once the batch after the op's group has
+      // sent its input gradient (model chunk 0 sends none: freed at once).
+      if (op.chunk * s.pp + p > 0) {
+        ++pending_free[p][op.chunk];
+      } else {
+        --l;
+        --live_rank[p];
+      }
+    }
+    r.last_compute = r.at;
+    ++r.at;
+    return t;
+  };
+
   for (;;) {
     bool progress = false, all_done = true;
     for (int p = 0; p < s.pp; ++p) {
@@ -391,32 +501,7 @@ CheckResult check_schedule(const Schedule& s, const CheckOptions& opt) {
       all_done = false;
       const ProgramStep& st = r.prog[r.at];
       if (st.compute) {
-        const Op& op = st.op;
-        const double t = (op.pass == Pass::F ? opt.t_forward : opt.t_backward) / s.v;
-        r.clock += t;
-        res.busy[p] += t;
-        int& l = live[p][op.chunk];
-        if (op.pass == Pass::F) {
-          ++l;
-          ++live_rank[p];
-          res.peak_in_flight[p][op.chunk] = std::max(res.peak_in_flight[p][op.chunk], l);
-          res.peak_per_rank[p] = std::max(res.peak_per_rank[p], live_rank[p]);
-          if (opt.max_slots > 0 && l > opt.max_slots)
-            throw ScheduleError("rank " + std::to_string(p) + " chunk " + std::to_string(op.chunk) +
-                                " holds " + std::to_string(l) + " live micro-batches at " + to_string(op) +
-                                ", more than its " + std::to_string(opt.max_slots) + " activation slots");
-        } else {
-          // The executor frees a slot once the batch after the op's group has
-          // sent its input gradient (model chunk 0 sends none: freed at once).
-          if (op.chunk * s.pp + p > 0) {
-            ++pending_free[p][op.chunk];
-          } else {
-            --l;
-            --live_rank[p];
-          }
-        }
-        r.last_compute = r.at;
-        ++r.at;
+        r.clock += run_compute(p);
         progress = true;
         arrive(r);
         continue;
@@ -460,6 +545,12 @@ CheckResult check_schedule(const Schedule& s, const CheckOptions& opt) {
         r.arrived = false;
         ++r.at;
         ++res.comm_batches;
+        if (opt.overlap_weights) {
+          // The W's that follow the batch ran from the moment it was posted.
+          double t = r.post_time;
+          while (!r.done() && r.prog[r.at].compute && r.prog[r.at].op.pass == Pass::W) t += run_compute(p);
+          r.clock = std::max(r.clock, t);
+        }
         progress = true;
         arrive(r);
       }
@@ -511,6 +602,8 @@ CheckResult check_schedule(const Schedule& s, const CheckOptions& opt) {
 }
 
 double theoretical_bubble(ScheduleKind kind, int pp, int v, int m) {
+  // zb-h1, F = B = W = 1: each rank idles p - 1 units of m * 3 busy ones.
+  if (kind == ScheduleKind::zb_h1) return (pp - 1.0) / (3.0 * m + pp - 1.0);
   const double p = pp, mm = m, vv = kind == ScheduleKind::interleaved ? v : 1;
   return (p - 1) / (vv * mm + p - 1);
 }

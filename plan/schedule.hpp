@@ -1,7 +1,7 @@
 // Pipeline schedules as data, and a checker that proves a table runs.
 //
-// A Schedule is, per pipeline rank, the ordered list of its compute ops: F or B
-// of micro-batch `mb` on local chunk `chunk` (virtual stage; model chunk
+// A Schedule is, per pipeline rank, the ordered list of its compute ops: F, B
+// or W of micro-batch `mb` on local chunk `chunk` (virtual stage; model chunk
 // k = chunk * pp + rank). Communication is not written in the table; it is
 // derived from it (rank_program), the same way for the checker and for the
 // executor, so the checker proves exactly what the executor will do:
@@ -10,14 +10,20 @@
 //                       chunk computes the loss.
 //   B of model chunk k: receives the output gradient from chunk k+1 (the last
 //                       chunk starts from the loss), sends its input gradient
-//                       to chunk k-1.
+//                       to chunk k-1. In a schedule that splits the backward
+//                       (zb-h1), B is the input gradient only and
+//   W of model chunk k: the weight gradients of that micro-batch; no
+//                       communication, any time after its B.
 // Pairing (Megatron's send_forward_recv_backward / send_backward_recv_forward):
 // after compute op i a rank posts ONE batch {send the output of op i, receive
 // the input of op i+1}, so two neighbours that each send to the other while
 // waiting on the other never block. Ops marked `fused` form one group with the
 // next op: the batch before the group receives every input of the group, the
 // batch after it sends every output and receives the next group's inputs
-// (the interleaved steady state, as Megatron batches it).
+// (the interleaved steady state, as Megatron batches it). W ops are not part
+// of the pairing: groups are formed from the F/B ops alone, and a W runs after
+// the batch that follows the group before it (the batch that sends that B's
+// input gradient leaves first, so the rank upstream is not kept waiting).
 //
 // Micro-batches per optimizer step: m = global_batch / (data x micro_batch).
 #pragma once
@@ -36,7 +42,9 @@ class ScheduleError : public Error {
   using Error::Error;
 };
 
-enum class Pass : uint8_t { F, B };
+// F forward; B backward (input and weight gradients, or only the input
+// gradient where the schedule splits the backward); W weight gradients.
+enum class Pass : uint8_t { F, B, W };
 
 struct Op {
   Pass pass = Pass::F;
@@ -49,11 +57,11 @@ struct Op {
     return pass == o.pass && mb == o.mb && chunk == o.chunk && fused == o.fused;
   }
 };
-// "F3", "B3.1" (chunk 1), "F5.1+" (fused with the next op).
+// "F3", "B3.1" (chunk 1), "W3", "F5.1+" (fused with the next op).
 std::string to_string(const Op& op);
 
-enum class ScheduleKind : uint8_t { gpipe, one_f_one_b, interleaved };
-const char* schedule_name(ScheduleKind k);              // "gpipe", "1f1b", "interleaved"
+enum class ScheduleKind : uint8_t { gpipe, one_f_one_b, interleaved, zb_h1 };
+const char* schedule_name(ScheduleKind k);              // "gpipe", "1f1b", "interleaved", "zb-h1"
 ScheduleKind schedule_from_name(const std::string& s);  // throws troupe::Error on others
 
 struct Schedule {
@@ -63,6 +71,8 @@ struct Schedule {
   int m = 1;                           // micro-batches per step
   std::vector<std::vector<Op>> ranks;  // ranks[p] = ops of pipeline rank p, in order
   int n_chunks() const { return pp * v; }
+  // B is the input gradient only and every (chunk, mb) has its own W op.
+  bool split_backward() const { return kind == ScheduleKind::zb_h1; }
 };
 
 // m = global_batch / (data * micro_batch); throws troupe::Error unless it divides.
@@ -78,7 +88,17 @@ Schedule one_f_one_b(int pp, int m);
 // Requires pp >= 2, v >= 2 and m % pp == 0 (micro-batches run in groups of pp
 // per chunk, as in Megatron); anything else throws troupe::Error naming the fix.
 Schedule interleaved_1f1b(int pp, int v, int m);
-// One function picks the schedule; v is ignored unless kind == interleaved.
+// ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", 2023): 1F1B with the
+// backward split into B and W, rank p running W of micro-batch k - p after the
+// B of micro-batch k. Peak in flight on every rank: min(pp, m), so rank 0 holds
+// what it holds in 1F1B. The held-back W's are work for the waits on the
+// neighbours, which they fill only where they overlap the batch before them
+// (CheckOptions::overlap_weights): run after it, the step takes as long as
+// 1F1B's. W's run in micro-batch order on every rank (weight gradients
+// accumulate in that order, the same as 1F1B's). Any pp >= 1, m >= 1.
+Schedule zb_h1(int pp, int m);
+// One function picks the schedule; v is ignored by gpipe and 1f1b, and zb_h1
+// requires v == 1.
 Schedule make_schedule(ScheduleKind kind, int pp, int v, int m);
 
 // ---- derived communication ------------------------------------------------
@@ -121,8 +141,20 @@ struct CheckOptions {
   int max_slots = 0;
   // Simulated durations of one micro-batch through a whole rank (v chunks share it).
   double t_forward = 1.0, t_backward = 2.0;
+  // The part of t_backward that is W in a schedule that splits the backward:
+  // there B takes t_backward - t_weight and W t_weight (defaults: F = B = W).
+  double t_weight = 1.0;
+  // What-if: the W's that follow a batch run while it is in flight (they need
+  // nothing it carries), so they fill the wait for the neighbour instead of
+  // coming after it. The executor runs them after the batch (Communicator::batch
+  // posts and waits in one call): off is what runs. ZB-H1 reaches its textbook
+  // bubble only this way; with W's after the batch it waits as long as 1F1B.
+  bool overlap_weights = false;
 };
 
+// A micro-batch holds an activation slot from its F until the batch after its B
+// has sent the input gradient; where the backward is split, until its W (the
+// weight gradients need the saved activations too).
 struct CheckResult {
   std::vector<std::vector<int>> peak_in_flight;  // [rank][chunk]: slots that chunk needs
   std::vector<int> peak_per_rank;                // [rank]: the most live micro-batches at once
@@ -134,8 +166,9 @@ struct CheckResult {
 
 // Proves the table consistent and deadlock-free by simulating it; throws
 // ScheduleError naming the first problem: an op out of range, a duplicated or
-// missing F/B, B before its F, a send nobody receives (or a receive nobody
-// sends), a wait cycle (crossed order), more live micro-batches than slots.
+// missing F/B (and W where the backward is split), B before its F, W before its
+// B, a W where the backward is not split, a send nobody receives (or a receive
+// nobody sends), a wait cycle (crossed order), more live micro-batches than slots.
 CheckResult check_schedule(const Schedule& s, const CheckOptions& opt = {});
 
 // Activation slots local chunk c of pipeline rank p needs under a checked schedule of pp
@@ -144,7 +177,9 @@ int activation_slots(const CheckResult& check, int pp, int p, int c);
 
 // Theoretical bubble fractions (equal stages, free communication):
 // GPipe/1F1B (p-1)/(m+p-1); interleaved (p-1)/(v*m+p-1) (Megatron: the bubble
-// shrinks by v because each chunk takes 1/v of the time).
+// shrinks by v because each chunk takes 1/v of the time); zb-h1 with F = B = W
+// (p-1)/(3m+p-1): idle (p-1)(F+B-W) per rank over m(F+B+W) + that idle, about
+// a third of 1F1B's (p-1)(F+B+W).
 double theoretical_bubble(ScheduleKind kind, int pp, int v, int m);
 
 }  // namespace troupe::plan
