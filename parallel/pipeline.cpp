@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <future>
 
 #include "core/error.hpp"
 
@@ -114,13 +115,21 @@ const float* PipelineExecutor::send_buffer(const plan::Transfer& t) {
                                             : stages_[c]->input_grad(slot).f32();
 }
 
-void PipelineExecutor::exchange(const std::vector<plan::Transfer>& batch) {
+std::vector<comm::P2POp> PipelineExecutor::post(const std::vector<plan::Transfer>& batch) {
   std::vector<comm::P2POp> ops;
   const size_t bytes = numel_ * sizeof(float);
   for (const plan::Transfer& t : batch)
     ops.push_back(t.send ? comm::P2POp::send(send_buffer(t), bytes, t.peer, t.tag)
                          : comm::P2POp::recv(inbox(t.tag), bytes, t.peer, t.tag));
-  comm_->batch(ops, options_);
+  return ops;
+}
+
+void PipelineExecutor::exchange(const std::vector<plan::Transfer>& batch) {
+  comm_->batch(post(batch), options_);
+  batch_done();
+}
+
+void PipelineExecutor::batch_done() {
   for (auto [c, mb] : to_free_) {
     free_slots_[c].push_back(slot_of_[c].at(mb));
     slot_of_[c].erase(mb);
@@ -214,10 +223,43 @@ PipelineStepResult PipelineExecutor::run(const MicroBatchSource& data, float dlo
     if (st.compute) {
       compute(st.op, data, dloss, res);
       res.timing.compute_ms += ms_since(t0);
-    } else {
+      continue;
+    }
+    // The W's right after a batch need nothing it carries: they run while it is in flight
+    // (what check_schedule simulates). The buffers are resolved here, before the W's free
+    // slots; only the communicator is used on the other thread.
+    size_t w_end = i + 1;
+    while (w_end < program_.size() && program_[w_end].compute && program_[w_end].op.pass == plan::Pass::W)
+      ++w_end;
+    if (w_end == i + 1) {
       exchange(st.batch);
       res.timing.comm_ms += ms_since(t0);
+      continue;
     }
+    std::vector<comm::P2POp> ops = post(st.batch);
+    auto in_flight = std::async(std::launch::async, [&] { comm_->batch(ops, options_); });
+    double w_ms = 0.0;
+    try {
+      for (size_t j = i + 1; j < w_end; ++j) {
+        at_.store(static_cast<int>(j));
+        const auto tw = Clock::now();
+        compute(program_[j].op, data, dloss, res);
+        w_ms += ms_since(tw);
+      }
+    } catch (...) {
+      // The batch's buffers must outlive its transfers: wait for it (it ends, by its peers
+      // or by the communicator's deadline or abort) before the error leaves.
+      try {
+        in_flight.get();
+      } catch (...) {
+      }
+      throw;
+    }
+    in_flight.get();
+    batch_done();
+    res.timing.compute_ms += w_ms;
+    res.timing.comm_ms += std::max(0.0, ms_since(t0) - w_ms);
+    i = w_end - 1;
   }
   at_.store(-1);
   res.timing.step_ms = ms_since(t_step);

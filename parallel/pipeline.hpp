@@ -13,6 +13,8 @@
 // receives, posted together (Megatron's send_forward_recv_backward and
 // send_backward_recv_forward), which the checker has proven deadlock-free.
 // Tags: plan::transfer_tag(carry, mb, receiving model chunk) - unique within a step.
+// The W's that follow a batch run on this thread while the batch is in flight on
+// another (they read and write nothing it carries), as the checker simulates.
 //
 // Activation slots: chunk c needs plan::check_schedule(...).peak_in_flight[rank][c];
 // a micro-batch takes a free slot at F (the most recently freed, deterministic)
@@ -97,6 +99,8 @@ class PipelineExecutor {
   float* inbox(uint32_t tag);
   void compute(const plan::Op& op, const MicroBatchSource& data, float dloss, PipelineStepResult& res);
   void exchange(const std::vector<plan::Transfer>& batch);
+  std::vector<comm::P2POp> post(const std::vector<plan::Transfer>& batch);  // buffers of a batch
+  void batch_done();  // after a batch: frees the slots whose input gradient it sent
   const float* send_buffer(const plan::Transfer& t);
 
   plan::Schedule schedule_;

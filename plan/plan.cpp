@@ -12,6 +12,8 @@ ScheduleKind schedule_kind(troupe::Schedule s) {
       return ScheduleKind::gpipe;
     case troupe::Schedule::interleaved:
       return ScheduleKind::interleaved;
+    case troupe::Schedule::zb_h1:
+      return ScheduleKind::zb_h1;
     case troupe::Schedule::one_f_one_b:
       break;
   }

@@ -92,9 +92,9 @@ Schedule interleaved_1f1b(int pp, int v, int m);
 // backward split into B and W, rank p running W of micro-batch k - p after the
 // B of micro-batch k. Peak in flight on every rank: min(pp, m), so rank 0 holds
 // what it holds in 1F1B. The held-back W's are work for the waits on the
-// neighbours, which they fill only where they overlap the batch before them
-// (CheckOptions::overlap_weights): run after it, the step takes as long as
-// 1F1B's. W's run in micro-batch order on every rank (weight gradients
+// neighbours, which they fill by overlapping the batch before them
+// (CheckOptions::overlap_weights, what the executor does): run after it, the
+// step would take as long as 1F1B's. W's run in micro-batch order on every rank (weight gradients
 // accumulate in that order, the same as 1F1B's). Any pp >= 1, m >= 1.
 Schedule zb_h1(int pp, int m);
 // One function picks the schedule; v is ignored by gpipe and 1f1b, and zb_h1
@@ -144,12 +144,11 @@ struct CheckOptions {
   // The part of t_backward that is W in a schedule that splits the backward:
   // there B takes t_backward - t_weight and W t_weight (defaults: F = B = W).
   double t_weight = 1.0;
-  // What-if: the W's that follow a batch run while it is in flight (they need
-  // nothing it carries), so they fill the wait for the neighbour instead of
-  // coming after it. The executor runs them after the batch (Communicator::batch
-  // posts and waits in one call): off is what runs. ZB-H1 reaches its textbook
-  // bubble only this way; with W's after the batch it waits as long as 1F1B.
-  bool overlap_weights = false;
+  // The W's that follow a batch run while it is in flight (they need nothing it
+  // carries), so they fill the wait for the neighbour instead of coming after it:
+  // what the executor runs (the batch on a thread of its own). Off: the W's wait
+  // for the batch, and ZB-H1's step takes as long as 1F1B's.
+  bool overlap_weights = true;
 };
 
 // A micro-batch holds an activation slot from its F until the batch after its B

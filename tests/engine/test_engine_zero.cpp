@@ -1,6 +1,8 @@
 // ZeRO stages and the zero-bubble schedule through the engine, ranks as threads over the
 // `local` communicator: both change where state lives and when work runs, never what is
 // computed, so every run follows the one it replaces.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <string>
@@ -120,4 +122,38 @@ TEST_CASE("engine: the zb-h1 schedule gives the 1f1b losses for 20 steps under p
   const Layout l{2, 2, 1};
   require_close(losses_of(testing::run_layout(spec_for(2, parallel_of(l, "zb-h1"), 20, 1), l, "", 20)),
                 losses_of(testing::run_layout(spec_for(0, parallel_of(l, "1f1b"), 20, 1), l, "", 20)), 1e-5);
+}
+
+TEST_CASE("engine: ZeRO 1 and 2 hold a 1/dp part of AdamW's moments, every parameter once", "[engine][zero]") {
+  for (int dp : {2, 4}) {
+    const Layout l{dp, 1, 1};
+    for (int zero : {0, 1, 2}) {
+      INFO("dp " << dp << " zero " << zero);
+      const JobSpec spec = spec_for(zero, parallel_of(l), 1);
+      auto world = comm::make_local_world(dp);
+      std::vector<EngineMemory> mem(static_cast<size_t>(dp));
+      std::vector<int64_t> params(static_cast<size_t>(dp));
+      const std::vector<std::string> errors = testing::run_ranks(dp, [&](int r) {
+        Engine e(spec, testing::local_assignment(r, dp, 1, 1, world));
+        mem[size_t(r)] = e.memory();
+        params[size_t(r)] = e.num_params();
+      });
+      int64_t moments = 0;
+      for (int r = 0; r < dp; ++r) {
+        REQUIRE(errors[size_t(r)] == "");
+        CHECK(mem[size_t(r)].zero == zero);
+        CHECK(mem[size_t(r)].params == mem[0].params);  // stages 1 and 2 keep whole parameters
+        CHECK(mem[size_t(r)].grads == mem[0].grads);
+        moments += mem[size_t(r)].optimizer;
+      }
+      const int64_t whole = 2 * params[0] * int64_t(sizeof(float));
+      if (zero == 0) {
+        for (const EngineMemory& m : mem) CHECK(m.optimizer == whole);
+      } else {
+        // The parts over the ranks cover every parameter float exactly once (padding excluded).
+        CHECK(moments == whole);
+        for (const EngineMemory& m : mem) CHECK(m.optimizer <= whole / dp + 2 * 64 * int64_t(sizeof(float)) * dp);
+      }
+    }
+  }
 }
