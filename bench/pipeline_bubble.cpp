@@ -3,8 +3,8 @@
 //   pipeline_bubble [--steps 5] [--layers 8] [--d-model 64] [--seq 32] [--micro-batch 4]
 //
 // For pipeline 2 and 4, micro-batches 4/8/16, schedules 1F1B, interleaved
-// (2 virtual stages) and zero-bubble ZB-H1 (backward split into B and W), runs the PipelineExecutor with the ranks as threads over
-// the local backend on a small GPT and prints, per configuration:
+// (2 virtual stages) and zero-bubble ZB-H1 (backward split into B and W), runs the PipelineExecutor with the
+// ranks as threads over the local backend on a small GPT and prints, per configuration:
 //   theory     GPipe/1F1B (p-1)/(m+p-1); interleaved (p-1)/(v*m+p-1);
 //              ZB-H1 (p-1)/(3m+p-1) (F = B = W)
 //   simulated  check_schedule's bubble: the table's exact idle fraction with

@@ -1,6 +1,5 @@
 #include "checkpoint/shard.hpp"
 
-#include <algorithm>
 #include <cerrno>
 #include <filesystem>
 
@@ -11,7 +10,7 @@ namespace troupe::checkpoint {
 std::string shard_file_name(int rank) { return "shard_r" + std::to_string(rank) + ".safetensors"; }
 
 ShardSnapshot snapshot_shard(const std::string& root, int64_t step, int rank, int world, int generation,
-                             const std::string& layout, int keep, const std::vector<HeldTensor>& tensors,
+                             const std::string& layout, int keep, std::vector<HeldTensor> tensors,
                              const std::string& manifest_json) {
   ShardSnapshot s;
   s.root = std::filesystem::absolute(root).lexically_normal().string();
@@ -22,7 +21,7 @@ ShardSnapshot snapshot_shard(const std::string& root, int64_t step, int rank, in
   s.keep = keep;
   s.file = shard_file_name(rank);
   nlohmann::json slices = nlohmann::json::object();
-  for (const HeldTensor& t : tensors) {
+  for (HeldTensor& t : tensors) {
     const Spread part = spread(t.held, t.replica, t.replicas);
     if (part.end <= part.begin) continue;
     const Shape shape = local_shape(part.stored);
@@ -33,11 +32,15 @@ ShardSnapshot snapshot_shard(const std::string& root, int64_t step, int rank, in
     for (int k = 0; k < 3; ++k) {
       s.names.push_back(prefixes[k] + t.name);
       s.shapes.push_back(shape);
+      std::vector<float>& given = k == 1 ? t.m_part : t.v_part;
+      if (k > 0 && !sources[k]) {
+        TROUPE_CHECK(given.size() == size_t(n), t.name, ": a moment part of ", given.size(), " floats for ",
+                     n);
+        s.buffers.push_back(std::move(given));
+        continue;
+      }
       s.buffers.emplace_back(size_t(n));
-      if (k > 0 && t.moments_are_parts)
-        std::copy(sources[k], sources[k] + n, s.buffers.back().begin());
-      else
-        copy_block(sources[k], t.local_shape, part.dim, part.begin, part.end, s.buffers.back().data());
+      copy_block(sources[k], t.local_shape, part.dim, part.begin, part.end, s.buffers.back().data());
     }
     slices[t.name] = slice_json(part.stored);
   }

@@ -26,9 +26,9 @@ struct HeldTensor {
   const float* m = nullptr;
   const float* v = nullptr;
   int replica = 0, replicas = 1;  // this rank among the ranks holding the same slice
-  // m and v already hold only this replica's part (spread(held, replica, replicas), in
-  // copy_block's layout), not the whole local tensor: ZeRO ranks own no whole moments.
-  bool moments_are_parts = false;
+  // Instead of m and v: this replica's part of them (spread(held, replica, replicas), in
+  // copy_block's layout), moved into the snapshot as it is. ZeRO ranks own no whole moments.
+  std::vector<float> m_part, v_part;
 };
 
 struct ShardSnapshot {
@@ -45,9 +45,10 @@ struct ShardSnapshot {
 
 std::string shard_file_name(int rank);
 
-// Copies this rank's part of `tensors` (each replica its share) into a snapshot.
+// Copies this rank's part of `tensors` (each replica its share) into a snapshot; moves
+// the moments' parts where a tensor comes with them.
 ShardSnapshot snapshot_shard(const std::string& root, int64_t step, int rank, int world, int generation,
-                             const std::string& layout, int keep, const std::vector<HeldTensor>& tensors,
+                             const std::string& layout, int keep, std::vector<HeldTensor> tensors,
                              const std::string& manifest_json);
 
 // Writes the snapshot into step_N.tmp (fsynced) and returns the report a committer

@@ -122,7 +122,8 @@ std::vector<Diagnostic> runnable_issues(const JobSpec& spec) {
     issue("resources.device", "resources.device: cuda: this build's engine trains on CPU only",
           "use device: cpu (or delete the key: cpu is the default)");
   if (spec.train.zero == 3)
-    issue("train.zero", "train.zero: 3 (sharded parameters, gathered per layer) is not implemented in this engine",
+    issue("train.zero",
+          "train.zero: 3 (sharded parameters, gathered per layer) is not implemented in this engine",
           "use zero: 2 (sharded optimizer state and gradients) or zero: 1; a plan may still model stage 3");
   sort_by_position(out);
   return out;

@@ -177,7 +177,8 @@ struct Engine::Impl {
       zpart = std::make_unique<parallel::ZeroPartition>(stage_ptrs, layout().dp, coord().d, bucket_floats);
       refs = zpart->refs();
     } else {
-      for (auto* p : params) refs.push_back({p->name, p->data.f32(), p->grad.f32(), size_t(p->data.numel()), p->decay});
+      for (auto* p : params)
+        refs.push_back({p->name, p->data.f32(), p->grad.f32(), size_t(p->data.numel()), p->decay});
     }
     opt = std::make_unique<AdamW>(s.train.optimizer, refs);
     const char* overlap = std::getenv("TROUPE_DP_OVERLAP");
@@ -543,11 +544,11 @@ struct Engine::Impl {
   // data-parallel group, a whole one over data and tensor groups: the replicas share
   // its bytes out.
   // ZeRO: the moments of each stored part are gathered from their owners over the data group
-  // (collective: every data replica snapshots the same step), into `parts`.
+  // (collective: every data replica snapshots the same step) straight into the snapshot's parts.
   checkpoint::ShardSnapshot snapshot(const std::string& root) const {
     std::vector<checkpoint::HeldTensor> held;
     std::vector<parallel::ZeroPartition::MomentPart> wants;
-    std::vector<std::vector<float>> parts;  // m, v of each want
+    held.reserve(params.size());  // no reallocation: the wants point into the parts
     size_t i = 0;
     for (size_t c = 0; c < stage_ptrs.size(); ++c)
       for (size_t j = 0; j < stage_ptrs[c]->params().size(); ++j) {
@@ -555,7 +556,12 @@ struct Engine::Impl {
         const size_t k = i++;
         if (p.tied_copy) continue;  // stored once, by the first stage
         const bool split = p.split_dim >= 0;
-        checkpoint::HeldTensor t{p.name, held_slice(p), p.data.shape(), p.data.f32(), nullptr, nullptr,
+        checkpoint::HeldTensor t{p.name,
+                                 held_slice(p),
+                                 p.data.shape(),
+                                 p.data.f32(),
+                                 nullptr,
+                                 nullptr,
                                  split ? coord().d : coord().d * layout().tp + coord().t,
                                  split ? layout().dp : layout().dp * layout().tp};
         if (!zpart) {
@@ -563,30 +569,17 @@ struct Engine::Impl {
           t.v = opt->v(k).data();
         } else {
           const checkpoint::Spread part = checkpoint::spread(t.held, t.replica, t.replicas);
-          size_t n = part.end > part.begin ? size_t(p.data.numel() / p.data.size(part.dim)) : 0;
-          n *= size_t(std::max<int64_t>(0, part.end - part.begin));
-          parts.emplace_back(n);
-          parts.emplace_back(n);
-          wants.push_back({c, j, part.dim, part.begin, part.end, nullptr, nullptr});
-          t.moments_are_parts = true;
+          const int64_t rows = std::max<int64_t>(0, part.end - part.begin);
+          const size_t n = rows > 0 ? size_t(p.data.numel() / p.data.size(part.dim) * rows) : 0;
+          t.m_part.resize(n);
+          t.v_part.resize(n);
+          wants.push_back({c, j, part.dim, part.begin, part.end, t.m_part.data(), t.v_part.data()});
         }
-        held.push_back(t);
+        held.push_back(std::move(t));  // a moved vector keeps its buffer
       }
-    if (zpart) {
-      // Pointers once `parts` no longer grows.
-      size_t w = 0;
-      for (auto& t : held) {
-        if (!t.moments_are_parts) continue;
-        wants[w].m = parts[2 * w].data();
-        wants[w].v = parts[2 * w + 1].data();
-        t.m = wants[w].m;
-        t.v = wants[w].v;
-        ++w;
-      }
-      zpart->gather_moment_parts(*dp_group, *opt, wants, copt);
-    }
+    if (zpart) zpart->gather_moment_parts(*dp_group, *opt, wants, copt);
     return checkpoint::snapshot_shard(root, next_step, asg.rank, world_size(), asg.generation, layout().str(),
-                                      spec.checkpoint.keep, held, manifest_json());
+                                      spec.checkpoint.keep, std::move(held), manifest_json());
   }
 
   // Writes the snapshot (fsynced), reports it and returns the committed directory. With

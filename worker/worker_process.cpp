@@ -198,7 +198,8 @@ WorkerResult train(const Assignment& a, const coordinator_actor& coord, const wo
     const bool drained = end == LoopEnd::drained;
     if (drained) std::cout << "drained after step " << engine.next_step() - 1 << std::endl;
     rusage ru{};
-    if (getrusage(RUSAGE_SELF, &ru) == 0) std::cout << "peak RSS " << ru.ru_maxrss / 1024 << " MiB" << std::endl;
+    if (getrusage(RUSAGE_SELF, &ru) == 0)
+      std::cout << "peak RSS " << ru.ru_maxrss / 1024 << " MiB" << std::endl;
     std::lock_guard<std::mutex> lock(control.mu);
     control.engine = nullptr;
     control.phase = drained ? "drained" : "finished";

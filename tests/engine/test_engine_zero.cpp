@@ -17,13 +17,14 @@ using namespace troupe;
 namespace {
 
 JobSpec spec_for(int zero, const std::string& parallel, int64_t steps = 20, int micro_batch = 2) {
-  return parse_spec("name: z\nmodel: {type: gpt, seq_len: 16, d_model: 32, n_layers: 4, n_heads: 4}\n"
-                    "data: {source: synthetic}\n"
-                    "train: {steps: " +
-                        std::to_string(steps) + ", global_batch: 8, micro_batch: " + std::to_string(micro_batch) +
-                        ", seed: 3, zero: " + std::to_string(zero) +
-                        ", optimizer: {lr: 0.003}, grad_clip: 0.5, eval_every: 10}\n" + parallel,
-                    "z.yaml");
+  return parse_spec(
+      "name: z\nmodel: {type: gpt, seq_len: 16, d_model: 32, n_layers: 4, n_heads: 4}\n"
+      "data: {source: synthetic}\n"
+      "train: {steps: " +
+          std::to_string(steps) + ", global_batch: 8, micro_batch: " + std::to_string(micro_batch) +
+          ", seed: 3, zero: " + std::to_string(zero) +
+          ", optimizer: {lr: 0.003}, grad_clip: 0.5, eval_every: 10}\n" + parallel,
+      "z.yaml");
 }
 
 std::string parallel_of(Layout l, const std::string& schedule = "1f1b") {
@@ -99,9 +100,9 @@ TEST_CASE("engine: a checkpoint of one ZeRO stage resumes under another stage an
   }
   // A ZeRO 0 checkpoint loads into ZeRO 2 as well.
   testing::run_layout(spec_for(0, parallel_of(l2)), l2, "", 10, dir + "/z0");
-  require_close(losses_of(testing::run_layout(spec_for(2, parallel_of(l4)), l4,
-                                              checkpoint::resolve(dir + "/z0"), 20)),
-                std::vector<double>(ref.begin() + 10, ref.end()), 1e-5);
+  require_close(
+      losses_of(testing::run_layout(spec_for(2, parallel_of(l4)), l4, checkpoint::resolve(dir + "/z0"), 20)),
+      std::vector<double>(ref.begin() + 10, ref.end()), 1e-5);
   fs::remove_all(dir);
 }
 
@@ -124,7 +125,8 @@ TEST_CASE("engine: the zb-h1 schedule gives the 1f1b losses for 20 steps under p
                 losses_of(testing::run_layout(spec_for(0, parallel_of(l, "1f1b"), 20, 1), l, "", 20)), 1e-5);
 }
 
-TEST_CASE("engine: ZeRO 1 and 2 hold a 1/dp part of AdamW's moments, every parameter once", "[engine][zero]") {
+TEST_CASE("engine: ZeRO 1 and 2 hold a 1/dp part of AdamW's moments, every parameter once",
+          "[engine][zero]") {
   for (int dp : {2, 4}) {
     const Layout l{dp, 1, 1};
     for (int zero : {0, 1, 2}) {
@@ -152,7 +154,8 @@ TEST_CASE("engine: ZeRO 1 and 2 hold a 1/dp part of AdamW's moments, every param
       } else {
         // The parts over the ranks cover every parameter float exactly once (padding excluded).
         CHECK(moments == whole);
-        for (const EngineMemory& m : mem) CHECK(m.optimizer <= whole / dp + 2 * 64 * int64_t(sizeof(float)) * dp);
+        for (const EngineMemory& m : mem)
+          CHECK(m.optimizer <= whole / dp + 2 * 64 * int64_t(sizeof(float)) * dp);
       }
     }
   }
