@@ -1,5 +1,8 @@
 #include "parallel/zero.hpp"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <numeric>
@@ -79,6 +82,21 @@ void reduce_scatter_bucket(comm::Communicator& group, float* g, size_t count, st
     sum = scratch.data() + padded;
   }
   std::memcpy(g + begin, sum, (end - begin) * sizeof(float));
+  release_floats(g, begin);
+  release_floats(g + end, count - end);
+}
+
+void release_floats(float* g, size_t n) {
+  if (n == 0) return;
+  static const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(g), hi = lo + n * sizeof(float);
+  const uintptr_t plo = (lo + page - 1) / page * page, phi = hi / page * page;
+  if (plo >= phi || ::madvise(reinterpret_cast<void*>(plo), phi - plo, MADV_DONTNEED) != 0) {
+    std::memset(g, 0, n * sizeof(float));  // no whole page inside (or no madvise): zero in place
+    return;
+  }
+  std::memset(g, 0, plo - lo);
+  std::memset(reinterpret_cast<void*>(phi), 0, hi - phi);
 }
 
 void allgather_bucket(comm::Communicator& group, float* x, size_t count, std::vector<float>& scratch,
@@ -162,6 +180,13 @@ void ZeroPartition::reduce_scatter_grads(comm::Communicator& group, const comm::
     const Tensor& flat = st->store().flat_grads();
     for (const auto& [b0, b1] : buckets_of(size_t(flat.numel()), bucket_floats_))
       reduce_scatter_bucket(group, flat.f32() + b0, b1 - b0, scratch_, opt);
+  }
+}
+
+void ZeroPartition::release_grads() {
+  for (model::Stage* st : stages_) {
+    const Tensor& flat = st->store().flat_grads();
+    release_floats(flat.f32(), size_t(flat.numel()));
   }
 }
 

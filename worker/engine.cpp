@@ -371,6 +371,15 @@ struct Engine::Impl {
     return local;
   }
 
+  // The part of each reduced bucket's time that ran before `until` (the end of the backward
+  // it overlapped).
+  static void collect_overlap(const std::vector<parallel::BucketReducer::Span>& spans,
+                              parallel::BucketReducer::clock::time_point until, StepReport& r) {
+    for (const auto& [b0, b1] : spans)
+      r.overlap_ms +=
+          std::max(0.0, std::chrono::duration<double, std::milli>(std::min(b1, until) - b0).count());
+  }
+
   StepReport step(const std::atomic<bool>& abort) {
     using clock = std::chrono::steady_clock;
     const auto t0 = clock::now();
@@ -378,7 +387,10 @@ struct Engine::Impl {
     const int B = spec.train.global_batch;
     const double scale = scaler.scale();
     const float dloss = float(scale / double(int64_t(B) * T));
-    for (auto* st : stage_ptrs) st->zero_grads();
+    if (zero == 2)
+      zpart->release_grads();  // the whole gradient held only while a backward writes it
+    else
+      for (auto* st : stage_ptrs) st->zero_grads();
     double loss_sum = 0.0;
     StepReport r;
     if (!exec) {
@@ -393,7 +405,11 @@ struct Engine::Impl {
         check_abort(abort);
         set_where("step " + std::to_string(s) + ": backward micro-batch " + std::to_string(mb));
         // Earlier micro-batches only accumulate: no bucket is final before the last one.
-        if (reducer && mb == n_micro - 1)
+        // Under ZeRO 2 each micro-batch's buckets are reduce-scattered (and all but this
+        // rank's parts released) as they finish; the next backward writes them again only
+        // once they are done.
+        if (reducer && zero == 2 && mb > 0) collect_overlap(reducer->wait(), clock::now(), r);
+        if (reducer && (zero == 2 || mb == n_micro - 1))
           reducer->backward_overlapped(st, dloss);
         else
           st.backward(0, nullptr, dloss);
@@ -403,9 +419,7 @@ struct Engine::Impl {
       if (reducer) {
         const auto t_wait = clock::now();
         set_where("step " + std::to_string(s) + ": data-parallel allreduce of the remaining buckets");
-        for (const auto& [b0, b1] : reducer->wait())
-          r.overlap_ms += std::max(
-              0.0, std::chrono::duration<double, std::milli>(std::min(b1, t_backward_end) - b0).count());
+        collect_overlap(reducer->wait(), t_backward_end, r);
         r.comm_ms += std::chrono::duration<double, std::milli>(clock::now() - t_wait).count();
       }
     } else {
@@ -682,7 +696,9 @@ std::string to_string(const EngineMemory& m) {
   };
   std::string s = "params " + mib(m.params);
   if (m.compute > 0) s += " (+ " + mib(m.compute) + " 16-bit copy)";
-  s += ", grads " + mib(m.grads) + ", optimizer " + mib(m.optimizer);
+  s += ", grads " + mib(m.grads);
+  if (m.grads_kept != m.grads) s += " (" + mib(m.grads_kept) + " kept between buckets)";
+  s += ", optimizer " + mib(m.optimizer);
   if (m.zero > 0) s += " (ZeRO " + std::to_string(m.zero) + ")";
   return s;
 }
@@ -697,6 +713,7 @@ EngineMemory Engine::memory() const {
   }
   for (const ParamRef& r : impl_->refs) m.optimizer += int64_t(2 * r.numel * sizeof(float));
   m.zero = impl_->zero;
+  m.grads_kept = m.zero == 2 ? int64_t(impl_->zpart->owned_floats() * sizeof(float)) : m.grads;
   return m;
 }
 std::string Engine::where() const { return impl_->current_where(); }

@@ -60,9 +60,12 @@ struct StepReport {
 
 // Bytes this rank holds for training state (not activations): what ZeRO shards.
 struct EngineMemory {
-  int64_t params = 0;     // f32 master weights (every rank holds its chunks' whole parameters)
-  int64_t compute = 0;    // their 16-bit copy in mixed precision (0 in fp32)
-  int64_t grads = 0;      // the f32 gradient buffers the backward accumulates into
+  int64_t params = 0;   // f32 master weights (every rank holds its chunks' whole parameters)
+  int64_t compute = 0;  // their 16-bit copy in mixed precision (0 in fp32)
+  int64_t grads = 0;    // the f32 gradient buffers the backward accumulates into
+  // What of them stays resident between the buckets of a backward: all of it, except under
+  // ZeRO 2 (this rank's parts; the rest is released after each bucket's reduce-scatter).
+  int64_t grads_kept = 0;
   int64_t optimizer = 0;  // AdamW's m and v: this rank's part under ZeRO 1 and 2
   int zero = 0;           // the ZeRO stage in effect (0 without data parallelism)
 };

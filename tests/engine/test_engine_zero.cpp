@@ -140,8 +140,9 @@ TEST_CASE("engine: ZeRO 1 and 2 hold a 1/dp part of AdamW's moments, every param
         mem[size_t(r)] = e.memory();
         params[size_t(r)] = e.num_params();
       });
-      int64_t moments = 0;
+      int64_t moments = 0, kept = 0;
       for (int r = 0; r < dp; ++r) {
+        kept += mem[size_t(r)].grads_kept;
         REQUIRE(errors[size_t(r)] == "");
         CHECK(mem[size_t(r)].zero == zero);
         CHECK(mem[size_t(r)].params == mem[0].params);  // stages 1 and 2 keep whole parameters
@@ -154,6 +155,9 @@ TEST_CASE("engine: ZeRO 1 and 2 hold a 1/dp part of AdamW's moments, every param
       } else {
         // The parts over the ranks cover every parameter float exactly once (padding excluded).
         CHECK(moments == whole);
+        // ZeRO 2 keeps only the reduced parts of the gradient: together every float once.
+        if (zero == 2) CHECK(kept == whole / 2);
+        if (zero == 1) CHECK(kept == dp * mem[0].grads);
         for (const EngineMemory& m : mem)
           CHECK(m.optimizer <= whole / dp + 2 * 64 * int64_t(sizeof(float)) * dp);
       }
