@@ -85,3 +85,18 @@ TEST_CASE("runnable: a spec built in code is refused for the file as a whole", "
   CHECK(troupe::runnable_issues(back)[0].file == "spec.yaml");
   CHECK(troupe::runnable_issues(back)[0].line > 1);
 }
+
+TEST_CASE("runnable: ZeRO 3 parses, and is refused at train.zero, while 0 to 2 run", "[core][spec][zero]") {
+  const JobSpec s = parse_spec(std::string(kSpec) + "  zero: 3\n", "job.yaml");
+  const auto issues = troupe::runnable_issues(s);
+  REQUIRE(issues.size() == 1);
+  CHECK(issues[0].line == 13);  // the line of `zero: 3`
+  CHECK(issues[0].str().find("train.zero: 3 (sharded parameters, gathered per layer) is not implemented") !=
+        std::string::npos);
+  for (int z : {0, 1, 2}) {
+    INFO("zero " << z);
+    CHECK(troupe::runnable_issues(
+              parse_spec(std::string(kSpec) + "  zero: " + std::to_string(z) + "\n", "z.yaml"))
+              .empty());
+  }
+}
