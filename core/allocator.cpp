@@ -1,6 +1,10 @@
 #include "core/allocator.hpp"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -31,6 +35,17 @@ class CpuAllocator final : public Allocator {
   }
   void copy(void* dst, const void* src, size_t bytes) override {
     if (bytes > 0 && dst != src) std::memmove(dst, src, bytes);
+  }
+  void release(void* p, size_t bytes) override {
+    if (bytes == 0) return;
+    static const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+    const uintptr_t lo = reinterpret_cast<uintptr_t>(p), hi = lo + bytes;
+    const uintptr_t plo = (lo + page - 1) / page * page, phi = hi / page * page;
+    // No whole page inside (or no madvise): zero in place.
+    if (plo >= phi || ::madvise(reinterpret_cast<void*>(plo), phi - plo, MADV_DONTNEED) != 0)
+      return zero(p, bytes);
+    zero(p, plo - lo);
+    zero(reinterpret_cast<void*>(phi), hi - phi);
   }
 };
 

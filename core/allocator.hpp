@@ -24,6 +24,11 @@ class Allocator {
   // On memory of this allocator's device: zero-fill, and a copy (ranges may overlap).
   virtual void zero(void* p, size_t bytes) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  // zero() that may also hand the whole memory pages inside [p, p + bytes) back to the
+  // system until they are written again (the CPU allocator: madvise MADV_DONTNEED on
+  // its private pages, which read back as zeros; the partial pages at the ends are
+  // zeroed in place). What ZeRO 2 does with the gradient it no longer owns.
+  virtual void release(void* p, size_t bytes) { zero(p, bytes); }
 };
 
 // The process's CPU allocator (std::aligned_alloc); lives for the whole process.

@@ -124,7 +124,7 @@ std::vector<Diagnostic> runnable_issues(const JobSpec& spec) {
   if (spec.train.zero == 3)
     issue("train.zero",
           "train.zero: 3 (sharded parameters, gathered per layer) is not implemented in this engine",
-          "use zero: 2 (sharded optimizer state and gradients) or zero: 1; a plan may still model stage 3");
+          "use zero: 2 (sharded optimizer state and gradients) or zero: 1");
   sort_by_position(out);
   return out;
 }

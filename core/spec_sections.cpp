@@ -439,7 +439,7 @@ void parallel_rules(Section& s, JobSpec& j) {
   if (sched_ok && pp_ok && p.schedule == Schedule::interleaved && p.pipeline < 2)
     ctx.error(ctx.loc("parallel.schedule"), "schedule interleaved needs parallel.pipeline of 2 or more",
               "interleaving spreads model chunks over pipeline ranks; set pipeline: 2 or use schedule: 1f1b");
-  if (sched_ok && p.schedule == Schedule::zb_h1 && ctx.ok("train.recompute") &&
+  if (sched_ok && pp_ok && p.pipeline > 1 && p.schedule == Schedule::zb_h1 && ctx.ok("train.recompute") &&
       t.recompute != Recompute::none)
     ctx.error(ctx.loc("parallel.schedule"),
               "schedule zb-h1 runs each weight gradient after its input gradient, from every block's saved "

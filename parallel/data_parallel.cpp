@@ -15,11 +15,12 @@ void reduce_buckets(comm::Communicator& group, float* g, size_t n, size_t bucket
 }
 
 BucketReducer::BucketReducer(comm::Communicator* group, const comm::Options& opt, size_t bucket_floats,
-                             BucketCollective collective)
+                             BucketCollective collective, Allocator& alloc)
     : group_(group),
       opt_(opt),
       bucket_floats_(bucket_floats),
       collective_(collective),
+      alloc_(&alloc),
       thread_(&BucketReducer::run, this) {}
 
 BucketReducer::~BucketReducer() {
@@ -105,7 +106,7 @@ void BucketReducer::run() {
     const auto t0 = clock::now();
     try {
       if (collective_ == BucketCollective::reduce_scatter)
-        reduce_scatter_bucket(*group_, b.data, b.count, scratch, opt_);
+        reduce_scatter_bucket(*group_, b.data, b.count, scratch, opt_, *alloc_);
       else
         group_->allreduce(b.data, b.count, comm::ReduceOp::sum, opt_);
     } catch (...) {

@@ -50,8 +50,10 @@ class BucketReducer {
   using clock = std::chrono::steady_clock;
   using Span = std::pair<clock::time_point, clock::time_point>;
 
+  // alloc: the allocator of the gradients (reduce_scatter releases what a rank does not own).
   BucketReducer(comm::Communicator* group, const comm::Options& opt, size_t bucket_floats,
-                BucketCollective collective = BucketCollective::allreduce);
+                BucketCollective collective = BucketCollective::allreduce,
+                Allocator& alloc = cpu_allocator());
   ~BucketReducer();
   BucketReducer(const BucketReducer&) = delete;
   BucketReducer& operator=(const BucketReducer&) = delete;
@@ -66,8 +68,9 @@ class BucketReducer {
   // is released by aborting the group (its peers learn at once; the step is lost anyway).
   void cancel() noexcept;
 
-  // The last micro-batch's backward of `stage`, each bucket of its flat gradients handed
-  // to this reducer as soon as the backward has finished writing it. Returns when the
+  // A micro-batch's backward of `stage` (the last one's; under ZeRO 2 every one's), each
+  // bucket of its flat gradients handed to this reducer as soon as the backward has
+  // finished writing it. Returns when the
   // backward is done; buckets may still be in flight (wait()).
   void backward_overlapped(model::Stage& stage, float dloss);
 
@@ -82,6 +85,7 @@ class BucketReducer {
   comm::Options opt_;
   size_t bucket_floats_;
   BucketCollective collective_;
+  Allocator* alloc_;
   std::mutex m_;
   std::condition_variable cv_, idle_;
   std::deque<Bucket> queue_;

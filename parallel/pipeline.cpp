@@ -169,12 +169,17 @@ void PipelineExecutor::compute(const plan::Op& op, const MicroBatchSource& data,
     if (!first) release(in);
     if (last) res.loss_sum += loss;
   } else if (op.pass == plan::Pass::W) {
-    // The weight gradients of a split backward; rank_program placed this op after the batch that
-    // sent the micro-batch's input gradient, so its slot is free once they are done.
+    // The weight gradients of a split backward. rank_program placed this op after the batch
+    // that sends the micro-batch's input gradient; while that batch is still in flight (run()
+    // overlaps it) the slot is given back once it is done, before any later F.
     const int slot = slot_of_[op.chunk].at(op.mb);
     st.backward_weights(slot);
-    free_slots_[op.chunk].push_back(slot);
-    slot_of_[op.chunk].erase(op.mb);
+    if (overlapping_) {
+      to_free_.push_back({op.chunk, op.mb});
+    } else {
+      free_slots_[op.chunk].push_back(slot);
+      slot_of_[op.chunk].erase(op.mb);
+    }
   } else {
     const int slot = slot_of_[op.chunk].at(op.mb);
     // A split schedule's B is the input gradient only: the slot stays until its W.
@@ -239,24 +244,30 @@ PipelineStepResult PipelineExecutor::run(const MicroBatchSource& data, float dlo
     std::vector<comm::P2POp> ops = post(st.batch);
     auto in_flight = std::async(std::launch::async, [&] { comm_->batch(ops, options_); });
     double w_ms = 0.0;
+    overlapping_ = true;
     try {
       for (size_t j = i + 1; j < w_end; ++j) {
+        // A batch that failed (an aborted group, a dead peer) stops the W's at once.
+        if (in_flight.valid() && in_flight.wait_for(std::chrono::seconds(0)) == std::future_status::ready)
+          in_flight.get();
         at_.store(static_cast<int>(j));
         const auto tw = Clock::now();
         compute(program_[j].op, data, dloss, res);
         w_ms += ms_since(tw);
       }
     } catch (...) {
+      overlapping_ = false;
       // The batch's buffers must outlive its transfers: wait for it (it ends, by its peers
       // or by the communicator's deadline or abort) before the error leaves.
-      try {
-        in_flight.get();
-      } catch (...) {
-      }
+      if (in_flight.valid()) try {
+          in_flight.get();
+        } catch (...) {
+        }
       throw;
     }
-    in_flight.get();
-    batch_done();
+    overlapping_ = false;
+    if (in_flight.valid()) in_flight.get();
+    batch_done();  // frees the slots of this batch's gradients and of the W's
     res.timing.compute_ms += w_ms;
     res.timing.comm_ms += std::max(0.0, ms_since(t0) - w_ms);
     i = w_end - 1;

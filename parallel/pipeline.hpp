@@ -19,7 +19,8 @@
 // Activation slots: chunk c needs plan::check_schedule(...).peak_in_flight[rank][c];
 // a micro-batch takes a free slot at F (the most recently freed, deterministic)
 // and gives it back after the batch that sends its input gradient (at once on
-// model chunk 0, which sends none); in a split schedule, at its W.
+// model chunk 0, which sends none); in a split schedule, after its W and the batch
+// it overlapped.
 #pragma once
 
 #include <atomic>
@@ -48,9 +49,11 @@ using MicroBatchSource = std::function<MicroBatch(int mb)>;
 
 struct PipelineTiming {
   double step_ms = 0.0;     // wall time of run()
-  double compute_ms = 0.0;  // inside Stage::forward / backward
-  double comm_ms = 0.0;     // inside Communicator::batch (transfer + waiting for the peer)
-  double bubble_ms = 0.0;   // step_ms - compute_ms: idle, waiting for neighbours or the wire
+  double compute_ms = 0.0;  // inside Stage::forward / backward (and backward_weights: W)
+  // Inside Communicator::batch (transfer + waiting for the peer); a batch that W's overlap
+  // counts its time beyond theirs.
+  double comm_ms = 0.0;
+  double bubble_ms = 0.0;  // step_ms - compute_ms: idle, waiting for neighbours or the wire
 };
 
 struct PipelineStepResult {
@@ -115,6 +118,7 @@ class PipelineExecutor {
   std::vector<std::vector<int>> free_slots_;      // [chunk] slots not in use; taken from the back
   std::vector<std::map<int, int>> slot_of_;       // [chunk] mb -> slot
   std::vector<std::pair<int, int>> to_free_;      // (chunk, mb) freed after the next batch
+  bool overlapping_ = false;                      // W's running while a batch is in flight
   std::map<uint32_t, std::vector<float>> inbox_;  // received, not yet consumed; by tag
   std::vector<std::vector<float>> spare_;
   std::atomic<int> at_{-1};

@@ -1,8 +1,5 @@
 #include "parallel/zero.hpp"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
 #include <numeric>
@@ -63,7 +60,7 @@ std::vector<std::pair<size_t, size_t>> buckets_of(size_t n, size_t bucket) {
 }
 
 void reduce_scatter_bucket(comm::Communicator& group, float* g, size_t count, std::vector<float>& scratch,
-                           const comm::Options& opt) {
+                           const comm::Options& opt, Allocator& alloc) {
   const int dp = group.size();
   if (dp == 1 || count == 0) return;  // the same count on every rank: all skip together
   const size_t chunk = part_floats(count, dp), padded = chunk * size_t(dp);
@@ -82,21 +79,8 @@ void reduce_scatter_bucket(comm::Communicator& group, float* g, size_t count, st
     sum = scratch.data() + padded;
   }
   std::memcpy(g + begin, sum, (end - begin) * sizeof(float));
-  release_floats(g, begin);
-  release_floats(g + end, count - end);
-}
-
-void release_floats(float* g, size_t n) {
-  if (n == 0) return;
-  static const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
-  const uintptr_t lo = reinterpret_cast<uintptr_t>(g), hi = lo + n * sizeof(float);
-  const uintptr_t plo = (lo + page - 1) / page * page, phi = hi / page * page;
-  if (plo >= phi || ::madvise(reinterpret_cast<void*>(plo), phi - plo, MADV_DONTNEED) != 0) {
-    std::memset(g, 0, n * sizeof(float));  // no whole page inside (or no madvise): zero in place
-    return;
-  }
-  std::memset(g, 0, plo - lo);
-  std::memset(reinterpret_cast<void*>(phi), 0, hi - phi);
+  alloc.release(g, begin * sizeof(float));
+  alloc.release(g + end, (count - end) * sizeof(float));
 }
 
 void allgather_bucket(comm::Communicator& group, float* x, size_t count, std::vector<float>& scratch,
@@ -179,14 +163,14 @@ void ZeroPartition::reduce_scatter_grads(comm::Communicator& group, const comm::
   for (model::Stage* st : stages_) {
     const Tensor& flat = st->store().flat_grads();
     for (const auto& [b0, b1] : buckets_of(size_t(flat.numel()), bucket_floats_))
-      reduce_scatter_bucket(group, flat.f32() + b0, b1 - b0, scratch_, opt);
+      reduce_scatter_bucket(group, flat.f32() + b0, b1 - b0, scratch_, opt, *st->device_context().alloc);
   }
 }
 
 void ZeroPartition::release_grads() {
   for (model::Stage* st : stages_) {
     const Tensor& flat = st->store().flat_grads();
-    release_floats(flat.f32(), size_t(flat.numel()));
+    st->device_context().alloc->release(flat.data(), flat.nbytes());
   }
 }
 
@@ -218,17 +202,17 @@ void ZeroPartition::gather_moment_parts(comm::Communicator& group, const AdamW& 
     TROUPE_CHECK(w.begin == w.end || (w.m && w.v), "ZeRO gather of optimizer moments: no output buffer");
   }
 
-  // One bucket of moments at a time, padded to dp equal parts so that it is all-gathered
-  // in place: this rank's part is [d*chunk, d*chunk + len) of the bucket, as bucket_part.
-  std::vector<float> buf;
+  // One bucket of moments at a time, laid out as the flat buffer: this rank fills its part
+  // (bucket_part) from its pieces, allgather_bucket brings the others'.
+  std::vector<float> buf, scratch;
   for (size_t s = 0; s < stages_.size(); ++s) {
     const size_t n = size_t(stages_[s]->store().flat_params().numel());
     for (const auto& [b0, b1] : buckets_of(n, bucket_floats_)) {
-      const size_t count = b1 - b0, chunk = part_floats(count, dp_);
-      if (buf.size() < chunk * size_t(dp_)) buf.resize(chunk * size_t(dp_));
-      float* mine = buf.data() + size_t(d_) * chunk;
+      const size_t count = b1 - b0;
+      const auto [own0, own1] = bucket_part(count, dp_, d_);
+      if (buf.size() < count) buf.resize(count);
       for (int which = 0; which < 2; ++which) {
-        std::fill(mine, mine + chunk, 0.0f);
+        std::fill(buf.data() + own0, buf.data() + own1, 0.0f);  // padding between parameters
         for (size_t i = 0; i < pieces_.size(); ++i) {
           const Piece& pc = pieces_[i];
           const size_t a = std::max(pc.flat, b0), b = std::min(pc.flat + pc.len, b1);
@@ -236,7 +220,7 @@ void ZeroPartition::gather_moment_parts(comm::Communicator& group, const AdamW& 
           const std::vector<float>& mom = which == 0 ? opt.m(i) : opt.v(i);
           std::memcpy(buf.data() + (a - b0), mom.data() + (a - pc.flat), (b - a) * sizeof(float));
         }
-        if (dp_ > 1 && count > 0) group.allgather(mine, buf.data(), chunk, opt_comm);
+        allgather_bucket(group, buf.data(), count, scratch, opt_comm);
         for (const MomentPart& w : want) {
           if (w.stage != s) continue;
           const Span& sp = spans_[s][w.param];

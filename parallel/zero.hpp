@@ -47,16 +47,11 @@ std::pair<size_t, size_t> bucket_part(size_t count, int dp, int d);
 std::vector<std::pair<size_t, size_t>> buckets_of(size_t n, size_t bucket);
 
 // Sum over `group` of every rank's g[0, count); rank d's part of g (bucket_part) receives
-// the sum, the rest of g is released (release_floats). One reduce_scatter of
-// ceil(count/dp) per rank (padded with zeros in scratch when count % dp != 0). A group of
-// one: nothing to do.
+// the sum, the rest of g is released (Allocator::release of g's allocator: zero, its whole
+// pages handed back to the system). One reduce_scatter of ceil(count/dp) per rank (padded
+// with zeros in scratch when count % dp != 0). A group of one: nothing to do.
 void reduce_scatter_bucket(comm::Communicator& group, float* g, size_t count, std::vector<float>& scratch,
-                           const comm::Options& opt);
-// Sets g[0, n) to zero and hands the whole memory pages inside it back to the system
-// (madvise MADV_DONTNEED on private memory: they read back as zeros and take no memory
-// until written again); the partial pages at either end are zeroed in place, so the
-// floats around the range are untouched.
-void release_floats(float* g, size_t n);
+                           const comm::Options& opt, Allocator& alloc = cpu_allocator());
 // Every rank's part of x[0, count) to everyone: afterwards x holds all parts (one allgather
 // of ceil(count/dp) per rank; what x held outside this rank's part is overwritten).
 void allgather_bucket(comm::Communicator& group, float* x, size_t count, std::vector<float>& scratch,
@@ -96,8 +91,8 @@ class ZeroPartition {
   // Stage 2 after the backward: reduce_scatter_bucket over every bucket of every stage's
   // flat gradients.
   void reduce_scatter_grads(comm::Communicator& group, const comm::Options& opt);
-  // Stage 2 before a step: every stage's flat gradients zeroed by release_floats (a memset
-  // would make every page resident again).
+  // Stage 2 before a step: every stage's flat gradients zeroed by Allocator::release (a
+  // memset would make every page resident again).
   void release_grads();
   // After the optimizer step: allgather_bucket over every bucket of every stage's flat
   // parameters (the caller refreshes the compute copies afterwards).

@@ -424,6 +424,9 @@ void check_matching(const Schedule& s, const std::vector<SimRank>& ranks) {
 
 CheckResult check_schedule(const Schedule& s, const CheckOptions& opt) {
   check_table(s);
+  if (s.split_backward() && !(opt.t_weight >= 0.0 && opt.t_weight <= opt.t_backward))
+    throw ScheduleError("t_weight " + std::to_string(opt.t_weight) + " must be in [0, t_backward = " +
+                        std::to_string(opt.t_backward) + "]: W is part of the backward");
   std::vector<SimRank> ranks(s.pp);
   for (int p = 0; p < s.pp; ++p) ranks[p].prog = rank_program(s, p, opt.pairing);
   check_matching(s, ranks);

@@ -123,11 +123,10 @@ struct Engine::Impl {
   parallel::LossScaler scaler{false};
   parallel::OverflowFault fault;
   // Data-parallel reduction: bucket size and, with pp == 1, the thread that reduces each
-  // bucket of the last micro-batch's backward as soon as it is final (TROUPE_DP_OVERLAP=0:
-  // after the backward, on the engine thread). With a pipeline the last backward of each
-  // chunk runs inside the executor, interleaved with transfers of other micro-batches,
-  // and the tied-embedding sum has to precede the embedding's bucket, so the reduction
-  // stays after the schedule.
+  // bucket of the last micro-batch's backward (ZeRO 2: of every micro-batch's) as soon as
+  // it is final (TROUPE_DP_OVERLAP=0: after the backward, on the engine thread). With a pipeline the last
+  // backward of each chunk runs inside the executor, interleaved with transfers of other micro-batches, and
+  // the tied-embedding sum has to precede the embedding's bucket, so the reduction stays after the schedule.
   size_t bucket_floats = parallel::kDefaultBucketFloats;
   std::unique_ptr<parallel::BucketReducer> reducer;
   // ZeRO (train.zero >= 1 with data > 1): this data-parallel rank's part of every bucket of the
@@ -185,7 +184,8 @@ struct Engine::Impl {
     if (dp_group && !exec && !(overlap != nullptr && std::string(overlap) == "0"))
       reducer = std::make_unique<parallel::BucketReducer>(
           dp_group.get(), copt, bucket_floats,
-          zero == 2 ? parallel::BucketCollective::reduce_scatter : parallel::BucketCollective::allreduce);
+          zero == 2 ? parallel::BucketCollective::reduce_scatter : parallel::BucketCollective::allreduce,
+          *ctx.alloc);
     tokens.resize(size_t(plan.micro_batch) * T);
     targets.resize(size_t(plan.micro_batch) * T);
     if (!a.resume_from.empty())
@@ -397,28 +397,41 @@ struct Engine::Impl {
       const auto t_compute = clock::now();
       model::Stage& st = *stage_ptrs[0];
       const int micro_batch = plan.micro_batch, n_micro = plan.n_micro;
-      for (int mb = 0; mb < n_micro; ++mb) {
-        check_abort(abort);
-        data.get_rows(s, B, T, first_row(mb), first_row(mb) + micro_batch, tokens.data(), targets.data());
-        set_where("step " + std::to_string(s) + ": forward micro-batch " + std::to_string(mb));
-        loss_sum += st.forward(0, tokens.data(), nullptr, targets.data(), micro_batch, T);
-        check_abort(abort);
-        set_where("step " + std::to_string(s) + ": backward micro-batch " + std::to_string(mb));
-        // Earlier micro-batches only accumulate: no bucket is final before the last one.
-        // Under ZeRO 2 each micro-batch's buckets are reduce-scattered (and all but this
-        // rank's parts released) as they finish; the next backward writes them again only
-        // once they are done.
-        if (reducer && zero == 2 && mb > 0) collect_overlap(reducer->wait(), clock::now(), r);
-        if (reducer && (zero == 2 || mb == n_micro - 1))
-          reducer->backward_overlapped(st, dloss);
-        else
-          st.backward(0, nullptr, dloss);
+      double waited_ms = 0.0;  // ZeRO 2: waits for the previous micro-batch's buckets
+      try {
+        for (int mb = 0; mb < n_micro; ++mb) {
+          check_abort(abort);
+          data.get_rows(s, B, T, first_row(mb), first_row(mb) + micro_batch, tokens.data(), targets.data());
+          set_where("step " + std::to_string(s) + ": forward micro-batch " + std::to_string(mb));
+          loss_sum += st.forward(0, tokens.data(), nullptr, targets.data(), micro_batch, T);
+          check_abort(abort);
+          set_where("step " + std::to_string(s) + ": backward micro-batch " + std::to_string(mb));
+          // Earlier micro-batches only accumulate: no bucket is final before the last one.
+          // Under ZeRO 2 each micro-batch's buckets are reduce-scattered (and all but this
+          // rank's parts released) as they finish; the next backward writes them again only
+          // once they are done.
+          if (reducer && zero == 2 && mb > 0) {
+            const auto t_wait = clock::now();
+            collect_overlap(reducer->wait(), t_wait, r);
+            waited_ms += std::chrono::duration<double, std::milli>(clock::now() - t_wait).count();
+          }
+          if (reducer && (zero == 2 || mb == n_micro - 1))
+            reducer->backward_overlapped(st, dloss);
+          else
+            st.backward(0, nullptr, dloss);
+        }
+      } catch (...) {
+        if (reducer) reducer->cancel();  // an earlier micro-batch's buckets may be in flight
+        throw;
       }
       const auto t_backward_end = clock::now();
-      r.compute_ms = std::chrono::duration<double, std::milli>(t_backward_end - t_compute).count();
+      r.compute_ms =
+          std::chrono::duration<double, std::milli>(t_backward_end - t_compute).count() - waited_ms;
+      r.comm_ms += waited_ms;
       if (reducer) {
         const auto t_wait = clock::now();
-        set_where("step " + std::to_string(s) + ": data-parallel allreduce of the remaining buckets");
+        set_where("step " + std::to_string(s) + ": data-parallel " +
+                  (zero == 2 ? "reduce-scatter" : "allreduce") + " of the remaining buckets");
         collect_overlap(reducer->wait(), t_backward_end, r);
         r.comm_ms += std::chrono::duration<double, std::milli>(clock::now() - t_wait).count();
       }
@@ -448,7 +461,12 @@ struct Engine::Impl {
     double norm = std::numeric_limits<double>::quiet_NaN();
     const double lr = lr_at(spec.train, s);
     if (stepped) {
-      if (scale != 1.0) parallel::scale_grads(stage_ptrs, float(1.0 / scale));
+      if (scale != 1.0 && zpart) {
+        // Only the owned parts: the rest of a ZeRO 2 gradient is released and stays so.
+        for (const ParamRef& p : refs) ctx.kernels->scale_inplace(p.grad, float(1.0 / scale), p.numel);
+      } else if (scale != 1.0) {
+        parallel::scale_grads(stage_ptrs, float(1.0 / scale));
+      }
       norm = std::sqrt(grad_norm_squared());
     }
     r.comm_ms += std::chrono::duration<double, std::milli>(clock::now() - t_comm).count();
@@ -562,7 +580,7 @@ struct Engine::Impl {
   checkpoint::ShardSnapshot snapshot(const std::string& root) const {
     std::vector<checkpoint::HeldTensor> held;
     std::vector<parallel::ZeroPartition::MomentPart> wants;
-    held.reserve(params.size());  // no reallocation: the wants point into the parts
+    held.reserve(params.size());
     size_t i = 0;
     for (size_t c = 0; c < stage_ptrs.size(); ++c)
       for (size_t j = 0; j < stage_ptrs[c]->params().size(); ++j) {
@@ -640,7 +658,24 @@ struct Engine::Impl {
 
   std::string save(const std::string& root) {
     set_where("checkpoint step " + std::to_string(next_step) + ": waiting for the previous write");
-    wait_writer();
+    if (!zpart) {
+      wait_writer();
+    } else {
+      // The snapshot gathers moments over the data group: a previous write that failed on
+      // one rank stops every rank here, before the gather, not in it.
+      std::exception_ptr failed;
+      try {
+        wait_writer();
+      } catch (...) {
+        failed = std::current_exception();
+      }
+      double flag = failed ? 1.0 : 0.0;
+      dp_group->allreduce(&flag, 1, comm::ReduceOp::max, copt);
+      if (failed) std::rethrow_exception(failed);
+      if (flag > 0.0)
+        throw checkpoint::CheckpointError(
+            "the previous checkpoint write failed on another data-parallel rank");
+    }
     set_where("checkpoint step " + std::to_string(next_step) + ": copying to host memory");
     auto snap = std::make_shared<checkpoint::ShardSnapshot>(snapshot(root));
     const std::string dir = root + "/" + checkpoint::step_dir_name(next_step);
@@ -681,7 +716,14 @@ void Engine::request_abort() {
     if (c) c->abort();
 }
 double Engine::evaluate() { return impl_->evaluate(); }
-std::string Engine::save_checkpoint(const std::string& dir) { return impl_->save(dir); }
+std::string Engine::save_checkpoint(const std::string& dir) {
+  try {
+    return impl_->save(dir);
+  } catch (const comm::CommError&) {  // the ZeRO snapshot's gather, released by request_abort
+    if (abort_.load()) throw EngineAborted();
+    throw;
+  }
+}
 std::string Engine::wait_checkpoint() { return impl_->wait_writer(); }
 int64_t Engine::num_params() const {
   int64_t n = 0;
@@ -713,7 +755,9 @@ EngineMemory Engine::memory() const {
   }
   for (const ParamRef& r : impl_->refs) m.optimizer += int64_t(2 * r.numel * sizeof(float));
   m.zero = impl_->zero;
-  m.grads_kept = m.zero == 2 ? int64_t(impl_->zpart->owned_floats() * sizeof(float)) : m.grads;
+  // Released bucket by bucket only where the reducer overlaps the backward (no pipeline).
+  m.grads_kept =
+      m.zero == 2 && impl_->reducer ? int64_t(impl_->zpart->owned_floats() * sizeof(float)) : m.grads;
   return m;
 }
 std::string Engine::where() const { return impl_->current_where(); }

@@ -64,13 +64,16 @@ struct EngineMemory {
   int64_t compute = 0;  // their 16-bit copy in mixed precision (0 in fp32)
   int64_t grads = 0;    // the f32 gradient buffers the backward accumulates into
   // What of them stays resident between the buckets of a backward: all of it, except under
-  // ZeRO 2 (this rank's parts; the rest is released after each bucket's reduce-scatter).
+  // ZeRO 2 without a pipeline (this rank's parts; the rest is released after each bucket's
+  // reduce-scatter, which overlaps the backward). With a pipeline the reduce-scatter follows
+  // the schedule: the whole gradient is resident until then.
   int64_t grads_kept = 0;
   int64_t optimizer = 0;  // AdamW's m and v: this rank's part under ZeRO 1 and 2
   int zero = 0;           // the ZeRO stage in effect (0 without data parallelism)
 };
 
-// "params 96.9 MiB, grads 96.9 MiB, optimizer 48.4 MiB (ZeRO 2)": what the worker log prints.
+// "params 97.2 MiB, grads 97.2 MiB (24.3 MiB kept between buckets), optimizer 48.6 MiB
+// (ZeRO 2)": what the worker log prints.
 std::string to_string(const EngineMemory& m);
 
 // Thrown by step() after request_abort().
