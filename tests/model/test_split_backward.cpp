@@ -20,9 +20,11 @@
 #include "core/rng.hpp"
 #include "model/stage.hpp"
 #include "tests/model/model_test_util.hpp"
+#include "tests/model/tp_world.hpp"
 
 using namespace troupe;
 using namespace troupe::model;
+using troupe::model::testing::TpWorld;
 
 namespace {
 
@@ -244,48 +246,6 @@ void check_every_model_and_stage(const DeviceContext& ctx, const std::vector<int
       }
 }
 
-// tp shards of one stage over a local communicator group, one thread per shard.
-struct TpWorld {
-  std::vector<std::unique_ptr<comm::Communicator>> comms;
-  std::vector<std::unique_ptr<Stage>> stages;
-
-  TpWorld(const ModelConfig& c, int tp, const StageRange& range, int n_slots, int max_B)
-      : comms(size_t(tp)), stages(size_t(tp)) {
-    auto world = comm::make_local_world(tp);
-    run([&](int r) {
-      comm::CommConfig cc;
-      cc.backend = "local";
-      cc.rank = r;
-      cc.size = tp;
-      cc.group = "tp";
-      cc.local_world = world;
-      comms[size_t(r)] = comm::make_communicator(cc);
-      stages[size_t(r)] =
-          std::make_unique<Stage>(c, range, n_slots, max_B, TensorShard{r, tp}, comms[size_t(r)].get());
-    });
-  }
-  Stage& operator[](int r) { return *stages[size_t(r)]; }
-
-  void run(const std::function<void(int)>& fn) {
-    std::vector<std::string> errors(comms.size());
-    std::vector<std::thread> ts;
-    for (int r = 0; r < int(comms.size()); ++r)
-      ts.emplace_back([&, r] {
-        try {
-          fn(r);
-        } catch (const std::exception& e) {
-          errors[size_t(r)] = e.what();
-          if (comms[size_t(r)]) comms[size_t(r)]->abort();  // unblock the peers
-        }
-      });
-    for (auto& t : ts) t.join();
-    for (size_t r = 0; r < errors.size(); ++r) {
-      INFO("shard " << r);
-      REQUIRE(errors[r] == "");
-    }
-  }
-};
-
 }  // namespace
 
 TEST_CASE("split backward: B then W leaves backward's grads and input_grad, every model and stage",
@@ -306,8 +266,8 @@ TEST_CASE("split backward: the same bits on each tensor-parallel shard (tp 2)", 
       const auto mbs = micro_batches(m.cfg, max_B);
       TpWorld a(m.cfg, tp, r.range, slots, max_B), b(m.cfg, tp, r.range, slots, max_B);
       std::vector<Result> ref(tp), split(tp);
-      a.run([&](int q) { ref[size_t(q)] = run(a[q], mbs, false); });
-      b.run([&](int q) { split[size_t(q)] = run(b[q], mbs, true); });
+      a.run([&](int q, Stage& st) { ref[size_t(q)] = run(st, mbs, false); });
+      b.run([&](int q, Stage& st) { split[size_t(q)] = run(st, mbs, true); });
       for (int q = 0; q < tp; ++q) {
         INFO("shard " << q);
         check_split_equals_backward(b[q], ref[size_t(q)], split[size_t(q)]);

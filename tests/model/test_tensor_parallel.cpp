@@ -21,9 +21,11 @@
 #include "model/param_io.hpp"
 #include "model/stage.hpp"
 #include "model/tensor_parallel.hpp"
+#include "tests/model/tp_world.hpp"
 
 using namespace troupe;
 using namespace troupe::model;
+using troupe::model::testing::TpWorld;
 namespace fs = std::filesystem;
 
 namespace {
@@ -95,55 +97,6 @@ double worst_rel(const float* a, const std::vector<float>& b, double floor_frac 
 bool same_bits(const Tensor& a, const Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
 }
-
-// tp shards of one stage, each with its rank of a local communicator group. run() calls
-// fn on one thread per shard (the collectives inside need all of them at once).
-struct TpWorld {
-  std::vector<std::unique_ptr<comm::Communicator>> comms;
-  std::vector<std::unique_ptr<Stage>> stages;
-
-  TpWorld(const ModelConfig& c, int tp, const StageRange& range, int n_slots = 1, int max_B = 1)
-      : comms(static_cast<size_t>(tp)), stages(static_cast<size_t>(tp)) {
-    auto world = comm::make_local_world(tp);
-    run_threads([&](int r) {
-      comm::CommConfig cc;
-      cc.backend = "local";
-      cc.rank = r;
-      cc.size = tp;
-      cc.group = "tp";
-      cc.local_world = world;
-      comms[static_cast<size_t>(r)] = comm::make_communicator(cc);
-      stages[static_cast<size_t>(r)] = std::make_unique<Stage>(c, range, n_slots, max_B, TensorShard{r, tp},
-                                                               comms[static_cast<size_t>(r)].get());
-    });
-  }
-  int size() const { return static_cast<int>(stages.size()); }
-  Stage& operator[](int r) { return *stages[static_cast<size_t>(r)]; }
-
-  void run(const std::function<void(int, Stage&)>& fn) {
-    run_threads([&](int r) { fn(r, *stages[static_cast<size_t>(r)]); });
-  }
-
- private:
-  void run_threads(const std::function<void(int)>& fn) {
-    std::vector<std::string> errors(comms.size());
-    std::vector<std::thread> ts;
-    for (int r = 0; r < static_cast<int>(comms.size()); ++r)
-      ts.emplace_back([&, r] {
-        try {
-          fn(r);
-        } catch (const std::exception& e) {
-          errors[static_cast<size_t>(r)] = e.what();
-          if (comms[static_cast<size_t>(r)]) comms[static_cast<size_t>(r)]->abort();  // unblock the peers
-        }
-      });
-    for (auto& t : ts) t.join();
-    for (size_t r = 0; r < errors.size(); ++r) {
-      INFO("shard " << r);
-      REQUIRE(errors[r] == "");
-    }
-  }
-};
 
 // Gives every shard its slice of the full model's current values.
 void copy_slices(Stage& full, TpWorld& w) {

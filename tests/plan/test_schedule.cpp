@@ -3,32 +3,10 @@
 #include <string>
 
 #include "plan/schedule.hpp"
+#include "tests/plan/schedule_util.hpp"
 
 using namespace troupe;
 using namespace troupe::plan;
-
-namespace {
-
-std::string table_text(const Schedule& s) {
-  std::string out;
-  for (int p = 0; p < s.pp; ++p) {
-    out += "rank " + std::to_string(p) + ":";
-    for (const Op& op : s.ranks[p]) out += " " + to_string(op);
-    out += "\n";
-  }
-  return out;
-}
-
-std::string error_of(const Schedule& s, const CheckOptions& opt = {}) {
-  try {
-    check_schedule(s, opt);
-  } catch (const ScheduleError& e) {
-    return e.what();
-  }
-  return "";
-}
-
-}  // namespace
 
 TEST_CASE("schedule: micro-batches per step", "[parallel][schedule]") {
   REQUIRE(micro_batches(32, 2, 4) == 4);

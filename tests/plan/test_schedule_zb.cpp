@@ -4,21 +4,12 @@
 #include <string>
 
 #include "plan/schedule.hpp"
+#include "tests/plan/schedule_util.hpp"
 
 using namespace troupe;
 using namespace troupe::plan;
 
 namespace {
-
-std::string table_text(const Schedule& s) {
-  std::string out;
-  for (int p = 0; p < s.pp; ++p) {
-    out += "rank " + std::to_string(p) + ":";
-    for (const Op& op : s.ranks[p]) out += " " + to_string(op);
-    out += "\n";
-  }
-  return out;
-}
 
 // "B1 [>g1@0 <a4@0] W0 F4": compute steps, and batches of sends (>) and
 // receives (<) of activations (a) or gradients (g) of a micro-batch, @ peer.
@@ -46,15 +37,6 @@ std::vector<ProgramStep> without_weights(std::vector<ProgramStep> prog) {
                             [](const ProgramStep& st) { return st.compute && st.op.pass == Pass::W; }),
              prog.end());
   return prog;
-}
-
-std::string error_of(const Schedule& s, const CheckOptions& opt = {}) {
-  try {
-    check_schedule(s, opt);
-  } catch (const ScheduleError& e) {
-    return e.what();
-  }
-  return "";
 }
 
 // W's wait for the batch before them instead of running while it is in flight.
