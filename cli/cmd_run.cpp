@@ -38,6 +38,7 @@ struct RunOptions {
   std::string resume;
   bool quiet = false;
   bool in_process = false;
+  int64_t trace = 0;  // --trace N: steps [1, 1 + N) (the first warms up), over train.trace
 };
 
 std::string layout_string(const JobSpec& s) { return layout_of(s.parallel).str(); }
@@ -104,6 +105,11 @@ int run_job(const RunOptions& opt) {
   JobSpec spec;
   try {
     spec = load_spec(opt.spec_path);
+    if (opt.trace > 0) {
+      // The first step warms up (allocations, page faults): the trace starts after it when it can.
+      spec.train.trace.steps = std::min<int64_t>(opt.trace, spec.train.steps);
+      spec.train.trace.from_step = std::min<int64_t>(1, spec.train.steps - spec.train.trace.steps);
+    }
     require_startable(spec);
   } catch (const SpecError& e) {
     std::cerr << e.what();
@@ -143,6 +149,7 @@ int run_job(const RunOptions& opt) {
 
   EngineAssignment asg;
   asg.resume_from = resume_from;
+  asg.trace_dir = run.path() + "/trace";
   Progress progress(spec.train.steps, spec.train.log_every, !opt.quiet);
   std::printf("troupe: job %s, run directory %s\n", spec.name.c_str(), run.path().c_str());
 
@@ -203,6 +210,10 @@ void add_run_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--resume", opt.resume,
                   "Resume from a checkpoint directory (a step_N directory or a root with latest)");
   cmd->add_flag("-q,--quiet", opt.quiet, "No progress output");
+  cmd->add_option("--trace", opt.trace,
+                  "Trace N steps from the second (train.trace): each rank writes trace/rank<r>.json in the run "
+                  "directory; `troupe trace merge` joins them")
+      ->check(CLI::Range(int64_t(1), int64_t(1000)));
   cmd->add_flag("--in-process", opt.in_process,
                 "Train a one-device job inside this process instead of a worker process (debugging)");
   cmd->callback([exit_code] { *exit_code = run_job(opt); });

@@ -90,7 +90,8 @@ bool operator==(const TrainSpec& a, const TrainSpec& b) {
   return a.steps == b.steps && a.global_batch == b.global_batch && a.micro_batch == b.micro_batch &&
          a.optimizer == b.optimizer && a.lr_schedule == b.lr_schedule && a.warmup_steps == b.warmup_steps &&
          a.min_lr == b.min_lr && a.grad_clip == b.grad_clip && a.precision == b.precision &&
-         a.recompute == b.recompute && a.zero == b.zero && a.seed == b.seed && a.eval_every == b.eval_every &&
+         a.recompute == b.recompute && a.zero == b.zero &&
+         a.trace.from_step == b.trace.from_step && a.trace.steps == b.trace.steps && a.seed == b.seed && a.eval_every == b.eval_every &&
          a.eval_batches == b.eval_batches && a.log_every == b.log_every;
 }
 bool operator==(const ParallelSpec& a, const ParallelSpec& b) {
@@ -448,6 +449,9 @@ std::string to_yaml(const JobSpec& s) {
   y << "  precision: " << to_string(t.precision) << "\n";
   y << "  recompute: " << to_string(t.recompute) << "\n";
   y << "  zero: " << t.zero << "\n";
+  y << "  trace:\n";
+  y << "    from_step: " << t.trace.from_step << "\n";
+  y << "    steps: " << t.trace.steps << "\n";
   y << "  seed: " << t.seed << "\n";
   y << "  eval_every: " << t.eval_every << "\n";
   y << "  eval_batches: " << t.eval_batches << "\n";

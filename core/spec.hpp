@@ -91,6 +91,13 @@ struct OptimizerSpec {
   double weight_decay = 0.1;
 };
 
+// A timeline trace of steps [from_step, from_step + steps) (0-based, as metrics.jsonl numbers
+// them): each rank writes <run_dir>/trace/rank<r>.json (Chrome trace events). steps 0: off.
+struct TraceSpec {
+  int64_t from_step = 0;
+  int64_t steps = 0;
+};
+
 struct TrainSpec {
   int64_t steps = 0;
   int global_batch = 0;  // sequences per optimizer step, over all data-parallel ranks
@@ -106,6 +113,7 @@ struct TrainSpec {
   // (each rank updates its part, then parameters are all-gathered), 2 also reduce-scatters the
   // gradients instead of all-reducing them.
   int zero = 0;
+  TraceSpec trace;
   uint64_t seed = 0;
   int64_t eval_every = 0;  // 0 = off
   int eval_batches = 4;

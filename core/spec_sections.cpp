@@ -293,6 +293,21 @@ const Table& optimizer_table() {
   return t;
 }
 
+const Table& trace_table() {
+  static const Table t{{
+      {"from_step",
+       [](S& s, K& k, JobSpec& j) {
+         s.integer(k, j.train.trace.from_step, 0, kI64Max, false,
+                   "from_step is the first traced step, 0-based as in metrics.jsonl");
+       }},
+      {"steps",
+       [](S& s, K& k, JobSpec& j) {
+         s.integer(k, j.train.trace.steps, 0, 1000, false, "steps is how many steps to trace, 0 (off) to 1000");
+       }},
+  }};
+  return t;
+}
+
 // ---- train
 
 void train_rules(Section& s, JobSpec& j) {
@@ -309,6 +324,14 @@ void train_rules(Section& s, JobSpec& j) {
               "train.min_lr (" + fmt_real(t.min_lr) + ") is above train.optimizer.lr (" +
                   fmt_real(t.optimizer.lr) + ")",
               "the schedule decays from lr down to min_lr; e.g. min_lr: " + short_real(t.optimizer.lr / 10));
+  if (ctx.ok("train.steps") && ctx.ok("train.trace.from_step") && ctx.ok("train.trace.steps") &&
+      t.trace.steps > 0 && t.trace.from_step + t.trace.steps > t.steps)
+    ctx.error(ctx.loc("train.trace.from_step"),
+              "the trace of steps [" + std::to_string(t.trace.from_step) + ", " +
+                  std::to_string(t.trace.from_step + t.trace.steps) + ") ends after train.steps (" +
+                  std::to_string(t.steps) + ")",
+              "steps are 0-based: trace within [0, " + std::to_string(t.steps) + "), e.g. from_step: " +
+                  std::to_string(std::max<int64_t>(0, t.steps - t.trace.steps)));
   if (ctx.ok("train.global_batch") && ctx.ok("train.micro_batch") && t.micro_batch > t.global_batch)
     ctx.error(ctx.loc("train.micro_batch"),
               "train.micro_batch (" + std::to_string(t.micro_batch) +
@@ -334,6 +357,7 @@ const Table& train_table() {
           // filled in by parallel's rules once the data degree is known.
           {"micro_batch", [](S& s, K& k, JobSpec& j) { s.degree(k, j.train.micro_batch, 1 << 24); }},
           {"optimizer", nullptr, &optimizer_table()},
+          {"trace", nullptr, &trace_table()},
           {"lr_schedule", [](S& s, K& k, JobSpec& j) { s.enumeration(k, j.train.lr_schedule); }},
           {"warmup_steps", [](S& s, K& k, JobSpec& j) { s.integer(k, j.train.warmup_steps, 0, kI64Max); }},
           {"min_lr",

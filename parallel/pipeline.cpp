@@ -5,6 +5,7 @@
 #include <future>
 
 #include "core/error.hpp"
+#include "core/trace.hpp"
 
 namespace troupe::parallel {
 
@@ -13,6 +14,30 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+// A traced span of [t0, t1) on `track`.
+void trace_span(trace::Recorder* r, const char* cat, std::string name, Clock::time_point t0, Clock::time_point t1,
+                int track, std::vector<std::pair<std::string, std::string>> args = {}) {
+  if (r == nullptr || !r->active()) return;
+  trace::Span s;
+  s.cat = cat;
+  s.name = std::move(name);
+  s.ts_us = r->to_us(t0);
+  s.dur_us = std::max<int64_t>(0, r->to_us(t1) - s.ts_us);
+  s.track = track;
+  s.args = std::move(args);
+  r->add(std::move(s));
+}
+
+std::vector<std::pair<std::string, std::string>> batch_args(const std::vector<comm::P2POp>& ops) {
+  size_t sends = 0, bytes = 0;
+  for (const comm::P2POp& op : ops) {
+    sends += op.kind == comm::P2POp::Kind::send ? 1 : 0;
+    bytes += op.bytes;
+  }
+  return {{"op", "p2p"}, {"group", "pp"}, {"sends", std::to_string(sends)},
+          {"recvs", std::to_string(ops.size() - sends)}, {"bytes", std::to_string(bytes)}};
 }
 
 }  // namespace
@@ -125,7 +150,10 @@ std::vector<comm::P2POp> PipelineExecutor::post(const std::vector<plan::Transfer
 }
 
 void PipelineExecutor::exchange(const std::vector<plan::Transfer>& batch) {
-  comm_->batch(post(batch), options_);
+  const std::vector<comm::P2POp> ops = post(batch);
+  const auto t0 = Clock::now();
+  comm_->batch(ops, options_);
+  trace_span(tracer_, "comm", "p2p batch", t0, Clock::now(), trace::kEngine, batch_args(ops));
   batch_done();
 }
 
@@ -228,6 +256,8 @@ PipelineStepResult PipelineExecutor::run(const MicroBatchSource& data, float dlo
     if (st.compute) {
       compute(st.op, data, dloss, res);
       res.timing.compute_ms += ms_since(t0);
+      trace_span(tracer_, "compute", plan::to_string(st.op), t0, Clock::now(), trace::kEngine,
+                 {{"mb", std::to_string(st.op.mb)}, {"chunk", std::to_string(st.op.chunk)}});
       continue;
     }
     // The W's right after a batch need nothing it carries: they run while it is in flight
@@ -242,7 +272,11 @@ PipelineStepResult PipelineExecutor::run(const MicroBatchSource& data, float dlo
       continue;
     }
     std::vector<comm::P2POp> ops = post(st.batch);
-    auto in_flight = std::async(std::launch::async, [&] { comm_->batch(ops, options_); });
+    Clock::time_point batch_end;
+    auto in_flight = std::async(std::launch::async, [&] {
+      comm_->batch(ops, options_);
+      batch_end = Clock::now();
+    });
     double w_ms = 0.0;
     overlapping_ = true;
     try {
@@ -254,6 +288,8 @@ PipelineStepResult PipelineExecutor::run(const MicroBatchSource& data, float dlo
         const auto tw = Clock::now();
         compute(program_[j].op, data, dloss, res);
         w_ms += ms_since(tw);
+        trace_span(tracer_, "compute", plan::to_string(program_[j].op), tw, Clock::now(), trace::kEngine,
+                   {{"mb", std::to_string(program_[j].op.mb)}, {"chunk", std::to_string(program_[j].op.chunk)}});
       }
     } catch (...) {
       overlapping_ = false;
@@ -266,7 +302,11 @@ PipelineStepResult PipelineExecutor::run(const MicroBatchSource& data, float dlo
       throw;
     }
     overlapping_ = false;
+    const auto w_done = Clock::now();
     if (in_flight.valid()) in_flight.get();
+    // The batch on its own track; the engine waits for what is left of it after the W's.
+    trace_span(tracer_, "comm", "p2p batch", t0, batch_end, trace::kPipelineComm, batch_args(ops));
+    if (batch_end > w_done) trace_span(tracer_, "comm", "p2p batch (rest)", w_done, batch_end, trace::kEngine);
     batch_done();  // frees the slots of this batch's gradients and of the W's
     res.timing.compute_ms += w_ms;
     res.timing.comm_ms += std::max(0.0, ms_since(t0) - w_ms);

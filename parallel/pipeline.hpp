@@ -36,6 +36,10 @@
 #include "plan/partition.hpp"
 #include "plan/schedule.hpp"
 
+namespace troupe::trace {
+class Recorder;
+}
+
 namespace troupe::parallel {
 
 // Micro-batch mb of this step: tokens (B,T) for model chunk 0, targets (B,T) for
@@ -97,6 +101,9 @@ class PipelineExecutor {
   const plan::CheckResult& check() const { return check_; }
   // Thread-safe: the op in progress, e.g. "pipeline rank 1: F3.1" or "... batch before B2".
   std::string where() const;
+  // Spans of every op and batch into `r` while its step is traced (null: none). The
+  // recorder outlives the executor.
+  void set_tracer(trace::Recorder* r) { tracer_ = r; }
 
  private:
   float* inbox(uint32_t tag);
@@ -119,6 +126,7 @@ class PipelineExecutor {
   std::vector<std::map<int, int>> slot_of_;       // [chunk] mb -> slot
   std::vector<std::pair<int, int>> to_free_;      // (chunk, mb) freed after the next batch
   bool overlapping_ = false;                      // W's running while a batch is in flight
+  trace::Recorder* tracer_ = nullptr;
   std::map<uint32_t, std::vector<float>> inbox_;  // received, not yet consumed; by tag
   std::vector<std::vector<float>> spare_;
   std::atomic<int> at_{-1};

@@ -20,6 +20,7 @@
 #include "core/dataset.hpp"
 #include "core/error.hpp"
 #include "core/rng.hpp"
+#include "core/trace.hpp"
 #include "core/safetensors.hpp"
 #include "kernels/kernels.hpp"
 #include "model/device_context.hpp"
@@ -42,6 +43,12 @@ namespace {
 constexpr size_t kSyntheticBytes = size_t(1) << 20;
 // Tags of the forward-only evaluation chain (the training schedule's tags stay below).
 constexpr uint32_t kEvalTagBase = 1u << 30;
+// Tags of the clock-offset exchange at connect (tracing only), below the evaluation's.
+constexpr uint32_t kClockTagBase = 1u << 29;
+
+// A span of the trace when it is on: std::optional<trace::Recorder::Scope> emplaced only then,
+// so that with tracing off no name is built.
+using MaybeSpan = std::optional<trace::Recorder::Scope>;
 
 Dataset make_dataset(const JobSpec& spec) {
   if (spec.data.source == DataSource::synthetic)
@@ -141,8 +148,16 @@ struct Engine::Impl {
   mutable std::mutex where_mu;
   std::string where = "idle";
 
+  // train.trace: this rank's spans of the traced steps, and its clock's offset to rank 0's.
+  trace::Recorder tracer;
+  int64_t clock_offset_us = 0;
+
   Impl(const JobSpec& s, const EngineAssignment& a)
-      : spec(s), asg(a), data(make_dataset(s)), cfg(model::model_config(s)) {
+      : spec(s),
+        asg(a),
+        data(make_dataset(s)),
+        cfg(model::model_config(s)),
+        tracer(s.train.trace.from_step, a.trace_dir.empty() ? 0 : s.train.trace.steps) {
     plan::check_layout(a.layout);
     TROUPE_CHECK(a.rank >= 0 && a.rank < a.layout.world(), "assignment: rank ", a.rank, " of ",
                  a.layout.world(), " does not fit layout ", a.layout.str());
@@ -213,6 +228,7 @@ struct Engine::Impl {
     c.generation = asg.generation;
     c.group = "world";
     world = comm::make_communicator(c);
+    if (tracer.steps() > 0) measure_clock_offset();
     const comm::GridGroups g = comm::grid_groups(layout().dp, layout().pp, layout().tp);
     const int r = asg.rank;
     if (layout().dp > 1)
@@ -228,15 +244,61 @@ struct Engine::Impl {
     }
   }
 
+  // NTP-style against rank 0 over the world communicator: rank 0 stamps t0, rank r answers
+  // with its own clock t1, rank 0 stamps t2 on the answer and sends back (t0 + t2) / 2 - t1.
+  // Every rank of a traced job calls it (the spec is the same on all).
+  void measure_clock_offset() {
+    set_where("measuring clock offsets for the trace");
+    if (asg.rank == 0) {
+      for (int r = 1; r < world_size(); ++r) {
+        const int64_t t0 = tracer.now_us();
+        int64_t t1 = 0;
+        world->send(&t0, sizeof t0, r, kClockTagBase, copt);
+        world->recv(&t1, sizeof t1, r, kClockTagBase + 1, copt);
+        const int64_t t2 = tracer.now_us();
+        const int64_t off = (t0 + t2) / 2 - t1;
+        world->send(&off, sizeof off, r, kClockTagBase + 2, copt);
+      }
+      return;
+    }
+    int64_t t0 = 0;
+    world->recv(&t0, sizeof t0, 0, kClockTagBase, copt);
+    const int64_t t1 = tracer.now_us();
+    world->send(&t1, sizeof t1, 0, kClockTagBase + 1, copt);
+    world->recv(&clock_offset_us, sizeof clock_offset_us, 0, kClockTagBase + 2, copt);
+  }
+
+  // The trace file of this rank, once the last traced step is done.
+  void write_trace() {
+    trace::RankInfo info;
+    info.rank = asg.rank;
+    info.world = world_size();
+    info.layout = layout().str();
+    info.place = where_in_plan.str();
+    info.clock_offset_us = clock_offset_us;
+    info.from_step = spec.train.trace.from_step;
+    info.steps = spec.train.trace.steps;
+    trace::write_rank_trace(asg.trace_dir + "/rank" + std::to_string(asg.rank) + ".json", info, tracer.take());
+  }
+
+  // Opens `sp` as a span of category `cat` when the current step is traced; name() is called
+  // only then.
+  template <class Name>
+  void open(MaybeSpan& sp, const char* cat, Name&& name) {
+    if (tracer.active()) sp.emplace(tracer, cat, name());
+  }
+
   // This pipeline rank's model chunks under the plan, each a tensor shard; with a
   // pipeline, the executor runs the plan's checked schedule over them.
   void build_stages() {
     stages = parallel::make_rank_stages(cfg, plan.partition, coord().p, plan.check, plan.micro_batch,
                                         model::TensorShard{coord().t, layout().tp}, tp_group.get(), ctx);
     for (auto& st : stages) stage_ptrs.push_back(st.get());
-    if (layout().pp > 1)
+    if (layout().pp > 1) {
       exec = std::make_unique<parallel::PipelineExecutor>(plan.table, plan.check, coord().p, stage_ptrs,
                                                           pp_group.get(), plan.micro_batch, T, copt);
+      if (tracer.steps() > 0) exec->set_tracer(&tracer);
+    }
   }
 
   void set_where(std::string w) {
@@ -372,18 +434,31 @@ struct Engine::Impl {
   }
 
   // The part of each reduced bucket's time that ran before `until` (the end of the backward
-  // it overlapped).
-  static void collect_overlap(const std::vector<parallel::BucketReducer::Span>& spans,
-                              parallel::BucketReducer::clock::time_point until, StepReport& r) {
-    for (const auto& [b0, b1] : spans)
+  // it overlapped); in a trace, each bucket on the reducer's track.
+  void collect_overlap(const std::vector<parallel::BucketReducer::Span>& spans,
+                       parallel::BucketReducer::clock::time_point until, StepReport& r) {
+    for (const auto& [b0, b1] : spans) {
       r.overlap_ms +=
           std::max(0.0, std::chrono::duration<double, std::milli>(std::min(b1, until) - b0).count());
+      if (!tracer.active()) continue;
+      trace::Span sp;
+      sp.cat = "comm";
+      sp.name = zero == 2 ? "reduce-scatter bucket" : "allreduce bucket";
+      sp.ts_us = tracer.to_us(b0);
+      sp.dur_us = std::max<int64_t>(0, tracer.to_us(b1) - sp.ts_us);
+      sp.track = trace::kReducer;
+      sp.args = {{"group", "dp"}};
+      tracer.add(std::move(sp));
+    }
   }
 
   StepReport step(const std::atomic<bool>& abort) {
     using clock = std::chrono::steady_clock;
     const auto t0 = clock::now();
     const int64_t s = next_step;
+    tracer.set_step(s);
+    MaybeSpan step_span;
+    open(step_span, "step", [&] { return "step " + std::to_string(s); });
     const int B = spec.train.global_batch;
     const double scale = scaler.scale();
     const float dloss = float(scale / double(int64_t(B) * T));
@@ -401,9 +476,17 @@ struct Engine::Impl {
       try {
         for (int mb = 0; mb < n_micro; ++mb) {
           check_abort(abort);
-          data.get_rows(s, B, T, first_row(mb), first_row(mb) + micro_batch, tokens.data(), targets.data());
+          {
+            MaybeSpan sp;
+            open(sp, "data", [&] { return "batch rows of micro-batch " + std::to_string(mb); });
+            data.get_rows(s, B, T, first_row(mb), first_row(mb) + micro_batch, tokens.data(), targets.data());
+          }
           set_where("step " + std::to_string(s) + ": forward micro-batch " + std::to_string(mb));
-          loss_sum += st.forward(0, tokens.data(), nullptr, targets.data(), micro_batch, T);
+          {
+            MaybeSpan sp;
+            open(sp, "compute", [&] { return "F" + std::to_string(mb); });
+            loss_sum += st.forward(0, tokens.data(), nullptr, targets.data(), micro_batch, T);
+          }
           check_abort(abort);
           set_where("step " + std::to_string(s) + ": backward micro-batch " + std::to_string(mb));
           // Earlier micro-batches only accumulate: no bucket is final before the last one.
@@ -411,10 +494,14 @@ struct Engine::Impl {
           // rank's parts released) as they finish; the next backward writes them again only
           // once they are done.
           if (reducer && zero == 2 && mb > 0) {
+            MaybeSpan sp;
+            open(sp, "comm", [] { return std::string("wait for the previous micro-batch's buckets"); });
             const auto t_wait = clock::now();
             collect_overlap(reducer->wait(), t_wait, r);
             waited_ms += std::chrono::duration<double, std::milli>(clock::now() - t_wait).count();
           }
+          MaybeSpan sp;
+          open(sp, "compute", [&] { return "B" + std::to_string(mb); });
           if (reducer && (zero == 2 || mb == n_micro - 1))
             reducer->backward_overlapped(st, dloss);
           else
@@ -429,6 +516,8 @@ struct Engine::Impl {
           std::chrono::duration<double, std::milli>(t_backward_end - t_compute).count() - waited_ms;
       r.comm_ms += waited_ms;
       if (reducer) {
+        MaybeSpan sp;
+        open(sp, "comm", [] { return std::string("wait for the data-parallel reduction"); });
         const auto t_wait = clock::now();
         set_where("step " + std::to_string(s) + ": data-parallel " +
                   (zero == 2 ? "reduce-scatter" : "allreduce") + " of the remaining buckets");
@@ -438,23 +527,38 @@ struct Engine::Impl {
     } else {
       set_where("step " + std::to_string(s) + ": pipeline schedule");
       auto source = [&](int mb) {
+        MaybeSpan sp;
+        open(sp, "data", [&] { return "batch rows of micro-batch " + std::to_string(mb); });
         data.get_rows(s, B, T, first_row(mb), first_row(mb) + plan.micro_batch, tokens.data(),
                       targets.data());
         return parallel::MicroBatch{tokens.data(), targets.data()};
       };
+      MaybeSpan schedule_span;
+      open(schedule_span, "schedule", [&] { return std::string(plan::schedule_name(plan.schedule)); });
       parallel::PipelineStepResult pr = exec->run(source, dloss);
+      schedule_span.reset();
       loss_sum = pr.has_loss ? pr.loss_sum : 0.0;
       r.compute_ms = pr.timing.compute_ms;
       r.bubble_ms = pr.timing.bubble_ms;
       r.comm_ms = pr.timing.comm_ms;
       set_where("step " + std::to_string(s) + ": tied-embedding gradient sum");
+      MaybeSpan sp;
+      if (embed_group) open(sp, "comm", [] { return std::string("allreduce tied embedding"); });
       if (cfg.tied_head()) parallel::allreduce_tied_embedding(stage_ptrs, embed_group.get(), copt);
     }
     check_abort(abort);
     const auto t_comm = clock::now();
-    if (!reducer) reduce_data_parallel();
+    if (!reducer && dp_group) {
+      MaybeSpan sp;
+      open(sp, "comm", [&] { return std::string(zero == 2 ? "reduce-scatter" : "allreduce") + " gradients"; });
+      reduce_data_parallel();
+    }
     // Each data replica's last pipeline stage holds its rows' loss; tensor shards hold copies.
-    loss_sum = world_sum(place.last && coord().t == 0 ? loss_sum : 0.0);
+    {
+      MaybeSpan sp;
+      if (world) open(sp, "comm", [] { return std::string("allreduce loss"); });
+      loss_sum = world_sum(place.last && coord().t == 0 ? loss_sum : 0.0);
+    }
     set_where("step " + std::to_string(s) + ": optimizer");
     if (fault.fires(s, asg.rank, asg.generation)) parallel::poison_grads(*stage_ptrs.front(), s, asg.rank);
     const bool stepped = scaler.update(scaler.enabled() && world_found_inf());
@@ -467,17 +571,27 @@ struct Engine::Impl {
       } else if (scale != 1.0) {
         parallel::scale_grads(stage_ptrs, float(1.0 / scale));
       }
+      MaybeSpan sp;
+      open(sp, "comm", [] { return std::string("gradient norm"); });
       norm = std::sqrt(grad_norm_squared());
     }
     r.comm_ms += std::chrono::duration<double, std::milli>(clock::now() - t_comm).count();
     if (stepped) {
-      clip_grads(refs, norm, spec.train.grad_clip);
-      // AdamW counts the updates it made: a skipped fp16 step is not one.
-      opt->step(lr, s + 1 - scaler.state().skipped_steps);
+      {
+        MaybeSpan sp;
+        open(sp, "optimizer", [] { return std::string("optimizer"); });
+        clip_grads(refs, norm, spec.train.grad_clip);
+        // AdamW counts the updates it made: a skipped fp16 step is not one.
+        opt->step(lr, s + 1 - scaler.state().skipped_steps);
+      }
       if (zpart) {
+        MaybeSpan sp;
+        open(sp, "comm", [] { return std::string("allgather parameters"); });
         set_where("step " + std::to_string(s) + ": data-parallel all-gather of the updated parameters");
         zpart->allgather_params(*dp_group, copt);
       }
+      MaybeSpan sp;
+      if (ctx.compute_dtype != DType::f32) open(sp, "optimizer", [] { return std::string("16-bit copy"); });
       refresh_compute();
     }
     next_step = s + 1;
@@ -490,8 +604,11 @@ struct Engine::Impl {
     r.tokens = int64_t(B) * T;
     r.grad_norm = norm;
     if (spec.train.eval_every > 0 &&
-        (next_step % spec.train.eval_every == 0 || next_step == spec.train.steps))
+        (next_step % spec.train.eval_every == 0 || next_step == spec.train.steps)) {
+      MaybeSpan sp;
+      open(sp, "eval", [] { return std::string("evaluation"); });
       r.val_loss = evaluate();
+    }
     r.step_ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
     set_where("idle after step " + std::to_string(s));
     return r;
@@ -677,18 +794,27 @@ struct Engine::Impl {
             "the previous checkpoint write failed on another data-parallel rank");
     }
     set_where("checkpoint step " + std::to_string(next_step) + ": copying to host memory");
+    MaybeSpan snap_span;
+    open(snap_span, "checkpoint", [] { return std::string("checkpoint snapshot"); });
     auto snap = std::make_shared<checkpoint::ShardSnapshot>(snapshot(root));
+    snap_span.reset();
     const std::string dir = root + "/" + checkpoint::step_dir_name(next_step);
     if (spec.checkpoint.async && (asg.commit_shard || world_size() == 1)) {
       writer = std::thread([this, snap] {
         try {
+          const int64_t t0 = tracer.now_us();
           last_committed = write_snapshot(*snap);
+          // Its own track: the engine thread trains on meanwhile.
+          if (tracer.active())
+            tracer.add({"checkpoint", "checkpoint write (background)", t0, tracer.now_us() - t0, -1, 3, {}});
         } catch (...) {
           writer_error = std::current_exception();
         }
       });
     } else {
       set_where("checkpoint step " + std::to_string(next_step) + ": writing");
+      MaybeSpan sp;
+      open(sp, "checkpoint", [] { return std::string("checkpoint write"); });
       last_committed = write_snapshot(*snap);
     }
     set_where("idle after the checkpoint of step " + std::to_string(next_step));
@@ -703,7 +829,10 @@ Engine::~Engine() = default;
 int64_t Engine::next_step() const { return impl_->next_step; }
 StepReport Engine::step() {
   try {
-    return impl_->step(abort_);
+    StepReport r = impl_->step(abort_);
+    const TraceSpec& t = impl_->spec.train.trace;
+    if (impl_->tracer.steps() > 0 && r.step == t.from_step + t.steps - 1) impl_->write_trace();
+    return r;
   } catch (const comm::CommError&) {
     if (abort_.load()) throw EngineAborted();
     throw;

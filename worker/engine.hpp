@@ -40,6 +40,8 @@ struct EngineAssignment {
   // directory when every rank has reported (the worker asks the coordinator; threads of one
   // process share a checkpoint::InProcessCommitter). Unset with one rank: the engine commits.
   std::function<std::string(const checkpoint::ShardReport&)> commit_shard;
+  // Where train.trace writes rank<r>.json ("" = no trace, whatever the spec says).
+  std::string trace_dir;
 };
 
 struct StepReport {

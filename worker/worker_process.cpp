@@ -149,6 +149,7 @@ WorkerResult train(const Assignment& a, const coordinator_actor& coord, const wo
     ea.plan = shipped_plan(a, spec);
     ea.generation = a.generation;
     ea.resume_from = a.resume_from;
+    ea.trace_dir = a.run_dir + "/trace";
     // Ranks find each other through the coordinator's store, under (job, generation).
     ea.comm.backend = spec.resources.device == DeviceKind::cuda ? "nccl" : "gloo";
     ea.comm.job = a.job_id;
