@@ -24,6 +24,7 @@ void add_client_commands(CLI::App& app, int* exit_code);  // submit, status, lis
 void add_ckpt_command(CLI::App& app, int* exit_code);     // ls, inspect, verify, export
 void add_secret_command(CLI::App& app, int* exit_code);   // init
 void add_plan_command(CLI::App& app, int* exit_code);
-void add_data_command(CLI::App& app, int* exit_code);  // tokenize, encode, decode
+void add_data_command(CLI::App& app, int* exit_code);   // tokenize, encode, decode
+void add_trace_command(CLI::App& app, int* exit_code);  // merge
 
 }  // namespace troupe::cli

@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   troupe::cli::add_client_commands(app, &exit_code);
   troupe::cli::add_ckpt_command(app, &exit_code);
   troupe::cli::add_secret_command(app, &exit_code);
+  troupe::cli::add_trace_command(app, &exit_code);
   app.parse_complete_callback([&] { spdlog::set_level(spdlog::level::from_str(log_level)); });
 
   try {
