@@ -210,9 +210,10 @@ void add_run_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--resume", opt.resume,
                   "Resume from a checkpoint directory (a step_N directory or a root with latest)");
   cmd->add_flag("-q,--quiet", opt.quiet, "No progress output");
-  cmd->add_option("--trace", opt.trace,
-                  "Trace N steps from the second (train.trace): each rank writes trace/rank<r>.json in the run "
-                  "directory; `troupe trace merge` joins them")
+  cmd->add_option(
+         "--trace", opt.trace,
+         "Trace N steps from the second (train.trace): each rank writes trace/rank<r>.json in the run "
+         "directory; `troupe trace merge` joins them")
       ->check(CLI::Range(int64_t(1), int64_t(1000)));
   cmd->add_flag("--in-process", opt.in_process,
                 "Train a one-device job inside this process instead of a worker process (debugging)");

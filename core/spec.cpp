@@ -90,8 +90,8 @@ bool operator==(const TrainSpec& a, const TrainSpec& b) {
   return a.steps == b.steps && a.global_batch == b.global_batch && a.micro_batch == b.micro_batch &&
          a.optimizer == b.optimizer && a.lr_schedule == b.lr_schedule && a.warmup_steps == b.warmup_steps &&
          a.min_lr == b.min_lr && a.grad_clip == b.grad_clip && a.precision == b.precision &&
-         a.recompute == b.recompute && a.zero == b.zero &&
-         a.trace.from_step == b.trace.from_step && a.trace.steps == b.trace.steps && a.seed == b.seed && a.eval_every == b.eval_every &&
+         a.recompute == b.recompute && a.zero == b.zero && a.trace.from_step == b.trace.from_step &&
+         a.trace.steps == b.trace.steps && a.seed == b.seed && a.eval_every == b.eval_every &&
          a.eval_batches == b.eval_batches && a.log_every == b.log_every;
 }
 bool operator==(const ParallelSpec& a, const ParallelSpec& b) {

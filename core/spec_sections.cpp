@@ -302,7 +302,8 @@ const Table& trace_table() {
        }},
       {"steps",
        [](S& s, K& k, JobSpec& j) {
-         s.integer(k, j.train.trace.steps, 0, 1000, false, "steps is how many steps to trace, 0 (off) to 1000");
+         s.integer(k, j.train.trace.steps, 0, 1000, false,
+                   "steps is how many steps to trace, 0 (off) to 1000");
        }},
   }};
   return t;
@@ -325,13 +326,13 @@ void train_rules(Section& s, JobSpec& j) {
                   fmt_real(t.optimizer.lr) + ")",
               "the schedule decays from lr down to min_lr; e.g. min_lr: " + short_real(t.optimizer.lr / 10));
   if (ctx.ok("train.steps") && ctx.ok("train.trace.from_step") && ctx.ok("train.trace.steps") &&
-      t.trace.steps > 0 && t.trace.from_step + t.trace.steps > t.steps)
+      t.trace.steps > 0 && t.trace.from_step > t.steps - t.trace.steps)
     ctx.error(ctx.loc("train.trace.from_step"),
               "the trace of steps [" + std::to_string(t.trace.from_step) + ", " +
                   std::to_string(t.trace.from_step + t.trace.steps) + ") ends after train.steps (" +
                   std::to_string(t.steps) + ")",
-              "steps are 0-based: trace within [0, " + std::to_string(t.steps) + "), e.g. from_step: " +
-                  std::to_string(std::max<int64_t>(0, t.steps - t.trace.steps)));
+              "steps are 0-based: trace within [0, " + std::to_string(t.steps) +
+                  "), e.g. from_step: " + std::to_string(std::max<int64_t>(0, t.steps - t.trace.steps)));
   if (ctx.ok("train.global_batch") && ctx.ok("train.micro_batch") && t.micro_batch > t.global_batch)
     ctx.error(ctx.loc("train.micro_batch"),
               "train.micro_batch (" + std::to_string(t.micro_batch) +

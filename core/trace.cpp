@@ -87,10 +87,13 @@ Recorder::Scope::Scope(Recorder& r, std::string cat, std::string name, int track
   span_.ts_us = r.now_us();
 }
 
-Recorder::Scope::~Scope() {
+Recorder::Scope::~Scope() noexcept {
   if (r_ == nullptr) return;
   span_.dur_us = std::max<int64_t>(0, r_->now_us() - span_.ts_us);
-  r_->push(std::move(span_));
+  try {
+    r_->push(std::move(span_));
+  } catch (...) {  // out of memory for one more span: the trace loses it, the job goes on
+  }
 }
 
 // ---- writing ----

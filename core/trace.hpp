@@ -39,7 +39,7 @@ enum Track : int { kEngine = 0, kReducer = 1, kPipelineComm = 2 };
 
 struct Span {
   std::string cat;    // "step", "schedule", "compute", "comm", "optimizer", "checkpoint", "data", "eval"
-  std::string name;   // "step 12", "F3", "B2.1", "W0", "p2p batch", "allreduce bucket 1", "optimizer", ...
+  std::string name;   // "step 12", "F3", "B2.1", "W0", "p2p batch", "allreduce bucket", "optimizer", ...
   int64_t ts_us = 0;  // start, microseconds on the recorder's clock (steady_clock since its origin)
   int64_t dur_us = 0;
   int64_t step = -1;  // optimizer step it belongs to (-1: none)
@@ -80,7 +80,7 @@ class Recorder {
    public:
     Scope(Recorder& r, std::string cat, std::string name, int track = kEngine,
           std::vector<std::pair<std::string, std::string>> args = {});
-    ~Scope();
+    ~Scope() noexcept;
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;
 

@@ -123,6 +123,22 @@ std::vector<StepShares> merge(const std::vector<RankTrace>& ranks, const std::st
   std::set<int> seen;
   for (const auto& r : ranks)
     require(seen.insert(r.info.rank).second, "trace merge: rank ", r.info.rank, " appears twice");
+  // One job's traces: every rank of one world, layout and window (a resized or restarted job can
+  // leave another generation's files behind).
+  const RankInfo& first_info = ranks.front().info;
+  for (const auto& r : ranks) {
+    const RankInfo& i = r.info;
+    require(i.world == first_info.world && i.layout == first_info.layout &&
+                i.from_step == first_info.from_step && i.steps == first_info.steps,
+            "trace merge: rank ", i.rank, " traced steps [", i.from_step, ", ", i.from_step + i.steps,
+            ") of layout ", i.layout, " (world ", i.world, "), rank ", first_info.rank, " steps [",
+            first_info.from_step, ", ", first_info.from_step + first_info.steps, ") of layout ",
+            first_info.layout, ": traces of different runs or generations; remove the stale files");
+    require(i.rank >= 0 && i.rank < first_info.world, "trace merge: rank ", i.rank, " outside a world of ",
+            first_info.world);
+  }
+  require(static_cast<int>(ranks.size()) == first_info.world, "trace merge: ", ranks.size(),
+          " rank files for a world of ", first_info.world, ": a rank's trace is missing");
 
   // Per rank: step -> its shares. A step counts when every rank has its "step" span.
   std::vector<std::map<int64_t, StepShares>> per_rank(ranks.size());

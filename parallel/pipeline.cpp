@@ -16,9 +16,9 @@ double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
-// A traced span of [t0, t1) on `track`.
-void trace_span(trace::Recorder* r, const char* cat, std::string name, Clock::time_point t0, Clock::time_point t1,
-                int track, std::vector<std::pair<std::string, std::string>> args = {}) {
+// A traced span of [t0, t1) on `track` (callers test traced() first: its arguments allocate).
+void trace_span(trace::Recorder* r, const char* cat, std::string name, Clock::time_point t0,
+                Clock::time_point t1, int track, std::vector<std::pair<std::string, std::string>> args = {}) {
   if (r == nullptr || !r->active()) return;
   trace::Span s;
   s.cat = cat;
@@ -36,8 +36,11 @@ std::vector<std::pair<std::string, std::string>> batch_args(const std::vector<co
     sends += op.kind == comm::P2POp::Kind::send ? 1 : 0;
     bytes += op.bytes;
   }
-  return {{"op", "p2p"}, {"group", "pp"}, {"sends", std::to_string(sends)},
-          {"recvs", std::to_string(ops.size() - sends)}, {"bytes", std::to_string(bytes)}};
+  return {{"op", "p2p"},
+          {"group", "pp"},
+          {"sends", std::to_string(sends)},
+          {"recvs", std::to_string(ops.size() - sends)},
+          {"bytes", std::to_string(bytes)}};
 }
 
 }  // namespace
@@ -118,6 +121,8 @@ PipelineExecutor::PipelineExecutor(plan::Schedule schedule, plan::CheckResult ch
   slot_of_.resize(s.v);
 }
 
+bool PipelineExecutor::traced() const { return tracer_ != nullptr && tracer_->active(); }
+
 float* PipelineExecutor::inbox(uint32_t tag) {
   auto& buf = inbox_[tag];
   if (buf.empty()) {
@@ -153,7 +158,7 @@ void PipelineExecutor::exchange(const std::vector<plan::Transfer>& batch) {
   const std::vector<comm::P2POp> ops = post(batch);
   const auto t0 = Clock::now();
   comm_->batch(ops, options_);
-  trace_span(tracer_, "comm", "p2p batch", t0, Clock::now(), trace::kEngine, batch_args(ops));
+  if (traced()) trace_span(tracer_, "comm", "p2p batch", t0, Clock::now(), trace::kEngine, batch_args(ops));
   batch_done();
 }
 
@@ -256,8 +261,9 @@ PipelineStepResult PipelineExecutor::run(const MicroBatchSource& data, float dlo
     if (st.compute) {
       compute(st.op, data, dloss, res);
       res.timing.compute_ms += ms_since(t0);
-      trace_span(tracer_, "compute", plan::to_string(st.op), t0, Clock::now(), trace::kEngine,
-                 {{"mb", std::to_string(st.op.mb)}, {"chunk", std::to_string(st.op.chunk)}});
+      if (traced())
+        trace_span(tracer_, "compute", plan::to_string(st.op), t0, Clock::now(), trace::kEngine,
+                   {{"mb", std::to_string(st.op.mb)}, {"chunk", std::to_string(st.op.chunk)}});
       continue;
     }
     // The W's right after a batch need nothing it carries: they run while it is in flight
@@ -288,8 +294,10 @@ PipelineStepResult PipelineExecutor::run(const MicroBatchSource& data, float dlo
         const auto tw = Clock::now();
         compute(program_[j].op, data, dloss, res);
         w_ms += ms_since(tw);
-        trace_span(tracer_, "compute", plan::to_string(program_[j].op), tw, Clock::now(), trace::kEngine,
-                   {{"mb", std::to_string(program_[j].op.mb)}, {"chunk", std::to_string(program_[j].op.chunk)}});
+        if (traced())
+          trace_span(
+              tracer_, "compute", plan::to_string(program_[j].op), tw, Clock::now(), trace::kEngine,
+              {{"mb", std::to_string(program_[j].op.mb)}, {"chunk", std::to_string(program_[j].op.chunk)}});
       }
     } catch (...) {
       overlapping_ = false;
@@ -305,8 +313,11 @@ PipelineStepResult PipelineExecutor::run(const MicroBatchSource& data, float dlo
     const auto w_done = Clock::now();
     if (in_flight.valid()) in_flight.get();
     // The batch on its own track; the engine waits for what is left of it after the W's.
-    trace_span(tracer_, "comm", "p2p batch", t0, batch_end, trace::kPipelineComm, batch_args(ops));
-    if (batch_end > w_done) trace_span(tracer_, "comm", "p2p batch (rest)", w_done, batch_end, trace::kEngine);
+    if (traced()) {
+      trace_span(tracer_, "comm", "p2p batch", t0, batch_end, trace::kPipelineComm, batch_args(ops));
+      if (batch_end > w_done)
+        trace_span(tracer_, "comm", "p2p batch (rest)", w_done, batch_end, trace::kEngine);
+    }
     batch_done();  // frees the slots of this batch's gradients and of the W's
     res.timing.compute_ms += w_ms;
     res.timing.comm_ms += std::max(0.0, ms_since(t0) - w_ms);

@@ -110,7 +110,8 @@ class PipelineExecutor {
   void compute(const plan::Op& op, const MicroBatchSource& data, float dloss, PipelineStepResult& res);
   void exchange(const std::vector<plan::Transfer>& batch);
   std::vector<comm::P2POp> post(const std::vector<plan::Transfer>& batch);  // buffers of a batch
-  void batch_done();  // after a batch: frees the slots whose input gradient it sent
+  void batch_done();    // after a batch: frees the slots whose input gradient it sent
+  bool traced() const;  // a tracer is set and the current step is traced
   const float* send_buffer(const plan::Transfer& t);
 
   plan::Schedule schedule_;
@@ -122,10 +123,10 @@ class PipelineExecutor {
   comm::Options options_;
   plan::CheckResult check_;
   std::vector<plan::ProgramStep> program_;
-  std::vector<std::vector<int>> free_slots_;      // [chunk] slots not in use; taken from the back
-  std::vector<std::map<int, int>> slot_of_;       // [chunk] mb -> slot
-  std::vector<std::pair<int, int>> to_free_;      // (chunk, mb) freed after the next batch
-  bool overlapping_ = false;                      // W's running while a batch is in flight
+  std::vector<std::vector<int>> free_slots_;  // [chunk] slots not in use; taken from the back
+  std::vector<std::map<int, int>> slot_of_;   // [chunk] mb -> slot
+  std::vector<std::pair<int, int>> to_free_;  // (chunk, mb) freed after the next batch
+  bool overlapping_ = false;                  // W's running while a batch is in flight
   trace::Recorder* tracer_ = nullptr;
   std::map<uint32_t, std::vector<float>> inbox_;  // received, not yet consumed; by tag
   std::vector<std::vector<float>> spare_;

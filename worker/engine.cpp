@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <iostream>
 #include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -20,8 +21,8 @@
 #include "core/dataset.hpp"
 #include "core/error.hpp"
 #include "core/rng.hpp"
-#include "core/trace.hpp"
 #include "core/safetensors.hpp"
+#include "core/trace.hpp"
 #include "kernels/kernels.hpp"
 #include "model/device_context.hpp"
 #include "model/from_spec.hpp"
@@ -111,6 +112,11 @@ struct Engine::Impl {
   EngineAssignment asg;
   Dataset data;
   model::ModelConfig cfg;
+  // train.trace: this rank's spans of the traced steps (declared before the executor, which
+  // records into it), its clock's offset to rank 0's, and whether its file is written.
+  trace::Recorder tracer;
+  int64_t clock_offset_us = 0;
+  bool trace_written = false;
   int T = 0;
   plan::Plan plan;  // what this generation runs (shipped, or planned here)
   plan::RankPlace where_in_plan;
@@ -148,16 +154,12 @@ struct Engine::Impl {
   mutable std::mutex where_mu;
   std::string where = "idle";
 
-  // train.trace: this rank's spans of the traced steps, and its clock's offset to rank 0's.
-  trace::Recorder tracer;
-  int64_t clock_offset_us = 0;
-
   Impl(const JobSpec& s, const EngineAssignment& a)
       : spec(s),
         asg(a),
         data(make_dataset(s)),
         cfg(model::model_config(s)),
-        tracer(s.train.trace.from_step, a.trace_dir.empty() ? 0 : s.train.trace.steps) {
+        tracer(s.train.trace.from_step, s.train.trace.steps) {
     plan::check_layout(a.layout);
     TROUPE_CHECK(a.rank >= 0 && a.rank < a.layout.world(), "assignment: rank ", a.rank, " of ",
                  a.layout.world(), " does not fit layout ", a.layout.str());
@@ -246,7 +248,7 @@ struct Engine::Impl {
 
   // NTP-style against rank 0 over the world communicator: rank 0 stamps t0, rank r answers
   // with its own clock t1, rank 0 stamps t2 on the answer and sends back (t0 + t2) / 2 - t1.
-  // Every rank of a traced job calls it (the spec is the same on all).
+  // Every rank of a traced job calls it: the spec, the same on all, decides.
   void measure_clock_offset() {
     set_where("measuring clock offsets for the trace");
     if (asg.rank == 0) {
@@ -268,8 +270,19 @@ struct Engine::Impl {
     world->recv(&clock_offset_us, sizeof clock_offset_us, 0, kClockTagBase + 2, copt);
   }
 
-  // The trace file of this rank, once the last traced step is done.
-  void write_trace() {
+  // The trace file of this rank, once the traced steps and the checkpoint after the last of
+  // them are done: at the next step, or when the engine ends. A trace that cannot be written
+  // is reported and dropped; it never stops the job.
+  void write_trace() noexcept {
+    if (trace_written || tracer.steps() == 0 || asg.trace_dir.empty()) return;
+    trace_written = true;
+    try {
+      write_trace_file();
+    } catch (const std::exception& e) {
+      std::cerr << "troupe: rank " << asg.rank << ": the trace was not written: " << e.what() << std::endl;
+    }
+  }
+  void write_trace_file() {
     trace::RankInfo info;
     info.rank = asg.rank;
     info.world = world_size();
@@ -278,7 +291,8 @@ struct Engine::Impl {
     info.clock_offset_us = clock_offset_us;
     info.from_step = spec.train.trace.from_step;
     info.steps = spec.train.trace.steps;
-    trace::write_rank_trace(asg.trace_dir + "/rank" + std::to_string(asg.rank) + ".json", info, tracer.take());
+    trace::write_rank_trace(asg.trace_dir + "/rank" + std::to_string(asg.rank) + ".json", info,
+                            tracer.take());
   }
 
   // Opens `sp` as a span of category `cat` when the current step is traced; name() is called
@@ -457,6 +471,7 @@ struct Engine::Impl {
     const auto t0 = clock::now();
     const int64_t s = next_step;
     tracer.set_step(s);
+    if (tracer.done()) write_trace();
     MaybeSpan step_span;
     open(step_span, "step", [&] { return "step " + std::to_string(s); });
     const int B = spec.train.global_batch;
@@ -543,14 +558,16 @@ struct Engine::Impl {
       r.comm_ms = pr.timing.comm_ms;
       set_where("step " + std::to_string(s) + ": tied-embedding gradient sum");
       MaybeSpan sp;
-      if (embed_group) open(sp, "comm", [] { return std::string("allreduce tied embedding"); });
+      if (cfg.tied_head() && embed_group)
+        open(sp, "comm", [] { return std::string("allreduce tied embedding"); });
       if (cfg.tied_head()) parallel::allreduce_tied_embedding(stage_ptrs, embed_group.get(), copt);
     }
     check_abort(abort);
     const auto t_comm = clock::now();
     if (!reducer && dp_group) {
       MaybeSpan sp;
-      open(sp, "comm", [&] { return std::string(zero == 2 ? "reduce-scatter" : "allreduce") + " gradients"; });
+      open(sp, "comm",
+           [&] { return std::string(zero == 2 ? "reduce-scatter" : "allreduce") + " gradients"; });
       reduce_data_parallel();
     }
     // Each data replica's last pipeline stage holds its rows' loss; tensor shards hold copies.
@@ -667,6 +684,7 @@ struct Engine::Impl {
 
   ~Impl() {
     if (writer.joinable()) writer.join();
+    if (tracer.active() || tracer.done()) write_trace();
   }
 
   std::string manifest_json() const {
@@ -802,11 +820,7 @@ struct Engine::Impl {
     if (spec.checkpoint.async && (asg.commit_shard || world_size() == 1)) {
       writer = std::thread([this, snap] {
         try {
-          const int64_t t0 = tracer.now_us();
           last_committed = write_snapshot(*snap);
-          // Its own track: the engine thread trains on meanwhile.
-          if (tracer.active())
-            tracer.add({"checkpoint", "checkpoint write (background)", t0, tracer.now_us() - t0, -1, 3, {}});
         } catch (...) {
           writer_error = std::current_exception();
         }
@@ -829,10 +843,7 @@ Engine::~Engine() = default;
 int64_t Engine::next_step() const { return impl_->next_step; }
 StepReport Engine::step() {
   try {
-    StepReport r = impl_->step(abort_);
-    const TraceSpec& t = impl_->spec.train.trace;
-    if (impl_->tracer.steps() > 0 && r.step == t.from_step + t.steps - 1) impl_->write_trace();
-    return r;
+    return impl_->step(abort_);
   } catch (const comm::CommError&) {
     if (abort_.load()) throw EngineAborted();
     throw;

@@ -38,9 +38,10 @@ json read_json(const std::string& path) {
 TEST_CASE("trace: a 1x2x1 1f1b job's ranks trace their schedule, and merge shows each step's bubble",
           "[cli][trace]") {
   const std::string tmp = troupe::testing::temp_dir("trace_run");
-  const Result r = troupe::testing::run_troupe("run -q configs/layouts/tiny_dp1_pp2_tp1_1f1b.yaml --trace 3 "
-                                               "--runs-dir " +
-                                               tmp + "/runs");
+  const Result r = troupe::testing::run_troupe(
+      "run -q configs/layouts/tiny_dp1_pp2_tp1_1f1b.yaml --trace 3 "
+      "--runs-dir " +
+      tmp + "/runs");
   INFO(r.out);
   REQUIRE(r.code == 0);
   const std::string run = only_run_dir(tmp + "/runs");

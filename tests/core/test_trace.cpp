@@ -84,7 +84,7 @@ std::vector<RankTrace> two_ranks() {
               span("compute", "F0", 1000, 500, 1),
               span("comm", "p2p batch", 1500, 200, 1)};
   RankTrace r1;
-  r1.info = {1, 2, "1x2x1", "rank 1: dp 0 pp 1 tp 0, layers [2,4)+head", 500, 0, 3};
+  r1.info = {1, 2, "1x2x1", "rank 1: dp 0 pp 1 tp 0, layers [2,4)+head", 500, 0, 2};
   r1.spans = {
       span("step", "step 0", 10000, 2000, 0),
       span("schedule", "1f1b", 10000, 2000, 0),
@@ -398,4 +398,17 @@ TEST_CASE("trace: merge puts ranks on rank 0's clock and averages their shares",
   dup[1].info.rank = 0;
   CHECK_THROWS_WITH(merge(dup, out), Catch::Contains("rank 0 appears twice"));
   CHECK_THROWS_AS(merge({}, out), troupe::Error);
+}
+
+TEST_CASE("trace: merge refuses traces of different runs, and a missing rank", "[core][trace]") {
+  const std::string dir = troupe::testing::temp_dir("trace_merge_mixed");
+  std::vector<RankTrace> ranks = two_ranks();
+  ranks[1].info.layout = "2x1x1";  // another generation's file
+  REQUIRE_THROWS_WITH(merge(ranks, dir + "/m.json"), Catch::Contains("traces of different runs or generations"));
+  ranks = two_ranks();
+  ranks.pop_back();
+  REQUIRE_THROWS_WITH(merge(ranks, dir + "/m.json"), Catch::Contains("1 rank files for a world of 2"));
+  ranks = two_ranks();
+  ranks[1].info.rank = 5;
+  REQUIRE_THROWS_WITH(merge(ranks, dir + "/m.json"), Catch::Contains("rank 5 outside a world of 2"));
 }
