@@ -10,6 +10,7 @@
 #include <queue>
 
 #include "core/error.hpp"
+#include "core/hostile_file.hpp"
 
 namespace troupe::bpe {
 
@@ -337,26 +338,6 @@ namespace {
 
 // The deepest nesting of [ and { outside strings: a tokenizer nests 3 deep, and a
 // hostile file of 64 MiB of '[' must not reach the parser.
-int json_depth(std::string_view s) {
-  int depth = 0, max_depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < s.size(); ++i) {
-    const char c = s[i];
-    if (in_string) {
-      if (c == '\\')
-        ++i;
-      else if (c == '"')
-        in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      max_depth = std::max(max_depth, ++depth);
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return max_depth;
-}
 
 // A JSON value for a message, cut short: a hostile file's values may be megabytes.
 std::string brief(const nlohmann::json& v) {

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "core/error.hpp"
+#include "core/hostile_file.hpp"
 
 namespace troupe {
 
@@ -49,17 +50,8 @@ TokenFile TokenFile::open(const std::string& path, int width) {
   TROUPE_CHECK(width == 0 || width == 2 || width == 4, "token width ", width, " is not 2 or 4");
   TokenFile f;
   f.path_ = path;
-  // O_NONBLOCK: a FIFO or a device at the path opens at once (and is refused below as not
-  // a regular file) instead of blocking until a writer appears.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  require(fd >= 0, path, ": cannot open: ", std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    const bool dir = S_ISDIR(st.st_mode);
-    ::close(fd);
-    require(false, path, dir ? ": is a directory, not a token file" : ": not a regular file");
-  }
-  const uint64_t bytes = static_cast<uint64_t>(st.st_size);
+  uint64_t bytes = 0;
+  const int fd = open_regular_file(path, "token file", &bytes);
   if (bytes == 0) {
     ::close(fd);
     require(false, path, ": the file is empty (no tokens)");

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "core/hostile_file.hpp"
 #include "core/trace_json.hpp"
 
 namespace troupe::trace {
@@ -236,67 +237,6 @@ constexpr int64_t kMaxTimeUs = int64_t(1) << 53;
 // Our files nest 4 deep; a deeper one is not ours, and refusing it bounds the parser's work.
 constexpr int kMaxDepth = 32;
 
-// Reads what `path` holds, refusing anything but a regular file of at most max_bytes.
-std::string read_file_bounded(const std::string& path, uint64_t max_bytes) {
-  // O_NONBLOCK: a FIFO at the path opens at once (and is refused below) instead of blocking.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  require(fd >= 0, path, ": cannot open: ", std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    const bool dir = S_ISDIR(st.st_mode);
-    ::close(fd);
-    require(false, path, dir ? ": is a directory, not a trace file" : ": not a regular file");
-  }
-  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
-    ::close(fd);
-    require(false, path, ": is ", st.st_size, " bytes; a trace file is at most ", max_bytes, " bytes");
-  }
-  // At most one byte past the limit: the file may have grown since fstat.
-  std::string text;
-  char buf[1 << 16];
-  for (;;) {
-    const ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int e = errno;
-      ::close(fd);
-      require(false, path, ": cannot read: ", std::strerror(e));
-    }
-    if (n == 0) break;
-    text.append(buf, static_cast<size_t>(n));
-    if (text.size() > max_bytes) {
-      ::close(fd);
-      require(false, path, ": grew past ", max_bytes, " bytes while being read");
-    }
-  }
-  ::close(fd);
-  return text;
-}
-
-// Deepest nesting of objects and arrays outside strings (a cheap guard before parsing).
-int max_depth(const std::string& text) {
-  int depth = 0, deepest = 0;
-  bool in_string = false, escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped)
-        escaped = false;
-      else if (c == '\\')
-        escaped = true;
-      else if (c == '"')
-        in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      deepest = std::max(deepest, ++depth);
-      if (deepest > kMaxDepth) return deepest;
-    } else if (c == '}' || c == ']') {
-      --depth;
-    }
-  }
-  return deepest;
-}
-
 // Field readers: each failure names the file, where in it, and the field.
 struct Fields {
   const std::string& path;
@@ -397,8 +337,8 @@ Span read_span(const Fields& f, const ojson& e, int rank) {
 RankTrace read_rank_trace(const std::string& path) { return read_rank_trace(path, ReadLimits{}); }
 
 RankTrace read_rank_trace(const std::string& path, const ReadLimits& limits) {
-  const std::string text = read_file_bounded(path, limits.max_bytes);
-  require(max_depth(text) <= kMaxDepth, path, ": JSON nested deeper than ", kMaxDepth,
+  const std::string text = read_regular_file(path, limits.max_bytes, "trace file");
+  require(json_depth(text, kMaxDepth) <= kMaxDepth, path, ": JSON nested deeper than ", kMaxDepth,
           " levels (not a trace file)");
   ojson doc;
   try {
