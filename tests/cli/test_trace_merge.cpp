@@ -8,6 +8,7 @@
 
 #include "core/trace.hpp"
 #include "tests/support/support.hpp"
+#include "tests/support/trace_span.hpp"
 
 namespace fs = std::filesystem;
 using namespace troupe::trace;
@@ -18,16 +19,7 @@ using Result = troupe::testing::CommandResult;
 
 Result cli(const std::string& args) { return troupe::testing::run_troupe(args); }
 
-Span span(std::string cat, std::string name, int64_t ts, int64_t dur, int64_t step, int track = kEngine) {
-  Span s;
-  s.cat = std::move(cat);
-  s.name = std::move(name);
-  s.ts_us = ts;
-  s.dur_us = dur;
-  s.step = step;
-  s.track = track;
-  return s;
-}
+using troupe::testing::span;
 
 // Steps 3 and 4 of a two-stage pipeline; rank 1's clock runs 250 us behind rank 0's.
 //   step 3: rank 0 [0,1000): schedule [0,800), F [0,200), B [200,600), comm [600,700),

@@ -13,6 +13,7 @@
 #include "core/error.hpp"
 #include "core/trace.hpp"
 #include "tests/support/support.hpp"
+#include "tests/support/trace_span.hpp"
 
 namespace fs = std::filesystem;
 using namespace troupe::trace;
@@ -20,18 +21,7 @@ using Args = std::vector<std::pair<std::string, std::string>>;
 
 namespace {
 
-Span span(std::string cat, std::string name, int64_t ts, int64_t dur, int64_t step, int track = kEngine,
-          Args args = {}) {
-  Span s;
-  s.cat = std::move(cat);
-  s.name = std::move(name);
-  s.ts_us = ts;
-  s.dur_us = dur;
-  s.step = step;
-  s.track = track;
-  s.args = std::move(args);
-  return s;
-}
+using troupe::testing::span;
 
 std::string write_text(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;
@@ -404,7 +394,8 @@ TEST_CASE("trace: merge refuses traces of different runs, and a missing rank", "
   const std::string dir = troupe::testing::temp_dir("trace_merge_mixed");
   std::vector<RankTrace> ranks = two_ranks();
   ranks[1].info.layout = "2x1x1";  // another generation's file
-  REQUIRE_THROWS_WITH(merge(ranks, dir + "/m.json"), Catch::Contains("traces of different runs or generations"));
+  REQUIRE_THROWS_WITH(merge(ranks, dir + "/m.json"),
+                      Catch::Contains("traces of different runs or generations"));
   ranks = two_ranks();
   ranks.pop_back();
   REQUIRE_THROWS_WITH(merge(ranks, dir + "/m.json"), Catch::Contains("1 rank files for a world of 2"));
