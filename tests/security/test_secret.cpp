@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <catch2/catch.hpp>
+#include <memory>
 
 #include "actors/secret.hpp"
 #include "tests/control/cluster.hpp"
@@ -119,22 +120,42 @@ TEST_CASE("secret: an agent started before its coordinator keeps trying and regi
   const std::string dir = troupe::testing::temp_dir("secret_early");
   const std::string s = dir + "/s.pem";
   actors::write_secret(s);
-  const std::string listen = "127.0.0.1:" + std::to_string(free_port());
-  Proc agent({troupe_binary(), "agent", "--coordinator", listen, "--devices", "cpu:1", "--secret-file", s,
-              "--reconnect-timeout", "120"},
-             dir + "/agent.log");
-  // Observable state, not a delay: the agent has failed to connect at least once.
-  REQUIRE(wait_until([&] { return agent.output().find("retrying for up to") != std::string::npos; }, 60s));
-  CHECK(agent.wait(0ms) == -1);
-  Proc coordinator({troupe_binary(), "coordinator", "--listen", listen, "--api", "tcp://127.0.0.1:0",
-                    "--runs-dir", dir + "/runs", "--ready-file", dir + "/ready.json", "--secret-file", s},
-                   dir + "/coordinator.log");
-  REQUIRE(wait_until([&] { return std::filesystem::exists(dir + "/ready.json"); }, 30s));
+  // The port is free when chosen, but another process (or one of the agent's own connection
+  // attempts, whose source port may be that very port) can hold it by the time the coordinator
+  // binds: then both start again on another port.
+  std::unique_ptr<Proc> agent, coordinator;
+  bool ready = false;
+  for (int attempt = 0; attempt < 5 && !ready; ++attempt) {
+    std::filesystem::remove(dir + "/ready.json");
+    const std::string listen = "127.0.0.1:" + std::to_string(free_port());
+    agent = std::make_unique<Proc>(
+        std::vector<std::string>{troupe_binary(), "agent", "--coordinator", listen, "--devices", "cpu:1",
+                                 "--secret-file", s, "--reconnect-timeout", "120"},
+        dir + "/agent.log");
+    // Observable state, not a delay: the agent has failed to connect at least once.
+    REQUIRE(wait_until([&] { return agent->output().find("retrying for up to") != std::string::npos; }, 60s));
+    CHECK(agent->wait(0ms) == -1);
+    coordinator = std::make_unique<Proc>(
+        std::vector<std::string>{troupe_binary(), "coordinator", "--listen", listen, "--api",
+                                 "tcp://127.0.0.1:0", "--runs-dir", dir + "/runs", "--ready-file",
+                                 dir + "/ready.json", "--secret-file", s},
+        dir + "/coordinator.log");
+    bool exited = false;
+    REQUIRE(wait_until(
+        [&] {
+          ready = std::filesystem::exists(dir + "/ready.json");
+          exited = !ready && coordinator->wait(0ms) != -1;
+          return ready || exited;
+        },
+        30s));
+    if (exited) REQUIRE(coordinator->output().find("cannot listen") != std::string::npos);
+  }
+  REQUIRE(ready);
   const std::string api = json::parse(read_file(dir + "/ready.json"))["api"];
   coord::ClientOptions o;
   o.endpoint = api;
   o.token = actors::api_token(s);
-  INFO(agent.output());
+  INFO(agent->output());
   CHECK(wait_until(
       [&] {
         auto r = coord::api_call(o, {{"op", "list"}});
