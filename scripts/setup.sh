@@ -63,6 +63,7 @@ if [ "$mode" = test ]; then
     -DTROUPE_CUDA=OFF -DTROUPE_BUILD_BENCH=OFF >"$root/build-asan-configure.log" 2>&1 \
     || { cat "$root/build-asan-configure.log"; exit 1; }
   cmake --build "$root/build-asan" -j "$jobs" --target test_spec_fuzz test_control_fuzz
-  (cd "$root/build-asan" && ctest --output-on-failure -R 'fuzz' --timeout 600)
+  (cd "$root/build-asan" &&
+    LSAN_OPTIONS="suppressions=$root/tests/lsan_caf.supp" ctest --output-on-failure -R 'fuzz' --timeout 600)
 fi
 echo "== done"
