@@ -369,17 +369,18 @@ function jobView(root, id) {
   };
 
   return poll(async (stopped) => {
-    // A new generation resumes from a checkpoint, at steps this page has already seen: while the
-    // job's generation is newer than the newest point's, every point is asked for again (the
-    // server thins them), until the new generation's first points are there.
-    const last = points[points.length - 1], lastGen = last ? last.generation ?? 0 : 0;
-    let after = last && (lastGen >= jobGen || TERMINAL.has(jobState)) ? last.step : null;
+    // Points the coordinator numbered as they came ("seq") are asked for after the last one seen.
+    // By step alone, a new generation resumes from a checkpoint at steps this page has already
+    // seen: while the job's generation is newer than the newest point's, every point is asked
+    // for again (the server thins them), until the new generation's first points are there.
+    const last = points[points.length - 1], lastGen = last ? last.generation ?? 0 : 0, bySeq = last && isNum(last.seq);
+    let after = !last ? null : bySeq ? last.seq : lastGen >= jobGen || TERMINAL.has(jobState) ? last.step : null;
     const get = (a) => api(base + (a === null ? '' : '?after=' + a));
     let d;
     try {
       d = await get(after);
       const newer = (m) => (m.generation ?? 0) > lastGen;
-      if (after !== null && (newer(d.job || {}) || (d.metrics || []).some(newer))) d = await get((after = null));
+      if (after !== null && !bySeq && (newer(d.job || {}) || (d.metrics || []).some(newer))) d = await get((after = null));
     } catch (e) {
       if (e.status !== 404) throw e;
       title.textContent = 'Job ' + id + ': unknown to the coordinator';
@@ -467,7 +468,7 @@ function layoutTrace(doc) {
       lane.rows = Math.max(lane.rows, s.row + 1);
     }
     lane.y = y;
-    lane.h = lane.bands * BAND_H + Math.max(1, lane.rows) * ROW_H + LANE_GAP;
+    lane.h = Math.max(32, lane.bands * BAND_H + Math.max(1, lane.rows) * ROW_H) + LANE_GAP;  // room for 2 label lines
     y += lane.h;
   }
   return { lanes: ordered, total: spans.length, drawn: drawn.length, t0, t1, height: y + 4 };
@@ -506,7 +507,7 @@ function traceView(root, id) {
       const x = X(t.t0 + ms * 1000);
       if (x < GUTTER) continue;
       g.beginPath(); g.moveTo(x, AXIS_H - 4); g.lineTo(x, h); g.stroke();
-      g.fillText(shortNum(ms) + ' ms', x + 3, 10);
+      if (x < w - 50) g.fillText(shortNum(ms) + ' ms', x + 3, 10);
     }
     t.lanes.forEach((lane, i) => {
       g.fillStyle = '#1d2330';
@@ -551,7 +552,8 @@ function traceView(root, id) {
     const when = 'at ' + ms(s.ts - t.t0) + ', for ' + ms(s.dur);
     tip.textContent = [s.name, s.cat + ' · ' + lane.label, when, ...args].join('\n');
     tip.style.left = Math.max(0, Math.min(mx + 14, canvas.clientWidth - 370)) + 'px';
-    tip.style.top = my + 16 + 'px';
+    const below = my + 16 + tip.offsetHeight <= canvas.clientHeight;  // else above the mouse
+    tip.style.top = (below ? my + 16 : Math.max(0, my - 8 - tip.offsetHeight)) + 'px';
   };
   canvas.addEventListener('mousemove', (ev) => {
     if (!drag || !t) return showTip(ev);
