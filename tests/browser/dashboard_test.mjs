@@ -6,7 +6,7 @@
 //   2. a dp=2 job that checkpoints every 5 steps and may restart 3 times
 //   3. the jobs table lists it; its link opens the job page; the loss chart grows
 //   4. a worker, by the pid the page's grid shows, is SIGKILLed: the page shows the failure
-//      (worker_killed), generation 2 running, and the chart grows again
+//      (worker_killed), the next generation running, and the chart grows again
 //   5. a short traced 1x2x1 job succeeds, `troupe trace merge` merges it, the trace view draws it
 //   6. everything stops; the screenshots of 3-5 go to the output dir
 //
@@ -216,20 +216,21 @@ async function main() {
     return w.length === 2 && w;
   });
   const victim = workers.find((w) => w.rank === 1) ?? workers[0];
+  const gen = Number(await text(page, '#job-generation')), next = String(gen + 1);
   log(`SIGKILL rank ${victim.rank}, pid ${victim.pid}`);
   process.kill(victim.pid, 'SIGKILL');
   await waitFor('the failure (worker_killed) in the events', () => page.eval(`[...document.querySelectorAll(
       '#events .event[data-event="failure"]')].some((e) => e.textContent.includes('worker_killed'))`));
-  await waitFor('generation 2 running', async () =>
-      (await text(page, '#job-generation')) === '2' && (await text(page, '#job-state')) === 'running');
+  await waitFor(`generation ${next} running`, async () =>
+      (await text(page, '#job-generation')) === next && (await text(page, '#job-state')) === 'running');
   const before = await points(page, 'loss-chart');
-  await waitFor(`more than ${before} loss points in generation 2`, async () => (await points(page, 'loss-chart')) > before);
+  await waitFor(`more than ${before} loss points in generation ${next}`, async () => (await points(page, 'loss-chart')) > before);
   if ((await points(page, 'tps-chart')) < 3) throw new Error('the tokens/s chart has fewer than 3 points');
   await waitFor('a checkpoint in the list', () => page.eval(`document.querySelectorAll('#checkpoints li').length > 0`));
   checkConsole();
   await screenshot(page, 'dashboard-job.png', true);
   await page.eval(`location.hash = '#/'`);
-  await waitFor('the jobs table again', async () => (await text(page, row + ' td:nth-child(10)')) === '2');
+  await waitFor('the jobs table again', async () => (await text(page, row + ' td:nth-child(10)')) === next);
   await screenshot(page, 'dashboard-jobs.png', false);
 
   step = '6: a traced job, merged, drawn';
@@ -285,6 +286,14 @@ async function hoverSomeSpan(page) {
 function cleanup() {
   if (browser) browser.kill();
   for (const { proc } of children.values()) if (!proc.gone) proc.kill('SIGKILL');
+}
+
+for (const sig of ['SIGINT', 'SIGTERM']) {
+  process.on(sig, () => {  // ctest's timeout, or a Ctrl-C: no coordinator, agent or browser outlives the test
+    console.error(`browser_dashboard: ${sig} at step ${step}`);
+    cleanup();
+    process.exit(1);
+  });
 }
 
 main().then(() => {
