@@ -60,14 +60,15 @@ struct HttpResponse {
 };
 
 struct HttpOptions {
-  std::string listen =
-      "127.0.0.1:0";  // HOST:PORT, port 0 = any free port; IPv4 literal, "localhost", or "[::1]"
-  std::string token;  // required on every request when the bound address is not loopback
+  // HOST:PORT, port 0 = any free port; HOST an IPv4 literal, "localhost", or "[::1]"-style IPv6.
+  std::string listen = "127.0.0.1:0";
+  std::string token;                   // required on every request when the bound address is not loopback
   size_t max_header_bytes = 16 << 10;  // request line + headers; more -> 431, connection closed
   int max_connections = 64;            // beyond: accepted, answered 503, closed
-  int idle_timeout_ms = 10000;  // a connection that has not sent a whole request by then is closed (408 if it
-                                // sent bytes); one that does not read its answer is dropped as long after
-                                // the last byte it took
+  // A connection that has not sent a whole request this long after accept is closed (408
+  // if it sent bytes); one that does not read its answer is dropped this long after the
+  // last byte it took.
+  int idle_timeout_ms = 10000;
   size_t max_response_bytes = 64 << 20;  // a handler body larger than this -> 500
 };
 
