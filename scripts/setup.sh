@@ -24,8 +24,9 @@ packages=(
   libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libxxhash-dev libzstd-dev libdnnl-dev
   python3 python3-zmq python3-numpy fortunes procps
 )
-# Only the tests need these: the PyTorch reference forwards (tests/checkpoint/hf_reference.py).
-test_packages=(python3-torch)
+# Only the tests need these: the PyTorch reference forwards (tests/checkpoint/hf_reference.py),
+# and the browser that Node drives through the dashboard (tests/browser/).
+test_packages=(python3-torch chromium nodejs)
 if [ "$mode" = test ]; then packages+=("${test_packages[@]}"); fi
 
 missing=()

@@ -1,0 +1,303 @@
+// The dashboard in a real browser, against a real coordinator, agent and jobs:
+//
+//   node tests/browser/dashboard_test.mjs <troupe binary> <output dir>
+//
+//   1. a coordinator (--http) and an agent with cpu:2, in a fresh temp dir
+//   2. a dp=2 job that checkpoints every 5 steps and may restart 3 times
+//   3. the jobs table lists it; its link opens the job page; the loss chart grows
+//   4. a worker, by the pid the page's grid shows, is SIGKILLed: the page shows the failure
+//      (worker_killed), generation 2 running, and the chart grows again
+//   5. a short traced 1x2x1 job succeeds, `troupe trace merge` merges it, the trace view draws it
+//   6. everything stops; the screenshots of 3-5 go to the output dir
+//
+// Any console error of the page (console.error, an uncaught exception, a browser error log)
+// fails the test. Every wait has a deadline only as a guard against a hang: no duration is
+// asserted. On failure it prints the step, the page's console errors and the tails of the
+// coordinator's and agent's output, kills every child and exits 1.
+import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+import { Browser, findChromium } from './cdp.mjs';
+
+const [troupe, outDir] = process.argv.slice(2);
+if (!troupe || !outDir) {
+  console.error('usage: node dashboard_test.mjs <troupe binary> <output dir>');
+  process.exit(2);
+}
+const SOURCE = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
+const DEADLINE_MS = 180000;
+const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'troupe_browser_'));
+const children = new Map();  // name -> {proc, out, err}
+const consoleErrors = [];
+let browser = null;
+let step = 'start';
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+const log = (msg) => console.log(`[${new Date().toISOString().slice(11, 19)}] ${msg}`);
+
+// ---------------------------------------------------------------- processes
+
+// A long-running troupe process; its stdout and stderr go to files in the temp dir.
+function start(name, args) {
+  const out = path.join(tmp, name + '.out'), err = path.join(tmp, name + '.err');
+  const proc = spawn(troupe, args, { cwd: tmp, stdio: ['ignore', fs.openSync(out, 'w'), fs.openSync(err, 'w')] });
+  proc.exited = new Promise((resolve) => proc.once('exit', (code, signal) => resolve(signal ?? code)));
+  proc.once('exit', (code, signal) => { proc.gone = true; proc.status = signal ?? code; });
+  children.set(name, { proc, out, err });
+  return proc;
+}
+
+// A short troupe command: its stdout, or an Error with everything it printed.
+function troupeCmd(args, timeoutMs = 120000) {
+  return new Promise((resolve, reject) => {
+    const p = spawn(troupe, args, { cwd: tmp, stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '', err = '';
+    p.stdout.on('data', (d) => (out += d));
+    p.stderr.on('data', (d) => (err += d));
+    const timer = setTimeout(() => p.kill('SIGKILL'), timeoutMs);
+    p.on('error', reject);
+    p.on('exit', (code, signal) => {
+      clearTimeout(timer);
+      if (code === 0) resolve(out);
+      else reject(new Error(`troupe ${args.join(' ')} exited ${signal ?? code}\n${out}${err}`));
+    });
+  });
+}
+
+function tail(file, lines = 40) {
+  try {
+    return fs.readFileSync(file, 'utf8').split('\n').slice(-lines).join('\n');
+  } catch (e) {
+    return `(${e.message})`;
+  }
+}
+
+// Polls fn every 250 ms until it returns something truthy, which it returns. A child that
+// died meanwhile, or the deadline, fails the wait with what fn last saw.
+async function waitFor(what, fn, ms = DEADLINE_MS) {
+  const end = Date.now() + ms;
+  let last;
+  for (;;) {
+    for (const [name, c] of children)
+      if (c.proc.gone) throw new Error(`${name} exited (${c.proc.status}) while waiting for ${what}`);
+    try {
+      last = await fn();
+      if (last) return last;
+    } catch (e) {
+      last = e.message;
+    }
+    if (Date.now() > end) throw new Error(`no ${what} within ${ms / 1000} s (last seen: ${JSON.stringify(last)})`);
+    await sleep(250);
+  }
+}
+
+// ---------------------------------------------------------------- the page
+
+const CONSOLE_IGNORED = [
+  // The job page asks whether a merged trace exists; a 404 is the answer "not yet", which the
+  // browser logs as a failed resource load.
+  (e) => e.source === 'network' && /\/api\/jobs\/[^/?]+\/trace$/.test(e.url ?? '') && /\b404\b/.test(e.text),
+];
+
+function watchConsole(page) {
+  page.on('Runtime.consoleAPICalled', (e) => {
+    if (e.type === 'error' || e.type === 'assert')
+      consoleErrors.push('console.' + e.type + ': ' + e.args.map((a) => a.value ?? a.description ?? a.type).join(' '));
+  });
+  page.on('Runtime.exceptionThrown', (e) => {
+    const d = e.exceptionDetails;
+    consoleErrors.push('uncaught: ' + (d.exception?.description ?? d.text) + ` (${d.url ?? ''}:${d.lineNumber})`);
+  });
+  page.on('Log.entryAdded', ({ entry }) => {
+    if (entry.level === 'error' && !CONSOLE_IGNORED.some((f) => f(entry)))
+      consoleErrors.push(`log (${entry.source}): ${entry.text} ${entry.url ?? ''}`);
+  });
+}
+function checkConsole() {
+  if (consoleErrors.length) throw new Error('the page logged errors:\n  ' + consoleErrors.join('\n  '));
+}
+
+// A real click (press and release) at the middle of the first element matching selector.
+async function click(page, selector) {
+  const box = await page.eval(`(() => {
+    const e = document.querySelector(${JSON.stringify(selector)});
+    if (!e) return null;
+    e.scrollIntoView({ block: 'center' });
+    const r = e.getBoundingClientRect();
+    return { x: r.left + r.width / 2, y: r.top + r.height / 2 };
+  })()`);
+  if (!box) throw new Error('nothing to click at ' + selector);
+  await page.send('Input.dispatchMouseEvent', { type: 'mouseMoved', x: box.x, y: box.y });
+  for (const type of ['mousePressed', 'mouseReleased'])
+    await page.send('Input.dispatchMouseEvent', { type, x: box.x, y: box.y, button: 'left', clickCount: 1 });
+}
+
+// Saves the page as PNG: the viewport, or (full) the whole document.
+async function screenshot(page, name, full) {
+  const params = { format: 'png' };
+  if (full) {
+    const { cssContentSize: s } = await page.send('Page.getLayoutMetrics');
+    params.captureBeyondViewport = true;
+    params.clip = { x: 0, y: 0, width: Math.ceil(s.width), height: Math.ceil(s.height), scale: 1 };
+  }
+  const { data } = await page.send('Page.captureScreenshot', params);
+  fs.writeFileSync(path.join(outDir, name), Buffer.from(data, 'base64'));
+  log(`saved ${path.join(outDir, name)}`);
+}
+
+const points = (page, chart) =>
+  page.eval(`Number(document.querySelector('#${chart}')?.getAttribute('data-points') ?? -1)`);
+const text = (page, selector) =>
+  page.eval(`document.querySelector(${JSON.stringify(selector)})?.textContent.trim() ?? null`);
+
+// ---------------------------------------------------------------- the cluster
+
+function spec(layoutFile, name, steps, extra) {
+  let s = fs.readFileSync(path.join(SOURCE, 'configs/layouts', layoutFile), 'utf8');
+  s = s.replace(/^name: .*$/m, 'name: ' + name).replace(/^ {2}steps: 10$/m, '  steps: ' + steps);
+  const file = path.join(tmp, name + '.yaml');
+  fs.writeFileSync(file, s + extra);
+  return file;
+}
+
+async function main() {
+  fs.mkdirSync(outDir, { recursive: true });
+  const chromium = findChromium();
+  if (!chromium) throw new Error('chromium not found: run scripts/setup.sh (it installs chromium and nodejs)');
+
+  step = '1: start the coordinator';
+  const secret = path.join(tmp, 'secret');
+  await troupeCmd(['secret', 'init', secret]);
+  const readyFile = path.join(tmp, 'ready.json');
+  start('coordinator', ['coordinator', '--listen', '127.0.0.1:0', '--api', 'tcp://127.0.0.1:0', '--http', '127.0.0.1:0',
+                        '--secret-file', secret, '--runs-dir', path.join(tmp, 'runs'), '--ready-file', readyFile]);
+  const ready = await waitFor('ready file', () => fs.existsSync(readyFile) && JSON.parse(fs.readFileSync(readyFile, 'utf8')));
+  if (!ready.http) throw new Error('the ready file has no "http": ' + JSON.stringify(ready));
+  const base = 'http://' + ready.http;
+  const apiArgs = ['--api', ready.api, '--secret-file', secret, '--json'];
+  const getJson = async (p) => {
+    const r = await fetch(base + p);
+    if (!r.ok) throw new Error(`GET ${p}: ${r.status}`);
+    return r.json();
+  };
+  log(`coordinator: agents ${ready.listen}, API ${ready.api}, dashboard ${base}`);
+
+  step = '2: start an agent with cpu:2';
+  start('agent', ['agent', '--coordinator', ready.listen, '--devices', 'cpu:2', '--secret-file', secret]);
+  await waitFor('the agent in /api/jobs', async () => (await getJson('/api/jobs')).agents?.length > 0);
+
+  step = '3: submit the dp=2 job';
+  const trainSpec = spec('tiny_dp2_pp1_tp1.yaml', 'dash-train', 1000000,
+                         '\ncheckpoint:\n  every: 5\n  keep: 3\nfault:\n  max_restarts: 3\n');
+  const job = JSON.parse(await troupeCmd(['submit', trainSpec, ...apiArgs])).job;
+  log(`submitted ${job}`);
+
+  step = '4: the jobs table, the job page, a growing loss chart';
+  browser = await Browser.launch({ executable: chromium, userDataDir: path.join(tmp, 'chromium'),
+                                   log: (line) => { if (process.env.TROUPE_BROWSER_LOG) console.log('chromium: ' + line); } });
+  const page = await browser.newPage();
+  watchConsole(page);
+  await page.send('Page.navigate', { url: base + '/#/' });
+  const row = `#jobs-table tr[data-job="${job}"]`;
+  await waitFor('the job in the jobs table', () => page.eval(`!!document.querySelector(${JSON.stringify(row + ' a')})`));
+  await click(page, row + ' a');
+  await waitFor('the job page', () => page.eval(`location.hash === ${JSON.stringify('#/job/' + job)}`));
+  const first = await waitFor('3 loss points', async () => { const n = await points(page, 'loss-chart'); return n >= 3 && n; });
+  await waitFor(`more than ${first} loss points`, async () => (await points(page, 'loss-chart')) > first);
+  checkConsole();
+
+  step = '5: a worker killed, the job recovered';
+  const workers = await waitFor('two workers with pids in the grid', async () => {
+    const w = await page.eval(`[...document.querySelectorAll('#workers .worker[data-rank][data-pid]')]
+        .map((e) => ({ rank: Number(e.dataset.rank), pid: Number(e.dataset.pid) })).filter((w) => w.pid > 0)`);
+    return w.length === 2 && w;
+  });
+  const victim = workers.find((w) => w.rank === 1) ?? workers[0];
+  log(`SIGKILL rank ${victim.rank}, pid ${victim.pid}`);
+  process.kill(victim.pid, 'SIGKILL');
+  await waitFor('the failure (worker_killed) in the events', () => page.eval(`[...document.querySelectorAll(
+      '#events .event[data-event="failure"]')].some((e) => e.textContent.includes('worker_killed'))`));
+  await waitFor('generation 2 running', async () =>
+      (await text(page, '#job-generation')) === '2' && (await text(page, '#job-state')) === 'running');
+  const before = await points(page, 'loss-chart');
+  await waitFor(`more than ${before} loss points in generation 2`, async () => (await points(page, 'loss-chart')) > before);
+  if ((await points(page, 'tps-chart')) < 3) throw new Error('the tokens/s chart has fewer than 3 points');
+  await waitFor('a checkpoint in the list', () => page.eval(`document.querySelectorAll('#checkpoints li').length > 0`));
+  checkConsole();
+  await screenshot(page, 'dashboard-job.png', true);
+  await page.eval(`location.hash = '#/'`);
+  await waitFor('the jobs table again', async () => (await text(page, row + ' td:nth-child(10)')) === '2');
+  await screenshot(page, 'dashboard-jobs.png', false);
+
+  step = '6: a traced job, merged, drawn';
+  await troupeCmd(['cancel', job, ...apiArgs]);
+  const jobState = async (id) => (await getJson('/api/jobs')).jobs.find((j) => j.id === id);
+  await waitFor(`${job} cancelled`, async () => (await jobState(job))?.state === 'cancelled');
+  const traceSpec = spec('tiny_dp1_pp2_tp1_1f1b.yaml', 'dash-trace', 10, '');
+  fs.writeFileSync(traceSpec, fs.readFileSync(traceSpec, 'utf8').replace(/^ {2}seed: 0$/m,
+                   '  seed: 0\n  trace:\n    from_step: 1\n    steps: 3'));
+  const traced = JSON.parse(await troupeCmd(['submit', traceSpec, ...apiArgs])).job;
+  log(`submitted ${traced}`);
+  await waitFor(`${traced} succeeded`, async () => {
+    const j = await jobState(traced);
+    if (j && (j.state === 'failed' || j.state === 'cancelled')) throw new Error(`${traced} ${j.state}: ${j.reason}`);
+    return j?.state === 'succeeded';
+  });
+  const runDir = path.resolve(tmp, (await getJson('/api/jobs/' + traced)).job.run_dir);
+  log(await troupeCmd(['trace', 'merge', runDir]));
+  await page.send('Page.navigate', { url: `${base}/#/job/${traced}/trace` });
+  const spans = await waitFor('spans on the trace view', async () => {
+    const n = await page.eval(`Number(document.querySelector('#trace-view')?.getAttribute('data-spans') ?? 0)`);
+    return n > 0 && n;
+  });
+  log(`the trace view drew ${spans} spans`);
+  await hoverSomeSpan(page);
+  checkConsole();
+  await screenshot(page, 'dashboard-trace.png', true);
+
+  step = '7: stop';
+  await browser.close();
+  browser = null;
+  for (const name of ['agent', 'coordinator']) {
+    const { proc } = children.get(name);
+    proc.kill('SIGTERM');
+    const status = await Promise.race([proc.exited, sleep(60000).then(() => 'still running 60 s after SIGTERM')]);
+    if (status !== 0) throw new Error(`${name} ended with ${status} after SIGTERM`);
+  }
+}
+
+// Moves the mouse along the first lane of the trace until the tooltip names a span.
+async function hoverSomeSpan(page) {
+  const box = await page.eval(`(() => { const r = document.querySelector('#trace-view').getBoundingClientRect();
+                                       return { x: r.left, y: r.top, w: r.width }; })()`);
+  for (let i = 1; i < 40; i++) {
+    const x = box.x + 200 + ((box.w - 220) * i) / 40, y = box.y + 26 + 10 + 9;  // first lane, first row of work
+    await page.send('Input.dispatchMouseEvent', { type: 'mouseMoved', x, y });
+    const tip = await page.eval(`(() => { const t = document.querySelector('.tip'); return t.hidden ? '' : t.textContent; })()`);
+    if (tip) { log('tooltip: ' + tip.split('\n').slice(0, 3).join(' | ')); return; }
+  }
+  throw new Error('no tooltip anywhere along the first lane of the trace');
+}
+
+function cleanup() {
+  if (browser) browser.kill();
+  for (const { proc } of children.values()) if (!proc.gone) proc.kill('SIGKILL');
+}
+
+main().then(() => {
+  cleanup();
+  fs.rmSync(tmp, { recursive: true, force: true });
+  log('browser_dashboard: passed');
+}, (e) => {
+  console.error(`\nbrowser_dashboard FAILED at step ${step}: ${e.message}`);
+  if (consoleErrors.length) console.error('page console errors:\n  ' + consoleErrors.join('\n  '));
+  for (const [name, c] of children) {
+    console.error(`---- ${name} stdout (tail)\n${tail(c.out)}\n---- ${name} stderr (tail)\n${tail(c.err)}`);
+  }
+  cleanup();
+  console.error(`(kept ${tmp})`);
+  process.exit(1);
+});
