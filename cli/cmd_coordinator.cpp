@@ -27,6 +27,9 @@ void add_coordinator_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--state-dir", o.state_dir,
                   "Keep the job table in DIR/jobs.json; a coordinator restarted with the same DIR continues "
                   "its jobs");
+  cmd->add_option("--http", o.http,
+                  "Serve the dashboard and Prometheus /metrics at HOST:PORT (port 0 = any free port; off "
+                  "loopback every request needs the API token)");
   cmd->add_option("--ready-file", o.ready_file, "Write the bound addresses here as JSON once serving");
   cmd->add_option("--protocol-version-override", o.protocol_override)->group("");
   cmd->callback([exit_code] {

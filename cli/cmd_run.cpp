@@ -39,6 +39,7 @@ struct RunOptions {
   bool quiet = false;
   bool in_process = false;
   int64_t trace = 0;  // --trace N: steps [1, 1 + N) (the first warms up), over train.trace
+  std::string http;   // --http HOST:PORT: the dashboard of this run
 };
 
 std::string layout_string(const JobSpec& s) { return layout_of(s.parallel).str(); }
@@ -79,6 +80,7 @@ int run_workers(const JobSpec& spec, const RunOptions& opt, const std::string& r
   ro.runs_dir = opt.runs_dir;
   ro.quiet = opt.quiet;
   ro.resume_from = resume_from;
+  ro.http = opt.http;
   std::string run_dir;
   ro.on_submitted = [&](const std::string& job, const std::string& dir) {
     run_dir = dir;
@@ -134,6 +136,10 @@ int run_job(const RunOptions& opt) {
     if (!skipped.empty()) std::cerr << "troupe run: --resume: resuming from " << resume_from << "\n";
   }
   if (!opt.in_process) return run_workers(spec, opt, resume_from);
+  if (!opt.http.empty()) {
+    std::cerr << "troupe run: --http serves the embedded coordinator's dashboard; drop --in-process\n";
+    return kUsage;
+  }
   if (*layout_devices(spec.parallel) != 1) {
     std::cerr << "troupe run: --in-process runs one device; layout " << layout_string(spec) << " needs "
               << *layout_devices(spec.parallel) << " worker processes (drop --in-process)\n";
@@ -215,6 +221,9 @@ void add_run_command(CLI::App& app, int* exit_code) {
          "Trace N steps from the second (train.trace): each rank writes trace/rank<r>.json in the run "
          "directory; `troupe trace merge` joins them")
       ->check(CLI::Range(int64_t(1), int64_t(1000)));
+  cmd->add_option(
+      "--http", opt.http,
+      "Serve the dashboard and Prometheus /metrics of this run at HOST:PORT (port 0 = any free port)");
   cmd->add_flag("--in-process", opt.in_process,
                 "Train a one-device job inside this process instead of a worker process (debugging)");
   cmd->callback([exit_code] { *exit_code = run_job(opt); });

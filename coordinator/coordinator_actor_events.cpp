@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "coordinator/coordinator_actor_state.hpp"
+#include "coordinator/event_text.hpp"
 #include "core/failure.hpp"
 #include "core/text.hpp"
 
@@ -38,41 +39,18 @@ void record_event(self_ptr self, nlohmann::json e) {
       std::filesystem::path dir = e["run_dir"].get<std::string>();
       auto rd = std::make_unique<RunDir>(dir.parent_path().string(), e["name"].get<std::string>(), job);
       rd->write_spec(e["spec"].get<std::string>());
-      rd->event("submitted job " + job + " (" + e["name"].get<std::string>() + ", layout " +
-                e["layout"].get<std::string>() + ")");
+      rd->event(event_text(e));
       s.run_dirs[job] = std::move(rd);
       e.erase("spec");
     } else if (auto it = s.run_dirs.find(job); it != s.run_dirs.end()) {
       RunDir& rd = *it->second;
-      if (kind == "state") {
-        std::string reason = e.value("reason", "");
-        rd.event("state " + e["state"].get<std::string>() + (reason.empty() ? "" : ": " + reason));
-      } else if (kind == "waiting") {
-        rd.event("waiting: " + e.value("reason", ""));
-      } else if (kind == "step") {
+      if (kind == "step") {
         rd.metrics(e["metrics"]);
-      } else if (kind == "checkpoint") {
-        rd.event("checkpoint committed: " + e.value("dir", ""));
-      } else if (kind == "worker_exit") {
-        rd.event("worker " + e.value("message", ""));
-      } else if (kind == "failure") {
-        std::string where = e.value("where", "");
-        rd.event("failure " + e.value("cause", "") + " in generation " +
-                 std::to_string(e.value("generation", 0)) + ": " + e.value("message", "") +
-                 (where.empty() ? "" : " [rank was in: " + where + "]"));
-        if (parse_failure_cause(e.value("cause", "")) == FailureCause::disk_full)
-          if (const Job* j = s.st->job(job)) remove_partial_checkpoints(s.st->checkpoint_root(*j), rd);
-      } else if (kind == "relaunch") {
-        std::string from = e.value("resume_from", "");
-        rd.event("relaunch generation " + std::to_string(e.value("generation", 0)) + " as " +
-                 e.value("layout", "") + " (was " + e.value("from_layout", "") + ") " +
-                 (from.empty() ? "from scratch" : "from " + from));
-      } else if (kind == "resize") {
-        rd.event("resize to " + std::to_string(e.value("devices", 0)) + " devices after step " +
-                 std::to_string(e.value("after_step", int64_t{0})));
-      } else if (kind == "log") {
-        rd.event(e.value("message", ""));
+      } else if (std::string line = event_text(e); !line.empty()) {
+        rd.event(line);
       }
+      if (kind == "failure" && parse_failure_cause(e.value("cause", "")) == FailureCause::disk_full)
+        if (const Job* j = s.st->job(job)) remove_partial_checkpoints(s.st->checkpoint_root(*j), rd);
     }
   } catch (const std::exception& ex) {
     // A full disk must not take the coordinator down; the event still goes out.

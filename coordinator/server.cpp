@@ -15,6 +15,7 @@
 #include "coordinator/api.hpp"
 #include "coordinator/api_server.hpp"
 #include "coordinator/coordinator_actor.hpp"
+#include "coordinator/dashboard_server.hpp"
 #include "coordinator/state.hpp"
 #include "core/error.hpp"
 #include "core/text.hpp"
@@ -64,6 +65,7 @@ int run_coordinator(const CoordinatorOptions& o) {
 
   std::mutex api_mu;
   ApiServer* api_ptr = nullptr;
+  DashboardServer* dash_ptr = nullptr;
   CoordinatorActorOptions copt;
   copt.runs_dir = o.runs_dir;
   copt.state_dir = o.state_dir;
@@ -71,6 +73,7 @@ int run_coordinator(const CoordinatorOptions& o) {
   copt.on_event = [&](const std::string& e) {
     std::lock_guard<std::mutex> lock(api_mu);
     if (api_ptr) api_ptr->publish(e);
+    if (dash_ptr) dash_ptr->on_event(e);
   };
   auto coord = spawn_coordinator(sys, copt);
   caf::actor_cast<caf::abstract_actor*>(coord)->attach_functor([&sys](const caf::error& reason) {
@@ -101,14 +104,32 @@ int run_coordinator(const CoordinatorOptions& o) {
     caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
     return 2;
   }
+  std::unique_ptr<DashboardServer> dash;
+  if (!o.http.empty()) {
+    try {
+      dash = std::make_unique<DashboardServer>(DashboardOptions{o.http, token}, ask);
+    } catch (const Error& e) {
+      std::cerr << "troupe coordinator: " << e.what() << "\n";
+      api->stop();
+      caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
+      return 2;
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(api_mu);
     api_ptr = api.get();
+    dash_ptr = dash.get();
   }
   auto published = actors::publish(coord, port, host);
   if (!published) {
     std::cerr << "troupe coordinator: cannot listen on " << o.listen << ": " << sys.render(published.error())
               << "\n";
+    {
+      std::lock_guard<std::mutex> lock(api_mu);
+      api_ptr = nullptr;
+      dash_ptr = nullptr;
+    }
+    if (dash) dash->stop();
     api->stop();
     caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
     return 2;
@@ -116,11 +137,18 @@ int run_coordinator(const CoordinatorOptions& o) {
   std::string listen = host + ":" + std::to_string(*published);
   nlohmann::json ready = {
       {"listen", listen}, {"api", api->endpoint()}, {"pub", api->pub_endpoint()}, {"pid", getpid()}};
+  if (dash) ready["http"] = dash->address();
   if (!o.state_dir.empty())
     std::cout << "troupe coordinator: job table in " << state_file(o.state_dir) << " (" << loaded_jobs
               << " job(s) loaded)" << std::endl;
   std::cout << "troupe coordinator: agents and workers connect to " << listen << "; API " << api->endpoint()
             << ", events " << api->pub_endpoint() << std::endl;
+  if (dash)
+    std::cout << "troupe coordinator: dashboard " << dash->url()
+              << (dash->requires_token()
+                      ? " (open it as ?token=<the API token>: `troupe secret api-token FILE`)"
+                      : "")
+              << std::endl;
   if (!o.ready_file.empty()) {
     std::string tmp = o.ready_file + ".tmp";
     std::ofstream(tmp) << ready.dump() << "\n";
@@ -147,7 +175,9 @@ int run_coordinator(const CoordinatorOptions& o) {
   {
     std::lock_guard<std::mutex> lock(api_mu);
     api_ptr = nullptr;
+    dash_ptr = nullptr;
   }
+  if (dash) dash->stop();
   api->stop();
   caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
   return sig == SIGINT ? 130 : 0;

@@ -14,7 +14,8 @@ struct CoordinatorOptions {
   std::string secret_file;                   // the cluster secret (actors/secret.hpp); required
   std::string runs_dir = "runs";
   std::string state_dir;   // "" = the job table is not persisted; else saved and reloaded here
-  std::string ready_file;  // written once serving: {"listen":"host:port","api":...,"pub":...,"pid":...}
+  std::string http;        // dashboard + /metrics at HOST:PORT ("" = none; port 0 = any free port)
+  std::string ready_file;  // written once serving: {"listen":"host:port","api":...,"pub":...,"http":...,"pid":...}
   int protocol_override = 0;
 };
 

@@ -1,11 +1,14 @@
 // The JSON views of CoordinatorState that the client API answers with
 // (docs/api.md: status, list).
+#include <algorithm>
+
 #include "coordinator/state.hpp"
 
 namespace troupe::coord {
 
 nlohmann::json CoordinatorState::job_json(const Job& j) const {
   nlohmann::json workers = nlohmann::json::array();
+  const double now = now_ms();
   for (size_t r = 0; r < j.ranks.size(); ++r) {
     const RankSlot& s = j.ranks[r];
     workers.push_back({{"rank", r},
@@ -17,6 +20,7 @@ nlohmann::json CoordinatorState::job_json(const Job& j) const {
                        {"registered", s.registered},
                        {"done", s.done},
                        {"exited", s.exited}});
+    if (s.where_ms > 0) workers.back()["heartbeat_age_s"] = std::max(0.0, (now - s.where_ms) / 1000.0);
     // Where the rank sits in the generation's plan: the same line its worker log prints.
     // (A job restored from the table has no plan until its next launch.)
     if (j.plan.layout == j.layout && int(r) < j.plan.layout.world() && !j.plan.partition.chunks.empty()) {
@@ -63,6 +67,7 @@ nlohmann::json CoordinatorState::list_json() const {
                     {"reason", j.reason},
                     {"layout", j.layout.str()},
                     {"generation", j.generation},
+                    {"restarts", j.restarts},
                     {"steps_done", j.last_step + 1},
                     {"total_steps", j.request.total_steps}});
   }

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "core/error.hpp"
 #include "core/hostile_file.hpp"
@@ -109,6 +110,8 @@ const char* track_name(int track) {
       return "data-parallel reducer";
     case kPipelineComm:
       return "pipeline comm";
+    case kCheckpointWriter:
+      return "checkpoint writer";
     default:
       return nullptr;
   }
@@ -142,9 +145,9 @@ void append_process(std::string& out, int pid, const std::string& process_name,
   append(out, metadata(pid, 0, "process_name", {{"name", process_name}}));
   append(out, metadata(pid, 0, "process_sort_index", {{"sort_index", pid}}));
   // The three known tracks always, so an idle reducer still shows; any other one its spans use.
-  std::vector<int> tracks = {kEngine, kReducer, kPipelineComm};
-  for (const auto& s : spans)
-    if (std::find(tracks.begin(), tracks.end(), s.track) == tracks.end()) tracks.push_back(s.track);
+  // (A set: a hostile file may give every one of its spans another tid.)
+  std::set<int> tracks = {kEngine, kReducer, kPipelineComm};
+  for (const auto& s : spans) tracks.insert(s.track);
   for (int t : tracks) {
     const char* known = track_name(t);
     append(out, metadata(pid, t, "thread_name", {{"name", known ? known : "track " + std::to_string(t)}}));

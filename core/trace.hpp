@@ -35,7 +35,7 @@
 namespace troupe::trace {
 
 // Tracks (Chrome "tid") within a rank: what thread a span ran on.
-enum Track : int { kEngine = 0, kReducer = 1, kPipelineComm = 2 };
+enum Track : int { kEngine = 0, kReducer = 1, kPipelineComm = 2, kCheckpointWriter = 3 };
 
 struct Span {
   std::string cat;    // "step", "schedule", "compute", "comm", "optimizer", "checkpoint", "data", "eval"

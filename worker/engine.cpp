@@ -471,7 +471,8 @@ struct Engine::Impl {
     const auto t0 = clock::now();
     const int64_t s = next_step;
     tracer.set_step(s);
-    if (tracer.done()) write_trace();
+    // (Not while the checkpoint after the window is still being written: its span goes in too.)
+    if (tracer.done() && !writing.load()) write_trace();
     MaybeSpan step_span;
     open(step_span, "step", [&] { return "step " + std::to_string(s); });
     const int B = spec.train.global_batch;
@@ -679,6 +680,7 @@ struct Engine::Impl {
   // ------------------------------------------------------------------ checkpoints
 
   std::thread writer;
+  std::atomic<bool> writing{false};  // the writer thread runs
   std::exception_ptr writer_error;
   std::string last_committed;
 
@@ -818,8 +820,16 @@ struct Engine::Impl {
     snap_span.reset();
     const std::string dir = root + "/" + checkpoint::step_dir_name(next_step);
     if (spec.checkpoint.async && (asg.commit_shard || world_size() == 1)) {
+      writing.store(true);
       writer = std::thread([this, snap] {
+        struct Done {
+          std::atomic<bool>& flag;
+          ~Done() { flag.store(false); }
+        } done{writing};
         try {
+          // On its own track: the write overlaps the steps that follow it.
+          MaybeSpan sp;
+          if (tracer.active()) sp.emplace(tracer, "checkpoint", "checkpoint write", trace::kCheckpointWriter);
           last_committed = write_snapshot(*snap);
         } catch (...) {
           writer_error = std::current_exception();

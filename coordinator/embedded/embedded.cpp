@@ -11,6 +11,7 @@
 #include "actors/secret.hpp"
 #include "actors/system.hpp"
 #include "coordinator/coordinator_actor.hpp"
+#include "coordinator/dashboard_server.hpp"
 #include "coordinator/spec_request.hpp"
 #include "worker/agent.hpp"
 #include "worker/node.hpp"
@@ -61,11 +62,18 @@ int run_job_embedded(const JobSpec& spec, const RunOptions& o) {
     return 1;
   }
   auto inbox = std::make_shared<Inbox>();
+  // Set before the coordinator starts and cleared after it stopped: its events reach the dashboard.
+  std::mutex dash_mu;
+  coord::DashboardServer* dash_ptr = nullptr;
   actors::NodeConfig cfg(secret->path());
   caf::actor_system sys{cfg};
   coord::CoordinatorActorOptions copt;
   copt.runs_dir = o.runs_dir;
-  copt.on_event = [inbox](const std::string& e) {
+  copt.on_event = [inbox, &dash_mu, &dash_ptr](const std::string& e) {
+    {
+      std::lock_guard<std::mutex> lock(dash_mu);
+      if (dash_ptr) dash_ptr->on_event(e);
+    }
     std::lock_guard<std::mutex> lock(inbox->mu);
     inbox->events.push_back(nlohmann::json::parse(e));
     inbox->cv.notify_all();
@@ -101,7 +109,13 @@ int run_job_embedded(const JobSpec& spec, const RunOptions& o) {
                  });
     return out;
   };
+  std::unique_ptr<coord::DashboardServer> dash;
   auto finish = [&](int code) {
+    if (dash) {
+      std::lock_guard<std::mutex> lock(dash_mu);
+      dash_ptr = nullptr;
+      dash->stop();
+    }
     caf::anon_send(agent, actors::shutdown_atom::value);
     std::unique_lock<std::mutex> lock(inbox->mu);
     inbox->cv.wait_for(lock, std::chrono::seconds(10), [&] { return inbox->agent_stopped; });
@@ -109,6 +123,22 @@ int run_job_embedded(const JobSpec& spec, const RunOptions& o) {
     caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
     return code;
   };
+
+  if (!o.http.empty()) {
+    try {
+      const std::string token = actors::api_token(secret->path());
+      dash = std::make_unique<coord::DashboardServer>(
+          coord::DashboardOptions{o.http, token},
+          [&](const std::string& r) { return ask(nlohmann::json::parse(r)).dump(); });
+      std::lock_guard<std::mutex> lock(dash_mu);
+      dash_ptr = dash.get();
+      std::cout << "troupe run: dashboard " << dash->url()
+                << (dash->requires_token() ? "?token=" + token : "") << std::endl;
+    } catch (const std::exception& e) {
+      std::cerr << "troupe run: --http: " << e.what() << "\n";
+      return finish(2);
+    }
+  }
 
   nlohmann::json submit = {{"op", "submit"}, {"spec", to_yaml(spec)}, {"filename", spec.source_file}};
   if (!o.resume_from.empty()) submit["resume"] = o.resume_from;

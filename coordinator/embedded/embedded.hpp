@@ -16,6 +16,7 @@ struct RunOptions {
   std::string worker_binary = "/proc/self/exe";
   bool quiet = false;       // no per-step lines on stdout
   std::string resume_from;  // checkpoint directory to resume every rank from ("" = fresh)
+  std::string http;         // serve the dashboard and /metrics at HOST:PORT ("" = none)
   // Called with each step's metrics line (as in metrics.jsonl) instead of printing it.
   std::function<void(const nlohmann::json&)> on_step;
   // Called once with the job id and run directory after the job is accepted.

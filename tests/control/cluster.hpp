@@ -142,6 +142,7 @@ class Cluster {
   std::string api() const { return ready_.value("api", ""); }
   std::string pub() const { return ready_.value("pub", ""); }
   int coordinator_pid() const { return ready_.value("pid", 0); }
+  const nlohmann::json& ready_json() const { return ready_; }
   const std::string& dir() const { return dir_; }
   std::string secret() const { return dir_ + "/secret.pem"; }
   Proc& coordinator() { return *coordinator_; }

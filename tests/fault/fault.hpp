@@ -2,6 +2,7 @@
 // the loss curve of a run directory, and the pids a job has used.
 #pragma once
 
+#include <catch2/catch.hpp>
 #include <map>
 #include <set>
 
@@ -58,5 +59,47 @@ struct PidLog {
     return true;
   }
 };
+
+// Waits for a job to end, remembering the pids it used on the way.
+inline std::string wait_end(Cluster& c, const std::string& job, PidLog& pids,
+                            std::chrono::milliseconds limit = std::chrono::seconds(180)) {
+  std::string state;
+  wait_until(
+      [&] {
+        auto s = c.status(job);
+        pids.add(s);
+        state = s.is_object() ? s.value("state", "") : "";
+        return state == "succeeded" || state == "failed" || state == "cancelled";
+      },
+      limit);
+  return state;
+}
+
+// Waits until the job runs `generation` (any generation when -1) and `pred` holds for its status.
+inline bool wait_running(Cluster& c, const std::string& job, int generation, PidLog& pids,
+                         const std::function<bool(const nlohmann::json&)>& pred,
+                         std::chrono::milliseconds limit = std::chrono::seconds(120)) {
+  return c.wait_state(
+      job,
+      [&](const nlohmann::json& s) {
+        pids.add(s);
+        return s["state"] == "running" && (generation < 0 || s["generation"] == generation) && pred(s);
+      },
+      limit);
+}
+
+// Waits until the job runs and has reported `steps` steps. steps_done counts the highest
+// step reported, by this generation or an earlier one.
+inline bool wait_steps(Cluster& c, const std::string& job, int64_t steps, PidLog& pids, int generation = -1) {
+  return wait_running(c, job, generation, pids,
+                      [&](const nlohmann::json& s) { return s["steps_done"].get<int64_t>() >= steps; });
+}
+
+// Cancels a running job and waits until it is cancelled and its workers are gone.
+inline void cancel(Cluster& c, const std::string& job, PidLog& pids) {
+  REQUIRE(c.call({{"op", "cancel"}, {"job", job}})["ok"] == true);
+  REQUIRE(wait_end(c, job, pids) == "cancelled");
+  CHECK(wait_until([&] { return pids.all_gone(); }, std::chrono::seconds(15)));
+}
 
 }  // namespace troupe::test

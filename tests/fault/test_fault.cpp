@@ -22,47 +22,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// Waits for a job to end, remembering the pids it used on the way.
-std::string wait_end(Cluster& c, const std::string& job, PidLog& pids,
-                     std::chrono::milliseconds limit = 180s) {
-  std::string state;
-  wait_until(
-      [&] {
-        auto s = c.status(job);
-        pids.add(s);
-        state = s.is_object() ? s.value("state", "") : "";
-        return state == "succeeded" || state == "failed" || state == "cancelled";
-      },
-      limit);
-  return state;
-}
-
-// Waits until the job runs `generation` (any generation when -1) and `pred` holds for its status.
-bool wait_running(Cluster& c, const std::string& job, int generation, PidLog& pids,
-                  const std::function<bool(const json&)>& pred, std::chrono::milliseconds limit = 120s) {
-  return c.wait_state(
-      job,
-      [&](const json& s) {
-        pids.add(s);
-        return s["state"] == "running" && (generation < 0 || s["generation"] == generation) && pred(s);
-      },
-      limit);
-}
-
-// Waits until the job runs and has reported `steps` steps. steps_done counts the highest
-// step reported, by this generation or an earlier one.
-bool wait_steps(Cluster& c, const std::string& job, int64_t steps, PidLog& pids, int generation = -1) {
-  return wait_running(c, job, generation, pids,
-                      [&](const json& s) { return s["steps_done"].get<int64_t>() >= steps; });
-}
-
-// Cancels a running job and waits until it is cancelled and its workers are gone.
-void cancel(Cluster& c, const std::string& job, PidLog& pids) {
-  REQUIRE(c.call({{"op", "cancel"}, {"job", job}})["ok"] == true);
-  REQUIRE(wait_end(c, job, pids) == "cancelled");
-  CHECK(wait_until([&] { return pids.all_gone(); }, 15s));
-}
-
 // The losses of steps 0 .. steps-1 of an uninterrupted run of `spec` (an endless job):
 // it trains until it has reported them, then is cancelled.
 std::map<int64_t, double> reference(Cluster& c, const std::string& spec, int64_t steps) {

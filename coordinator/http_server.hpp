@@ -1,0 +1,109 @@
+// The dashboard's HTTP/1.1 transport: POSIX sockets, one thread, poll(2),
+// non-blocking sockets. Read-only: GET and HEAD, no request bodies, one
+// response per connection (Connection: close). The routes are the caller's
+// Handler; this server only frames, bounds and validates (the parsing of a
+// request head is plain code in http_parse.hpp).
+//
+// Everything a peer sends is hostile. Every connection is bounded in bytes
+// (max_header_bytes), in time (idle_timeout_ms from accept) and in number
+// (max_connections); a peer that sends half a request, or never reads its
+// answer, holds one slot and delays nobody else. Malformed input is answered
+// 4xx and never reaches the handler.
+//
+// A connection's life:
+//
+//   accept -> reading --(a whole, valid head)--> handler ---+
+//                |                                          +--> writing -> draining -> closed
+//                +--(malformed, too large, timed out)--> 4xx +
+//
+//   draining: FIN sent; what the peer still sends is read and dropped for a moment,
+//   so that the close is no RST, which could make the peer lose the answer unread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace troupe::coord {
+
+struct HttpRequest {
+  std::string method;  // "GET" or "HEAD" (others never reach the handler)
+  std::string path;    // percent-decoded path, always starts with '/', no query ("/api/jobs/j-1")
+  std::string query;   // raw query string after '?', "" if none ("after=12&token=abc")
+  std::vector<std::pair<std::string, std::string>> headers;  // names lower-cased, values trimmed
+  std::string peer;                                          // "127.0.0.1:53422"
+
+  // The value of query parameter `key` (percent-decoded, '+' = space), or "" when absent.
+  // "a=1&b=x%20y+z&c" -> query_param("b") == "x y z", query_param("c") == "".
+  std::string query_param(const std::string& key) const;
+  // The value of header `name` (lower-case), or "" when absent.
+  std::string header(const std::string& name) const;
+};
+
+struct HttpResponse {
+  int status = 200;  // 200-599; anything else goes out as a 500
+  std::string content_type = "text/plain; charset=utf-8";
+  std::string body;
+  // Extra headers. The server owns the framing ones (Content-Length, Connection,
+  // Transfer-Encoding, Content-Type: use content_type) and the security ones
+  // (X-Content-Type-Options, Referrer-Policy): the handler's copies are dropped.
+  // A Cache-Control here replaces the default "no-store".
+  std::vector<std::pair<std::string, std::string>> headers;
+
+  static HttpResponse json(int status, std::string body);  // application/json; charset=utf-8
+  static HttpResponse text(int status, std::string body);
+};
+
+struct HttpOptions {
+  // HOST:PORT, port 0 = any free port; HOST an IPv4 literal, "localhost", or "[::1]"-style IPv6.
+  std::string listen = "127.0.0.1:0";
+  std::string token;                   // required on every request when the bound address is not loopback
+  size_t max_header_bytes = 16 << 10;  // request line + headers; more -> 431, connection closed
+  int max_connections = 64;            // beyond: accepted, answered 503, closed
+  // A connection that has not sent a whole request this long after accept is closed (408
+  // if it sent bytes); one that does not read its answer is dropped this long after the
+  // last byte it took.
+  int idle_timeout_ms = 10000;
+  size_t max_response_bytes = 64 << 20;  // a handler body larger than this -> 500
+};
+
+// True for 127.0.0.0/8, ::1 (bracketed or not) and localhost.
+bool is_loopback_host(const std::string& host);
+
+class HttpServer {
+ public:
+  using Handler = std::function<HttpResponse(const HttpRequest&)>;
+
+  // Binds and starts serving on its own thread. Throws troupe::Error when HOST:PORT
+  // does not parse, when a non-loopback address has no token, or when it cannot bind
+  // (the message names the address and strerror).
+  HttpServer(HttpOptions options, Handler handler);
+  ~HttpServer();  // stops and joins
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // The bound "host:port" with the real port ("127.0.0.1:43117", "[::1]:43117").
+  const std::string& address() const { return address_; }
+  bool requires_token() const { return requires_token_; }
+  // Wakes the server thread, closes every connection and the listening socket, joins.
+  // Idempotent; from inside the handler it only asks the thread to end.
+  void stop();
+  // Requests answered, any status (a 400, a 503 to a connection over the limit, a 408).
+  int64_t requests() const { return requests_.load(); }
+
+ private:
+  struct Loop;  // sockets and connections, owned by the server thread (http_server.cpp)
+  std::unique_ptr<Loop> loop_;
+  std::string address_;
+  bool requires_token_ = false;
+  std::atomic<bool> joined_{false};
+  std::atomic<int64_t> requests_{0};
+  std::thread thread_;
+};
+
+}  // namespace troupe::coord
