@@ -42,10 +42,8 @@ const int = (x) => (isNum(x) ? Math.round(x).toLocaleString('en-US') : dash);
 const jobHref = (id) => '#/job/' + encodeURIComponent(id);
 function duration(s) {
   if (!isNum(s) || s < 0) return dash;
-  s = Math.round(s);
-  if (s < 60) return s + ' s';
-  if (s < 3600) return Math.floor(s / 60) + ' m ' + (s % 60) + ' s';
-  return Math.floor(s / 3600) + ' h ' + Math.floor((s % 3600) / 60) + ' m';
+  const r = Math.round(s), h = Math.floor(r / 3600), m = Math.floor((r % 3600) / 60);
+  return h ? h + ' h ' + m + ' m' : m ? m + ' m ' + (r % 60) + ' s' : r + ' s';
 }
 function clock(iso) {
   const d = new Date(iso);
@@ -176,11 +174,12 @@ function jobsView(root) {
     summary.replaceChildren(fact(int(d.queue), 'queued'), fact((d.agents || []).length, 'agents'), ...devices);
     const seen = new Set();
     for (const j of d.jobs || []) {
-      const id = String(j.id);
+      const id = String(j.id), at = jobs.children[seen.size] || null;
       seen.add(id);
       if (!rows.has(id)) rows.set(id, jobRow(id));
-      rows.get(id).update(j);
-      jobs.append(rows.get(id));  // an existing row moves into the server's order
+      const tr = rows.get(id);
+      tr.update(j);
+      if (tr !== at) jobs.insertBefore(tr, at);  // the server's order; a row in place is not touched
     }
     for (const [id, tr] of rows) if (!seen.has(id)) { tr.remove(); rows.delete(id); }
     for (const tr of [...jobs.children]) if (!tr.dataset.job) tr.remove();
@@ -287,17 +286,29 @@ function renderWorkers(box, job) {
   box.replaceChildren(el('div', { class: 'dp-blocks' }, blocks));
 }
 
-function eventItem(e) {
+// Runs of checkpoint events (one every few steps) fold into one line each, newest first, so that
+// failures and relaunches stay in sight: [{e, more: how many earlier ones the line stands for}].
+function foldEvents(events) {
+  const out = [];
+  for (const e of events.slice().reverse()) {
+    const top = out[out.length - 1];
+    if (top && e.event === 'checkpoint' && top.e.event === 'checkpoint') top.more++;
+    else out.push({ e, more: 0 });
+  }
+  return out;
+}
+function eventItem({ e, more }) {
   const kind = String(e.event ?? 'log');
   const li = el('li', { class: 'event ev-' + kind, 'data-event': kind },
                 el('span', { class: 'when', text: clock(e.time) }),
-                el('span', { class: 'gen', text: 'gen ' + (e.generation ?? dash) }),
+                isNum(e.generation) && el('span', { class: 'gen', text: 'gen ' + e.generation }),
                 el('span', { class: 'kind', text: kind }), el('span', { text: e.message ?? '' }));
   if (kind === 'failure') {
     const at = [isNum(e.rank) && 'rank ' + e.rank, e.host && 'on ' + e.host, isNum(e.pid) && 'pid ' + e.pid];
     const where = at.filter(Boolean).join(' ');
     li.append(el('span', { class: 'cause', text: (e.cause ?? 'unknown cause') + (where ? ' (' + where + ')' : '') }));
   }
+  if (more) li.append(el('span', { class: 'muted', text: ' and ' + more + ' earlier' }));
   return li;
 }
 function checkpointItem(c) {
@@ -305,25 +316,33 @@ function checkpointItem(c) {
             el('span', { class: 'muted', text: ' · gen ' + (c.generation ?? dash) }),
             el('span', { class: 'dir', text: c.dir ?? '' }));
 }
-// Redraws list (newest first) only when the last item or the count changed since the last call.
-function renderList(list, items, make, none) {
+// Redraws a list (newest first) only when its last item or its count changed since the last call.
+function renderList(list, items, make, none, order = (xs) => xs.slice().reverse()) {
   const key = items.length + ':' + JSON.stringify(items[items.length - 1] ?? null);
   if (list.dataset.key === key) return;
   list.dataset.key = key;
-  list.replaceChildren(...items.slice().reverse().map(make));
+  list.replaceChildren(...order(items).map(make));
   if (!items.length) list.append(el('li', { class: 'muted', text: none }));
 }
 
 // ---------------------------------------------------------------- #/job/<id>
 
 const MAX_POINTS = 10000;  // past this, every other point of the older half goes
+// The job page's header: label and text of each fact (state and generation have their own ids).
+const planned = (j) => (j.planned_layout && j.planned_layout !== j.layout ? ' (planned ' + j.planned_layout + ')' : '');
+const FACTS = [
+  ['layout', (j) => (j.layout || dash) + planned(j)],
+  ['world', (j) => int(j.world)], ['restarts / max', (j) => int(j.restarts) + ' / ' + int(j.max_restarts)],
+  ['steps', (j) => int(j.steps_done) + ' / ' + int(j.total_steps)], ['loss', (j) => num(j.loss, 4)],
+  ['tokens/s', (j) => int(j.tokens_per_s)], ['ETA', (j) => (TERMINAL.has(j.state) ? dash : duration(j.eta_s))],
+  ['run dir', (j) => j.run_dir || dash], ['reason', (j) => j.reason || dash]];
 
 function jobView(root, id) {
-  const base = '/api/jobs/' + encodeURIComponent(id), f = {};
-  const fact = (k, label, dd) => el('div', {}, el('dt', { text: label }), (f[k] = dd || el('dd')));
+  const base = '/api/jobs/' + encodeURIComponent(id);
+  const fact = (label, dd) => el('div', {}, el('dt', { text: label }), dd);
+  const chip = el('span', { id: 'job-state' }), gen = el('dd', { id: 'job-generation' }), dds = FACTS.map(() => el('dd'));
   const title = el('h1', { text: 'Job ' + id }), failure = el('div', { class: 'failure-text' });
   const traceLink = el('a', { id: 'trace-link', href: jobHref(id) + '/trace', hidden: true, text: 'merged trace →' });
-  f.chip = el('span', { id: 'job-state' });
   const lossSvg = svgEl('svg', { id: 'loss-chart', class: 'chart', 'data-points': 0 });
   const tpsSvg = svgEl('svg', { id: 'tps-chart', class: 'chart', 'data-points': 0 });
   const lossNote = el('span', { class: 'muted' }), tpsNote = el('span', { class: 'muted' });
@@ -331,10 +350,8 @@ function jobView(root, id) {
   const ckpts = el('ol', { id: 'checkpoints', class: 'ckpts' });
   root.append(el('p', {}, el('a', { href: '#/', text: '← all jobs' })),
       el('section', { id: 'job-header' }, title,
-         el('dl', { class: 'facts' }, fact('state', 'state', el('dd', {}, f.chip)), fact('layout', 'layout'),
-            fact('world', 'world'), fact('gen', 'generation', el('dd', { id: 'job-generation' })),
-            fact('restarts', 'restarts / max'), fact('steps', 'steps'), fact('loss', 'loss'), fact('tps', 'tokens/s'),
-            fact('eta', 'ETA'), fact('run', 'run dir', el('dd', { class: 'mono' })), fact('reason', 'reason')),
+         el('dl', { class: 'facts' }, fact('state', el('dd', {}, chip)), fact('generation', gen),
+            FACTS.map(([label], i) => fact(label, dds[i]))),
          failure, el('p', {}, traceLink)),
       el('div', { class: 'charts' },
          el('figure', {}, el('figcaption', {}, el('h3', { text: 'loss' }),
@@ -345,7 +362,7 @@ function jobView(root, id) {
       el('div', { class: 'lists' }, el('section', {}, el('h2', { text: 'Events and failures' }), events),
          el('section', {}, el('h2', { text: 'Checkpoints' }), ckpts)));
 
-  let points = [], jobGen = 0, jobState = '', traceCheck = 0;
+  let points = [], traceCheck = 0;
   const drawCharts = () => {
     const loss = seriesOf(points, 'loss', 'loss'), tps = seriesOf(points, 'tokens_per_s', 'tps');
     drawChart(lossSvg, [...loss, ...seriesOf(points, 'val_loss', 'val')]);
@@ -369,18 +386,13 @@ function jobView(root, id) {
   };
 
   return poll(async (stopped) => {
-    // Points the coordinator numbered as they came ("seq") are asked for after the last one seen.
-    // By step alone, a new generation resumes from a checkpoint at steps this page has already
-    // seen: while the job's generation is newer than the newest point's, every point is asked
-    // for again (the server thins them), until the new generation's first points are there.
-    const last = points[points.length - 1], lastGen = last ? last.generation ?? 0 : 0, bySeq = last && isNum(last.seq);
-    let after = !last ? null : bySeq ? last.seq : lastGen >= jobGen || TERMINAL.has(jobState) ? last.step : null;
-    const get = (a) => api(base + (a === null ? '' : '?after=' + a));
+    // The coordinator numbers a job's points as they come ("seq", never reused: a new generation
+    // resumes from a checkpoint at steps already seen, so steps would not do): the page asks for
+    // the points after the last one it has, or for all of them (thinned by the server) at first.
+    const last = points[points.length - 1], after = last && isNum(last.seq) ? last.seq : null;
     let d;
     try {
-      d = await get(after);
-      const newer = (m) => (m.generation ?? 0) > lastGen;
-      if (after !== null && !bySeq && (newer(d.job || {}) || (d.metrics || []).some(newer))) d = await get((after = null));
+      d = await api(base + (after === null ? '' : '?after=' + after));
     } catch (e) {
       if (e.status !== 404) throw e;
       title.textContent = 'Job ' + id + ': unknown to the coordinator';
@@ -388,22 +400,11 @@ function jobView(root, id) {
     }
     if (stopped()) return false;
     const j = d.job || {}, metrics = d.metrics || [];
-    jobGen = j.generation ?? 0;
-    jobState = j.state;
     updated();
     title.textContent = 'Job ' + id + (j.name ? ' · ' + j.name : '');
-    setState(f.chip, j.state);
-    const planned = j.planned_layout && j.planned_layout !== j.layout ? ' (planned ' + j.planned_layout + ')' : '';
-    f.layout.textContent = (j.layout || dash) + planned;
-    f.world.textContent = int(j.world);
-    f.gen.textContent = String(j.generation ?? dash);
-    f.restarts.textContent = int(j.restarts) + ' / ' + int(j.max_restarts);
-    f.steps.textContent = int(j.steps_done) + ' / ' + int(j.total_steps);
-    f.loss.textContent = num(j.loss, 4);
-    f.tps.textContent = int(j.tokens_per_s);
-    f.eta.textContent = TERMINAL.has(j.state) ? dash : duration(j.eta_s);
-    f.run.textContent = j.run_dir || dash;
-    f.reason.textContent = j.reason || dash;
+    setState(chip, j.state);
+    gen.textContent = String(j.generation ?? dash);
+    FACTS.forEach(([, text], i) => (dds[i].textContent = text(j)));
     const why = typeof j.failure === 'string' ? j.failure : j.failure ? JSON.stringify(j.failure) : '';
     failure.textContent = why ? 'failure: ' + why : '';
     renderWorkers(workers, j);
@@ -415,7 +416,7 @@ function jobView(root, id) {
       points = points.slice(0, half).filter((_, i) => i % 2 === 0).concat(points.slice(half));
     }
     if (after === null || metrics.length) drawCharts();
-    renderList(events, d.events || [], eventItem, 'No events yet');
+    renderList(events, d.events || [], eventItem, 'No events yet', foldEvents);
     renderList(ckpts, d.checkpoints || [], checkpointItem, 'No checkpoints yet');
     await probeTrace();
   });

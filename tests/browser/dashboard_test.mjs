@@ -22,11 +22,11 @@ import { fileURLToPath } from 'node:url';
 
 import { Browser, findChromium } from './cdp.mjs';
 
-const [troupe, outDir] = process.argv.slice(2);
-if (!troupe || !outDir) {
+if (process.argv.length !== 4) {
   console.error('usage: node dashboard_test.mjs <troupe binary> <output dir>');
   process.exit(2);
 }
+const [troupe, outDir] = process.argv.slice(2).map((p) => path.resolve(p));  // children run in the temp dir
 const SOURCE = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 const DEADLINE_MS = 180000;
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'troupe_browser_'));
@@ -135,15 +135,12 @@ async function click(page, selector) {
     await page.send('Input.dispatchMouseEvent', { type, x: box.x, y: box.y, button: 'left', clickCount: 1 });
 }
 
-// Saves the page as PNG: the viewport, or (full) the whole document.
-async function screenshot(page, name, full) {
-  const params = { format: 'png' };
-  if (full) {
-    const { cssContentSize: s } = await page.send('Page.getLayoutMetrics');
-    params.captureBeyondViewport = true;
-    params.clip = { x: 0, y: 0, width: Math.ceil(s.width), height: Math.ceil(s.height), scale: 1 };
-  }
-  const { data } = await page.send('Page.captureScreenshot', params);
+// Saves the whole page down to the end of its content (below the viewport too) as PNG.
+async function screenshot(page, name) {
+  const { cssContentSize: s } = await page.send('Page.getLayoutMetrics');
+  const bottom = await page.eval(`Math.ceil(document.querySelector('main').getBoundingClientRect().bottom + scrollY)`);
+  const clip = { x: 0, y: 0, width: Math.ceil(s.width), height: Math.min(Math.ceil(s.height), bottom + 8), scale: 1 };
+  const { data } = await page.send('Page.captureScreenshot', { format: 'png', captureBeyondViewport: true, clip });
   fs.writeFileSync(path.join(outDir, name), Buffer.from(data, 'base64'));
   log(`saved ${path.join(outDir, name)}`);
 }
@@ -228,10 +225,10 @@ async function main() {
   if ((await points(page, 'tps-chart')) < 3) throw new Error('the tokens/s chart has fewer than 3 points');
   await waitFor('a checkpoint in the list', () => page.eval(`document.querySelectorAll('#checkpoints li').length > 0`));
   checkConsole();
-  await screenshot(page, 'dashboard-job.png', true);
+  await screenshot(page, 'dashboard-job.png');
   await page.eval(`location.hash = '#/'`);
   await waitFor('the jobs table again', async () => (await text(page, row + ' td:nth-child(10)')) === next);
-  await screenshot(page, 'dashboard-jobs.png', false);
+  await screenshot(page, 'dashboard-jobs.png');
 
   step = '6: a traced job, merged, drawn';
   await troupeCmd(['cancel', job, ...apiArgs]);
@@ -256,8 +253,9 @@ async function main() {
   });
   log(`the trace view drew ${spans} spans`);
   await hoverSomeSpan(page);
+  await page.send('Input.dispatchMouseEvent', { type: 'mouseMoved', x: 1, y: 1 });  // no tooltip in the picture
   checkConsole();
-  await screenshot(page, 'dashboard-trace.png', true);
+  await screenshot(page, 'dashboard-trace.png');
 
   step = '7: stop';
   await browser.close();
@@ -265,7 +263,10 @@ async function main() {
   for (const name of ['agent', 'coordinator']) {
     const { proc } = children.get(name);
     proc.kill('SIGTERM');
-    const status = await Promise.race([proc.exited, sleep(60000).then(() => 'still running 60 s after SIGTERM')]);
+    let timer;
+    const late = new Promise((resolve) => (timer = setTimeout(resolve, 60000, 'still running 60 s after SIGTERM')));
+    const status = await Promise.race([proc.exited, late]);
+    clearTimeout(timer);
     if (status !== 0) throw new Error(`${name} ended with ${status} after SIGTERM`);
   }
 }
