@@ -174,3 +174,44 @@ TEST_CASE("a dashboard address that cannot be served stops the coordinator at st
   CHECK(p.output().find("nowhere:abc") != std::string::npos);
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("troupe run --http serves the run's dashboard while it trains", "[dashboard][multiprocess]") {
+  char tmpl[] = "/tmp/troupe-dash-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  const std::string spec = dir + "/job.yaml";
+  std::ofstream(spec) << fault_spec("run-http", 1, kEndlessSteps, 1000, "");
+  Proc run({troupe_binary(), "run", spec, "--runs-dir", dir + "/runs", "--http", "127.0.0.1:0"},
+           dir + "/run.log");
+  std::string http;
+  REQUIRE(wait_until(
+      [&] {
+        const std::string out = run.output();
+        const std::string mark = "dashboard http://";
+        const size_t at = out.find(mark);
+        if (at == std::string::npos) return false;
+        const size_t end = out.find('/', at + mark.size());
+        if (end == std::string::npos) return false;
+        http = out.substr(at + mark.size(), end - at - mark.size());
+        return true;
+      },
+      60s));
+  INFO(run.output());
+  // Its one job, once it has stepped: the table row and the Prometheus figures.
+  json row;
+  REQUIRE(wait_until(
+      [&] {
+        json jobs = get_json(http, "/api/jobs");
+        if (!jobs.is_object() || jobs["jobs"].size() != 1) return false;
+        row = jobs["jobs"][0];
+        return row.contains("loss");
+      },
+      120s));
+  CHECK(row["name"] == "run-http");
+  CHECK(row["state"] == "running");
+  PromText m = scrape(http);
+  CHECK(m.value("troupe_jobs", {{"state", "running"}}) == 1);
+  CHECK(m.value("troupe_job_tokens_per_second", {{"job", row["id"].get<std::string>()}}) > 0);
+  run.signal(SIGINT);
+  CHECK(run.wait(60s) == 130);
+  std::filesystem::remove_all(dir);
+}
