@@ -94,9 +94,11 @@ nlohmann::json JobHistory::job_view(const std::string& id, int64_t after_seq) co
   nlohmann::json out = {{"metrics", nlohmann::json::array()},
                         {"events", nlohmann::json::array()},
                         {"checkpoints", nlohmann::json::array()}};
+  out["last_seq"] = 0;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return out;
+  out["last_seq"] = it->second.next_seq - 1;
   for (const auto& p : it->second.points)
     if (p.value("seq", int64_t{0}) > after_seq) out["metrics"].push_back(p);
   for (const auto& ev : it->second.events) out["events"].push_back(ev);

@@ -4,7 +4,8 @@
 //
 //   history.on_event(R"({"event":"step","job":"j-1","metrics":{"step":4,"loss":2.7,...}})");
 //   history.job_view("j-1", 0)
-//     -> {"metrics":[{"seq":1,"step":4,"loss":2.7,...}], "events":[...], "checkpoints":[...]}
+//     -> {"metrics":[{"seq":1,"step":4,"loss":2.7,...}], "events":[...], "checkpoints":[...],
+//         "last_seq":1}
 #pragma once
 
 #include <cstdint>
@@ -32,8 +33,9 @@ class JobHistory {
   // Thread-safe: the coordinator actor calls it while the HTTP thread reads.
   void on_event(const std::string& event_json) noexcept;
 
-  // The job's points with seq > after_seq (oldest first), its timeline and checkpoints;
-  // empty arrays for a job it has not seen.
+  // The job's points with seq > after_seq (oldest first), its timeline and checkpoints, and
+  // last_seq, the newest point's seq (0: none; lower than a page's own after a coordinator
+  // restart, when the page starts over); empty arrays for a job it has not seen.
   nlohmann::json job_view(const std::string& job, int64_t after_seq) const;
 
   struct Latest {

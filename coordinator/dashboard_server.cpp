@@ -1,5 +1,6 @@
 #include "coordinator/dashboard_server.hpp"
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "coordinator/dashboard.hpp"
@@ -143,6 +144,9 @@ HttpResponse DashboardServer::job(const std::string& id, const std::string& afte
   }
   nlohmann::json out = history_->job_view(id, after_seq);
   add_latest(st["job"], *history_);
+  std::error_code ec;
+  st["job"]["has_trace"] =
+      std::filesystem::is_regular_file(st["job"].value("run_dir", "") + "/trace/merged.json", ec);
   out["job"] = std::move(st["job"]);
   return json_response(200, out);
 }

@@ -362,7 +362,7 @@ function jobView(root, id) {
       el('div', { class: 'lists' }, el('section', {}, el('h2', { text: 'Events and failures' }), events),
          el('section', {}, el('h2', { text: 'Checkpoints' }), ckpts)));
 
-  let points = [], traceCheck = 0;
+  let points = [];
   const drawCharts = () => {
     const loss = seriesOf(points, 'loss', 'loss'), tps = seriesOf(points, 'tokens_per_s', 'tps');
     drawChart(lossSvg, [...loss, ...seriesOf(points, 'val_loss', 'val')]);
@@ -373,18 +373,6 @@ function jobView(root, id) {
     lossNote.textContent = last ? 'step ' + last.step + ': ' + num(last.loss, 4) : '';
     tpsNote.textContent = last ? int(last.tokens_per_s) + ' tokens/s, ' + num(last.step_ms, 1) + ' ms a step' : '';
   };
-  // Whether a merged trace exists: a GET whose body is dropped as soon as the answer starts (a
-  // trace can be large). Asked now and every 30 s until there is one: the browser logs each 404
-  // on its console, so not every second.
-  const probeTrace = async () => {
-    if (!traceLink.hidden || Date.now() < traceCheck) return;
-    traceCheck = Date.now() + 30000;
-    const ctl = new AbortController();
-    try { await api(base + '/trace', ctl.signal); traceLink.hidden = false; } catch (e) {
-      if (e.status === 200) traceLink.hidden = false;  // there, though not JSON that this page reads
-    } finally { ctl.abort(); }
-  };
-
   return poll(async (stopped) => {
     // The coordinator numbers a job's points as they come ("seq", never reused: a new generation
     // resumes from a checkpoint at steps already seen, so steps would not do): the page asks for
@@ -409,16 +397,18 @@ function jobView(root, id) {
     failure.textContent = why ? 'failure: ' + why : '';
     renderWorkers(workers, j);
 
-    if (after === null) points = metrics.slice();
+    // A coordinator restarted since numbers from 1 again: start over from its points.
+    const reset = after === null || (isNum(d.last_seq) && d.last_seq < after);
+    if (reset) points = metrics.slice();
     else points.push(...metrics);
     if (points.length > MAX_POINTS) {
       const half = points.length >> 1;
       points = points.slice(0, half).filter((_, i) => i % 2 === 0).concat(points.slice(half));
     }
-    if (after === null || metrics.length) drawCharts();
+    if (reset || metrics.length) drawCharts();
     renderList(events, d.events || [], eventItem, 'No events yet', foldEvents);
     renderList(ckpts, d.checkpoints || [], checkpointItem, 'No checkpoints yet');
-    await probeTrace();
+    traceLink.hidden = j.has_trace !== true;
   });
 }
 

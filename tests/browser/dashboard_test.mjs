@@ -96,12 +96,6 @@ async function waitFor(what, fn, ms = DEADLINE_MS) {
 
 // ---------------------------------------------------------------- the page
 
-const CONSOLE_IGNORED = [
-  // The job page asks whether a merged trace exists; a 404 is the answer "not yet", which the
-  // browser logs as a failed resource load.
-  (e) => e.source === 'network' && /\/api\/jobs\/[^/?]+\/trace$/.test(e.url ?? '') && /\b404\b/.test(e.text),
-];
-
 function watchConsole(page) {
   page.on('Runtime.consoleAPICalled', (e) => {
     if (e.type === 'error' || e.type === 'assert')
@@ -112,7 +106,7 @@ function watchConsole(page) {
     consoleErrors.push('uncaught: ' + (d.exception?.description ?? d.text) + ` (${d.url ?? ''}:${d.lineNumber})`);
   });
   page.on('Log.entryAdded', ({ entry }) => {
-    if (entry.level === 'error' && !CONSOLE_IGNORED.some((f) => f(entry)))
+    if (entry.level === 'error')
       consoleErrors.push(`log (${entry.source}): ${entry.text} ${entry.url ?? ''}`);
   });
 }
