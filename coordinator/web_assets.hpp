@@ -3,8 +3,9 @@
 //
 //   find_web_asset("/")           -> index.html   ("/index.html" too)
 //   find_web_asset("/app.js")     -> app.js
+//   find_web_asset("/trace.js")   -> trace.js     (the trace view)
 //   find_web_asset("/app.css")    -> app.css
-//   find_web_asset("/api/jobs")   -> nullptr       (anything else)
+//   find_web_asset("/api/jobs")   -> nullptr      (anything else)
 //
 // `path` is the request target without its query: "/?token=T" is looked up as "/".
 // The bodies are generated from coordinator/web/ at build time (coordinator/web/embed.cmake);

@@ -20,5 +20,6 @@ endfunction()
 
 embed_file(INDEX_HTML "${WEB_DIR}/index.html")
 embed_file(APP_JS "${WEB_DIR}/app.js")
+embed_file(TRACE_JS "${WEB_DIR}/trace.js")
 embed_file(APP_CSS "${WEB_DIR}/app.css")
 configure_file("${WEB_DIR}/web_assets.cpp.in" "${OUT}" @ONLY)
