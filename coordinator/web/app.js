@@ -1,19 +1,35 @@
 // troupe's dashboard: one page, three hash routes, each polling the coordinator once a second.
 //
 //   #/                  jobs, agents, free devices, queue           GET /api/jobs
-//   #/job/<id>          header, charts, worker grid, events, ckpts  GET /api/jobs/<id>?after=<step>
+//   #/job/<id>          header, charts, worker grid, events, ckpts  GET /api/jobs/<id>?after=<seq>
 //   #/job/<id>/trace    the merged trace on a canvas (trace.js)     GET /api/jobs/<id>/trace
 //
 // The coordinator serves this file under a Content-Security-Policy that allows only its own
 // files: no inline script or style, no eval. Every string from the JSON reaches the DOM as
 // text (textContent, text nodes, attribute values), never as markup, so a job named
-// "<img src=x onerror=...>" shows as just that text. Off loopback the coordinator wants the
-// API token: the page takes it from its own address (/?token=T) and sends it on every fetch.
-// trace.js, loaded before this file, shares its global scope (a top-level name is declared in
-// one of the two only).
+// "<img src=x onerror=...>" shows as just that text. trace.js, loaded before this file, shares
+// its global scope (a top-level name is declared in one of the two only).
 'use strict';
 
-const TOKEN = new URLSearchParams(location.search).get('token');
+// Off loopback the coordinator wants the API token on every /api request, and the page is
+// opened as /?token=T#/... . The token moves from the address into this tab's sessionStorage at
+// once, so that it does not stay in the address bar, the history or a screenshot, and is sent
+// as "Authorization: Bearer T" from then on. A page opened without one uses the stored one.
+const TOKEN_KEY = 'troupe.token';
+const TOKEN = (() => {
+  const query = new URLSearchParams(location.search), fromUrl = query.get('token');
+  let stored = null;
+  try {
+    if (fromUrl) sessionStorage.setItem(TOKEN_KEY, fromUrl);
+    stored = sessionStorage.getItem(TOKEN_KEY);
+  } catch (_) { /* storage disabled: the token lives as long as this page */ }
+  if (fromUrl !== null) {
+    query.delete('token');
+    const rest = query.toString();
+    history.replaceState(history.state, '', location.pathname + (rest ? '?' + rest : '') + location.hash);
+  }
+  return fromUrl || stored;
+})();
 const POLL_MS = 1000;
 const TERMINAL = new Set(['succeeded', 'failed', 'cancelled']);
 const dash = '–';
@@ -102,7 +118,11 @@ function showBanner(err) {
   if (!err) b.textContent = '';
   else if (err.status === 0)
     b.textContent = 'Cannot reach the coordinator at ' + location.host + ' (has it stopped?): retrying every second.';
-  else if (err.status === 401 || err.status === 403)
+  else if (err.status === 401)
+    b.textContent = (TOKEN ? 'The coordinator refused the API token this page has. ' : '') +
+                    'This dashboard needs the API token: open it as ' + location.origin +
+                    '/?token=<token>, see `troupe secret api-token FILE`.';
+  else if (err.status === 403)
     b.textContent = 'The coordinator refused this page (' + err.message + '): open it as ' + location.origin +
                     '/?token=TOKEN with a valid API token.';
   else if (err instanceof ApiError) b.textContent = 'The coordinator answered ' + err.message;
@@ -209,6 +229,10 @@ function seriesOf(points, key, cls) {
 }
 const countPts = (series) => series.reduce((n, s) => n + s.pts.length, 0);
 
+// About how wide a chart's label is, in the chart's units: in 11px DejaVu Sans (app.css) a digit
+// is 7 units wide, and most letters less.
+const textWidth = (text) => 7 * text.length;
+
 // Draws series on an SVG by step. A generation that resumed from a checkpoint repeats steps the
 // one before it reached, so each generation has its own line (older ones faded) and a marked start.
 function drawChart(svg, series) {
@@ -230,8 +254,14 @@ function drawChart(svg, series) {
   for (const t of ticks(y0, y1, 5))
     kids.push(svgEl('line', { class: 'gridline', x1: L, x2: W - R, y1: Y(t), y2: Y(t) }),
               svgEl('text', { x: L - 6, y: Y(t) + 4, 'text-anchor': 'end' }, shortNum(t)));
-  for (const t of ticks(x0, x1, 6))
-    if (t === Math.round(t)) kids.push(svgEl('text', { x: X(t), y: H - 10, 'text-anchor': 'middle' }, shortNum(t)));
+  // Step labels centred on their ticks, and "step" ending at the axis's right end: a label that
+  // would reach into "step" is left out (on 0..206 the tick at 200 would sit on top of it).
+  const titleLeft = W - R - textWidth('step') - 6;
+  for (const t of ticks(x0, x1, 6)) {
+    const label = shortNum(t);
+    if (t === Math.round(t) && X(t) + textWidth(label) / 2 <= titleLeft)
+      kids.push(svgEl('text', { x: X(t), y: H - 10, 'text-anchor': 'middle' }, label));
+  }
   kids.push(svgEl('line', { class: 'axis', x1: L, x2: L, y1: T, y2: H - B }),
             svgEl('line', { class: 'axis', x1: L, x2: W - R, y1: H - B, y2: H - B }),
             svgEl('text', { x: W - R, y: H - 10, 'text-anchor': 'end' }, 'step'));
@@ -371,24 +401,42 @@ function jobView(root, id) {
     drawChart(tpsSvg, tps);
     lossSvg.setAttribute('data-points', countPts(loss));
     tpsSvg.setAttribute('data-points', countPts(tps));
+    // The generation of the newest loss point: says which generation the chart last grew by.
+    const newest = points.filter((p) => isNum(p.loss) && isNum(p.step)).pop();
+    lossSvg.setAttribute('data-generation', newest ? (newest.generation ?? 0) : '');
     const last = points[points.length - 1];
     lossNote.textContent = last ? 'step ' + last.step + ': ' + num(last.loss, 4) : '';
     tpsNote.textContent = last ? int(last.tokens_per_s) + ' tokens/s, ' + num(last.step_ms, 1) + ' ms a step' : '';
   };
-  return poll(async (stopped) => {
-    // The coordinator numbers a job's points as they come ("seq", never reused: a new generation
-    // resumes from a checkpoint at steps already seen, so steps would not do): the page asks for
-    // the points after the last one it has, or for all of them (thinned by the server) at first.
-    const last = points[points.length - 1], after = last && isNum(last.seq) ? last.seq : null;
-    let d;
+  // The job's JSON (GET base + query), or null once the coordinator says it has no such job.
+  const fetchJob = async (query) => {
     try {
-      d = await api(base + (after === null ? '' : '?after=' + after));
+      return await api(base + query);
     } catch (e) {
       if (e.status !== 404) throw e;
       title.textContent = 'Job ' + id + ': unknown to the coordinator';
-      return false;
+      return null;
     }
-    if (stopped()) return false;
+  };
+  return poll(async (stopped) => {
+    // The coordinator numbers a job's points as they come ("seq": a new generation resumes from
+    // a checkpoint at steps already seen, so steps would not do). Its numbers grow for as long
+    // as it runs and start above any earlier coordinator's (they are based on its start time),
+    // so the page asks for the points after the last one it has, or for all of them (thinned by
+    // the server) at first.
+    const last = points[points.length - 1], after = last && isNum(last.seq) ? last.seq : null;
+    let d = await fetchJob(after === null ? '' : '?after=' + after);
+    if (!d || stopped()) return false;
+    // "last_seq" is the newest seq the coordinator has. Below `after`, it is one whose clock
+    // was behind the one the page's points came from, and it would send no point for a long
+    // while: ask it again at once for all its points, which replace the page's. Asking in the
+    // same tick means the chart goes from the old points to the new ones, never blank between.
+    let reset = after === null;
+    if (!reset && isNum(d.last_seq) && d.last_seq < after) {
+      d = await fetchJob('');
+      if (!d || stopped()) return false;
+      reset = true;
+    }
     const j = d.job || {}, metrics = d.metrics || [];
     updated();
     title.textContent = 'Job ' + id + (j.name ? ' · ' + j.name : '');
@@ -399,8 +447,6 @@ function jobView(root, id) {
     failure.textContent = why ? 'failure: ' + why : '';
     renderWorkers(workers, j);
 
-    // A coordinator restarted since numbers from 1 again: start over from its points.
-    const reset = after === null || (isNum(d.last_seq) && d.last_seq < after);
     if (reset) points = metrics.slice();
     else points.push(...metrics);
     if (points.length > MAX_POINTS) {

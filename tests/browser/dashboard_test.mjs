@@ -4,9 +4,13 @@
 //
 //   1. a coordinator (--http) and an agent with cpu:2, in a fresh temp dir
 //   2. a dp=2 job that checkpoints every 5 steps and may restart 3 times
-//   3. the jobs table lists it; its link opens the job page; the loss chart grows
+//   3. the page, opened as /?token=T, keeps T in sessionStorage and drops it from the address;
+//      the jobs table lists the job; its link opens the job page; the loss chart grows; an
+//      answer whose last_seq is below the page's newest seq (a coordinator with an older clock)
+//      has the page ask at once for all the points, and the chart never goes blank meanwhile
 //   4. a worker, by the pid the page's grid shows, is SIGKILLed: the page shows the failure
-//      (worker_killed), the next generation running, and the chart grows again
+//      (worker_killed), the next generation running, and the chart grows again by points of
+//      that generation; no two labels of a chart's step axis overlap
 //   5. a short traced 1x2x1 job succeeds, `troupe trace merge` merges it, the trace view draws it
 //   6. everything stops; the screenshots of 3-5 go to the output dir
 //
@@ -143,6 +147,19 @@ const points = (page, chart) =>
   page.eval(`Number(document.querySelector('#${chart}')?.getAttribute('data-points') ?? -1)`);
 const text = (page, selector) =>
   page.eval(`document.querySelector(${JSON.stringify(selector)})?.textContent.trim() ?? null`);
+const attr = (page, selector, name) =>
+  page.eval(`document.querySelector(${JSON.stringify(selector)})?.getAttribute(${JSON.stringify(name)}) ?? null`);
+
+// The labels along the bottom of a chart (the step axis) that overlap another, as "a/b" pairs.
+const overlappingStepLabels = (page, chart) => page.eval(`(() => {
+  const svg = document.querySelector('#${chart}'), H = svg.viewBox.baseVal.height;
+  const boxes = [...svg.querySelectorAll('text')].filter((t) => Number(t.getAttribute('y')) > H - 20)
+      .map((t) => ({ text: t.textContent, b: t.getBBox() })).sort((p, q) => p.b.x - q.b.x);
+  const out = [];
+  for (let i = 1; i < boxes.length; i++)
+    if (boxes[i].b.x < boxes[i - 1].b.x + boxes[i - 1].b.width) out.push(boxes[i - 1].text + '/' + boxes[i].text);
+  return out;
+})()`);
 
 // ---------------------------------------------------------------- the cluster
 
@@ -191,13 +208,22 @@ async function main() {
                                    log: (line) => { if (process.env.TROUPE_BROWSER_LOG) console.log('chromium: ' + line); } });
   const page = await browser.newPage();
   watchConsole(page);
-  await page.send('Page.navigate', { url: base + '/#/' });
+  // On loopback the coordinator asks no token, but the page handles one the same way anywhere.
+  const token = (await troupeCmd(['secret', 'api-token', secret])).trim();
+  await page.send('Page.navigate', { url: base + '/?token=' + encodeURIComponent(token) + '#/' });
+  const address = await waitFor('the token out of the address', () => page.eval(`(() => {
+    const stored = sessionStorage.getItem('troupe.token');
+    return stored && { href: location.href, stored };
+  })()`));
+  if (address.href !== base + '/#/' || address.stored !== token)
+    throw new Error(`after /?token=T the page is at ${address.href}, keeping ${JSON.stringify(address.stored)}`);
   const row = `#jobs-table tr[data-job="${job}"]`;
   await waitFor('the job in the jobs table', () => page.eval(`!!document.querySelector(${JSON.stringify(row + ' a')})`));
   await click(page, row + ' a');
   await waitFor('the job page', () => page.eval(`location.hash === ${JSON.stringify('#/job/' + job)}`));
   const first = await waitFor('3 loss points', async () => { const n = await points(page, 'loss-chart'); return n >= 3 && n; });
   await waitFor(`more than ${first} loss points`, async () => (await points(page, 'loss-chart')) > first);
+  await olderCoordinatorAnswers(page, base + '/api/jobs/' + job);
   checkConsole();
 
   step = '5: a worker killed, the job recovered';
@@ -215,9 +241,14 @@ async function main() {
   await waitFor(`generation ${next} running`, async () =>
       (await text(page, '#job-generation')) === next && (await text(page, '#job-state')) === 'running');
   const before = await points(page, 'loss-chart');
-  await waitFor(`more than ${before} loss points in generation ${next}`, async () => (await points(page, 'loss-chart')) > before);
+  await waitFor(`more than ${before} loss points, the newest of generation ${next}`, async () =>
+      (await points(page, 'loss-chart')) > before && (await attr(page, '#loss-chart', 'data-generation')) === next);
   if ((await points(page, 'tps-chart')) < 3) throw new Error('the tokens/s chart has fewer than 3 points');
   await waitFor('a checkpoint in the list', () => page.eval(`document.querySelectorAll('#checkpoints li').length > 0`));
+  for (const chart of ['loss-chart', 'tps-chart']) {
+    const overlaps = await overlappingStepLabels(page, chart);
+    if (overlaps.length) throw new Error(`labels overlap on the step axis of #${chart}: ${overlaps.join(', ')}`);
+  }
   checkConsole();
   await screenshot(page, 'dashboard-job.png');
   await page.eval(`location.hash = '#/'`);
@@ -263,6 +294,45 @@ async function main() {
     clearTimeout(timer);
     if (status !== 0) throw new Error(`${name} ended with ${status} after SIGTERM`);
   }
+}
+
+// Rewrites the page's next `?after=` answer for the job at jobUrl as a coordinator whose clock
+// is behind would give it (last_seq 0, no points after the page's), and checks that the page's
+// very next request asks for all the points, and that the loss chart never shows 0 points.
+async function olderCoordinatorAnswers(page, jobUrl) {
+  await page.eval(`(() => {
+    const chart = document.querySelector('#loss-chart');
+    window.lossPointsSeen = [];
+    new MutationObserver(() => lossPointsSeen.push(Number(chart.getAttribute('data-points'))))
+        .observe(chart, { attributes: true, attributeFilter: ['data-points'] });
+  })()`);
+  const asked = [], failures = [];  // 'after' or 'all', in the order the page asked
+  page.on('Fetch.requestPaused', async (e) => {
+    const after = new URL(e.request.url).searchParams.has('after');
+    asked.push(after ? 'after' : 'all');
+    try {
+      if (asked.length > 1) return await page.send('Fetch.continueRequest', { requestId: e.requestId });
+      const { body, base64Encoded } = await page.send('Fetch.getResponseBody', { requestId: e.requestId });
+      const d = JSON.parse(base64Encoded ? Buffer.from(body, 'base64').toString('utf8') : body);
+      d.last_seq = 0;
+      d.metrics = [];
+      const headers = e.responseHeaders.filter((h) => h.name.toLowerCase() !== 'content-length');
+      await page.send('Fetch.fulfillRequest', { requestId: e.requestId, responseCode: e.responseStatusCode,
+                                                responseHeaders: headers,
+                                                body: Buffer.from(JSON.stringify(d)).toString('base64') });
+    } catch (err) {
+      failures.push(err.message);
+    }
+  });
+  await page.send('Fetch.enable', { patterns: [{ urlPattern: jobUrl + '*', requestStage: 'Response' }] });
+  await waitFor('two requests for the job', () => asked.length >= 2);
+  await page.send('Fetch.disable');
+  if (failures.length) throw new Error('rewriting an answer failed: ' + failures.join('; '));
+  if (asked[0] !== 'after' || asked[1] !== 'all')
+    throw new Error(`after an answer with a lower last_seq the page asked ${asked.join(', ')} (want after, all)`);
+  const seen = await waitFor('the chart drawn after the new answer', () => page.eval(`lossPointsSeen.length && lossPointsSeen`));
+  if (Math.min(...seen) < 1) throw new Error('the loss chart went blank after the older answer: ' + seen.join(', '));
+  log(`an answer with last_seq 0: the page asked again for all points at once (loss points seen: ${seen.join(', ')})`);
 }
 
 // Moves the mouse along the first lane of the trace until the tooltip names a span.
