@@ -149,11 +149,15 @@ bool percent_decode(std::string_view s, bool plus_is_space, bool strict, std::st
 size_t head_end(const std::string& in, size_t* scan) {
   for (;;) {
     const size_t nl = in.find('\n', *scan);
-    if (nl == std::string::npos) return 0;
-    const size_t len = nl - *scan;
-    const bool blank = len == 0 || (len == 1 && in[*scan] == '\r');
+    if (nl == std::string::npos) {
+      *scan = in.size();
+      return 0;
+    }
     *scan = nl + 1;
-    if (blank) return nl + 1;
+    // The line this LF ends is blank when it starts the input or follows another LF,
+    // with or without a CR between: "\n", "\r\n", "...\n\n", "...\n\r\n".
+    const size_t start = nl > 0 && in[nl - 1] == '\r' ? nl - 1 : nl;
+    if (start == 0 || in[start - 1] == '\n') return nl + 1;
   }
 }
 
@@ -185,7 +189,32 @@ ParsedHead parse_head(std::string_view head) {
   for (size_t i = 1; i < lines.size(); ++i)
     if (!parse_header_line(lines[i], &p)) return p;
   if (method != "GET" && method != "HEAD") return refuse(405, "this server answers GET and HEAD only");
-  return check_no_body(std::move(p));
+  p = check_no_body(std::move(p));
+  if (p.status != 0) return p;
+  const auto hosts = std::count_if(p.request.headers.begin(), p.request.headers.end(),
+                                   [](const auto& h) { return h.first == "host"; });
+  if (hosts > 1) return refuse(400, "more than one Host header");
+  if (hosts == 0 && version[7] >= '1') return refuse(400, "an HTTP/1.1 request needs a Host header");
+  return p;
+}
+
+std::string host_name(std::string_view h) {
+  std::string_view host = h, rest;
+  if (!h.empty() && h[0] == '[') {
+    const size_t close = h.find(']');
+    if (close == std::string_view::npos || close < 2) return "";
+    host = h.substr(1, close - 1);
+    rest = h.substr(close + 1);
+  } else {
+    const size_t colon = h.find(':');
+    host = h.substr(0, colon);
+    rest = colon == std::string_view::npos ? std::string_view() : h.substr(colon);
+  }
+  // What follows the host is nothing or ":PORT", the port digits only (RFC 3986 allows it empty).
+  const bool port_ok =
+      rest.empty() || (rest[0] == ':' && std::all_of(rest.begin() + 1, rest.end(),
+                                                     [](char c) { return c >= '0' && c <= '9'; }));
+  return port_ok ? std::string(host) : "";
 }
 
 }  // namespace http

@@ -21,15 +21,23 @@ struct ParsedHead {
 };
 
 // The length of the head in `in` up to and with the blank line that ends it, or 0
-// while there is none yet. Lines end in LF or CRLF. *scan (0 at first) is where the
-// first line not yet ended starts, so that a peer sending a byte at a time costs
-// linear work, not quadratic.
+// while there is none yet. Lines end in LF or CRLF. *scan (0 at first) is how far `in`
+// has been searched: each call looks at the new bytes only (a blank line is told by the
+// bytes before its LF), so a peer sending a byte at a time costs linear work, not
+// quadratic in the length of a line.
 size_t head_end(const std::string& in, size_t* scan);
 
 // "GET /a%20b?x=1 HTTP/1.1\r\nHost: h\r\n\r\n" (the blank line included) ->
 // {0, "", {GET, "/a b", "x=1", {{"host", "h"}}}}; a refusal never has a request
-// that anyone should act on.
+// that anyone should act on. RFC 9112 3.2: an HTTP/1.1 request without a Host, and
+// any request with two, is a 400; HTTP/1.0 may leave it out.
 ParsedHead parse_head(std::string_view head);
+
+// The host part of a Host header, without its port and an IPv6 literal without its
+// brackets, or "" when it is not HOST[:PORT] / [IPv6][:PORT]:
+// "127.0.0.1:8080" -> "127.0.0.1", "[::1]:80" -> "::1", "localhost" -> "localhost",
+// "::1" (no brackets), "a:b", "[::1]x" -> "".
+std::string host_name(std::string_view host_header);
 
 // Percent-decodes s ("%41" -> 'A'; '+' -> ' ' when plus_is_space). strict: a '%'
 // without two hex digits after it fails; otherwise it is kept as it is.

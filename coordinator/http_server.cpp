@@ -19,6 +19,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <string_view>
+#include <utility>
 
 #include "coordinator/http_parse.hpp"
 #include "core/error.hpp"
@@ -73,6 +74,7 @@ constexpr StatusName kStatuses[] = {{200, "OK", ""},
                                     {409, "Conflict", ""},
                                     {410, "Gone", ""},
                                     {413, "Content Too Large", "body_not_accepted"},
+                                    {421, "Misdirected Request", "wrong_host"},
                                     {429, "Too Many Requests", ""},
                                     {431, "Request Header Fields Too Large", "headers_too_large"},
                                     {500, "Internal Server Error", "internal"},
@@ -129,6 +131,18 @@ std::string response_head(const HttpResponse& r) {
   }
   if (!cache_control) h += "Cache-Control: no-store\r\n";
   return h + "\r\n";
+}
+
+// 204 and 304 never carry a body; HEAD is answered GET's head without one.
+bool sends_body(int status, bool head_only) { return !head_only && status != 204 && status != 304; }
+
+// Whether the Host names anything but a loopback name: a page of another site that points
+// its own name at 127.0.0.1 (DNS rebinding) names that site. Browsers always send a Host;
+// HTTP/1.0 may leave it out (the parser asks it of HTTP/1.1), and that is no other name.
+bool names_other_host(const HttpRequest& r) {
+  for (const auto& [name, value] : r.headers)
+    if (name == "host") return !is_loopback_host(host_name(value));
+  return false;
 }
 
 bool authorized(const HttpRequest& r, const std::string& token) {
@@ -227,6 +241,23 @@ bool is_loopback_host(const std::string& host) {
 
 namespace {
 
+// An accepted socket until the connection table holds it: whatever throws in between
+// (memory for the table, the peer's name) closes it instead of leaking it.
+class AcceptedFd {
+ public:
+  explicit AcceptedFd(int fd) : fd_(fd) {}
+  ~AcceptedFd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  AcceptedFd(const AcceptedFd&) = delete;
+  AcceptedFd& operator=(const AcceptedFd&) = delete;
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_;
+};
+
 // One peer's connection. reading: bytes of the head arrive in `in`; writing:
 // out_head + out_body go out; draining: FIN sent, waiting for the peer's FIN (kLingerMs).
 struct Conn {
@@ -238,9 +269,11 @@ struct Conn {
   std::string in;
   size_t scan = 0;  // head_end's place in `in`
   std::string out_head, out_body;
-  size_t sent = 0;       // bytes of out_head + out_body written
-  size_t drained = 0;    // bytes read and dropped while draining
-  int64_t deadline = 0;  // steady-clock ms: reading, the whole head; writing, the next progress
+  size_t sent = 0;     // bytes of out_head + out_body written
+  size_t held = 0;     // bytes of out_body counted in Loop::inflight
+  size_t drained = 0;  // bytes read and dropped while draining
+  // Steady-clock ms: reading, the whole head; writing, the whole answer; draining, the linger.
+  int64_t deadline = 0;
 };
 
 }  // namespace
@@ -254,6 +287,7 @@ struct HttpServer::Loop {
   int listen_fd = -1;
   int wake[2] = {-1, -1};  // stop() writes a byte to wake[1] to end a poll that would wait forever
   std::vector<Conn> conns;
+  size_t inflight = 0;  // the sum of conns' held: answer bytes being written
   int64_t accept_paused_until = 0;
 
   ~Loop() {
@@ -269,9 +303,17 @@ struct HttpServer::Loop {
     listen_fd = -1;
   }
 
-  static void close(Conn& c) {
+  void close(Conn& c) {
+    release(c);
     if (c.fd >= 0) ::close(c.fd);
     c.fd = -1;
+  }
+
+  void release(Conn& c) {
+    inflight -= c.held;
+    c.held = 0;
+    c.out_head = std::string();
+    c.out_body = std::string();
   }
 
   // The thread's body: nothing escapes it. A failure outside any one connection
@@ -325,27 +367,26 @@ struct HttpServer::Loop {
     for (int k = 0; k < kMaxAcceptsPerRound; ++k) {
       sockaddr_storage ss{};
       socklen_t len = sizeof ss;
-      const int fd =
-          ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) {
+      AcceptedFd fd(
+          ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC));
+      if (fd.get() < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK) return;
         if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
         accept_paused_until = now_ms() + kAcceptBackoffMs;  // EMFILE, ENFILE, ENOBUFS, ENOMEM
         return;
       }
-      const auto held =
+      const auto slots =
           std::count_if(conns.begin(), conns.end(), [](const Conn& c) { return !c.over_limit; });
       // Each 503 holds a slot until it is read; past twice the limit a flood is closed unanswered.
-      if (held >= opt.max_connections && conns.size() >= 2 * static_cast<size_t>(opt.max_connections)) {
-        ::close(fd);
+      if (slots >= opt.max_connections && conns.size() >= 2 * static_cast<size_t>(opt.max_connections))
         continue;
-      }
-      conns.emplace_back();
+      Conn fresh;
+      fresh.peer = format_address(ss);
+      conns.push_back(std::move(fresh));
       Conn& c = conns.back();
-      c.fd = fd;
-      c.peer = format_address(ss);
+      c.fd = fd.release();
       c.deadline = now_ms() + opt.idle_timeout_ms;
-      if (held >= opt.max_connections) {
+      if (slots >= opt.max_connections) {
         c.over_limit = true;
         respond(c, error_response(503, "too many connections; try again"), false);
       }
@@ -376,14 +417,21 @@ struct HttpServer::Loop {
     answer(c, std::move(p), c.in.compare(0, 5, "HEAD ") == 0);
   }
 
-  // A whole head has arrived: the refusal, the 401, or what the handler says.
+  // A whole head has arrived: the refusal, the 421, the 401, or what the handler says.
   void answer(Conn& c, ParsedHead p, bool head_only) {
     if (p.status != 0) {
       auto r = error_response(p.status, p.message);
       if (p.status == 405) r.headers.emplace_back("Allow", "GET, HEAD");
       return respond(c, std::move(r), head_only);
     }
-    if (requires_token && !authorized(p.request, opt.token)) {
+    if (!requires_token && opt.check_host && names_other_host(p.request))
+      return respond(
+          c,
+          error_response(421, "this address answers on a loopback name only (127.0.0.1, localhost, [::1])"),
+          head_only);
+    const auto& pub = opt.public_paths;
+    const bool is_public = std::find(pub.begin(), pub.end(), p.request.path) != pub.end();
+    if (requires_token && !is_public && !authorized(p.request, opt.token)) {
       auto r = error_response(401,
                               "this dashboard needs the API's token: send 'Authorization: Bearer <token>' or "
                               "add ?token=<token> to the address");
@@ -400,16 +448,26 @@ struct HttpServer::Loop {
     }
     const std::string why = invalid_response(r, opt.max_response_bytes);
     if (!why.empty()) r = error_response(500, why);
+    const size_t body = sends_body(r.status, head_only) ? r.body.size() : 0;
+    if (body > opt.max_inflight_bytes - std::min(inflight, opt.max_inflight_bytes))
+      r = error_response(503, "the server is writing too many answers at once; try again");
     respond(c, std::move(r), head_only);
   }
 
+  // The answer's bytes are held (and counted in inflight) until written or the connection
+  // is closed; they have one deadline: a slow reader is cut off, however steadily it reads.
   void respond(Conn& c, HttpResponse r, bool head_only) {
     c.in = std::string();  // frees the head's bytes while the answer is written
     c.out_head = response_head(r);
-    if (!head_only && r.status != 204 && r.status != 304) c.out_body = std::move(r.body);
+    // HEAD: the head has the length; the body is dropped here, not when the head is written.
+    if (sends_body(r.status, head_only)) c.out_body = std::move(r.body);
+    r.body = std::string();
+    c.held = c.out_body.size();
+    inflight += c.held;
     c.sent = 0;
     c.state = Conn::State::writing;
-    c.deadline = now_ms() + opt.idle_timeout_ms;
+    const auto send_ms = static_cast<int64_t>(c.out_body.size() * 1000 / opt.min_send_rate);
+    c.deadline = now_ms() + std::max<int64_t>(opt.idle_timeout_ms, send_ms);
     requests->fetch_add(1);
     write_some(c);
   }
@@ -431,10 +489,8 @@ struct HttpServer::Loop {
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
       if (n < 0) return close(c);  // EPIPE, ECONNRESET: the peer is gone
       c.sent += static_cast<size_t>(n);
-      c.deadline = now_ms() + opt.idle_timeout_ms;
     }
-    c.out_head = std::string();
-    c.out_body = std::string();
+    release(c);
     ::shutdown(c.fd, SHUT_WR);
     c.state = Conn::State::draining;
     c.deadline = now_ms() + std::min(opt.idle_timeout_ms, kLingerMs);
@@ -443,7 +499,13 @@ struct HttpServer::Loop {
   void expire(Conn& c) {
     if (c.state == Conn::State::reading && !c.in.empty())
       return respond(c, error_response(408, "the request head did not arrive in time"), false);
-    close(c);  // silent, a peer that does not read its answer, or a drain that is over
+    if (c.state == Conn::State::writing) {
+      // An RST, so that the kernel drops the answer's unsent bytes too, rather than
+      // keeping them for a peer that has shown it will not take them.
+      const linger reset{1, 0};
+      ::setsockopt(c.fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+    }
+    close(c);  // silent, a peer that did not take its answer in time, or a drain that is over
   }
 };
 
@@ -455,7 +517,8 @@ HttpServer::HttpServer(HttpOptions options, Handler handler) : loop_(std::make_u
   l.handler = std::move(handler);
   l.requests = &requests_;
   TROUPE_CHECK(l.handler != nullptr, "the dashboard needs a handler");
-  TROUPE_CHECK(l.opt.max_connections >= 1 && l.opt.idle_timeout_ms >= 1 && l.opt.max_header_bytes >= 16,
+  TROUPE_CHECK(l.opt.max_connections >= 1 && l.opt.idle_timeout_ms >= 1 && l.opt.max_header_bytes >= 16 &&
+                   l.opt.min_send_rate >= 1,
                "bad dashboard limits");
   const Endpoint ep = parse_listen(l.opt.listen);
   requires_token_ = l.requires_token = !is_loopback_host(ep.host);

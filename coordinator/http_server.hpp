@@ -5,16 +5,19 @@
 // request head is plain code in http_parse.hpp).
 //
 // Everything a peer sends is hostile. Every connection is bounded in bytes
-// (max_header_bytes), in time (idle_timeout_ms from accept) and in number
-// (max_connections); a peer that sends half a request, or never reads its
-// answer, holds one slot and delays nobody else. Malformed input is answered
-// 4xx and never reaches the handler.
+// (max_header_bytes), in time (idle_timeout_ms from accept for the request; one
+// deadline for the whole answer) and in number (max_connections), and the answers
+// being written are bounded together (max_inflight_bytes); a peer that sends half a
+// request, or reads its answer slowly or never, holds one slot for a bounded time and
+// delays nobody else. Malformed input, a wrong Host and a missing token are answered
+// 4xx and never reach the handler.
 //
 // A connection's life:
 //
 //   accept -> reading --(a whole, valid head)--> handler ---+
 //                |                                          +--> writing -> draining -> closed
-//                +--(malformed, too large, timed out)--> 4xx +
+//                +--(malformed, too large, timed out,       |       |
+//                    wrong Host, no token)--> 4xx ----------+       +--(past its deadline)--> reset
 //
 //   draining: FIN sent; what the peer still sends is read and dropped for a moment,
 //   so that the close is no RST, which could make the peer lose the answer unread.
@@ -62,14 +65,27 @@ struct HttpResponse {
 struct HttpOptions {
   // HOST:PORT, port 0 = any free port; HOST an IPv4 literal, "localhost", or "[::1]"-style IPv6.
   std::string listen = "127.0.0.1:0";
-  std::string token;                   // required on every request when the bound address is not loopback
+  std::string token;  // required on every request when the bound address is not loopback
+  // Exact decoded paths answered without the token ("/", "/app.js"): what a browser loads
+  // through <script src> or <link href> cannot carry an Authorization header. They must
+  // hold no data.
+  std::vector<std::string> public_paths;
+  // Where no token is asked (a loopback address), a request whose Host is not a loopback
+  // name is answered 421: a page of another site that points its own name at 127.0.0.1
+  // (DNS rebinding) names that site in its Host.
+  bool check_host = true;
   size_t max_header_bytes = 16 << 10;  // request line + headers; more -> 431, connection closed
   int max_connections = 64;            // beyond: accepted, answered 503, closed
   // A connection that has not sent a whole request this long after accept is closed (408
-  // if it sent bytes); one that does not read its answer is dropped this long after the
-  // last byte it took.
+  // if it sent bytes). An answer has max(this, its body at min_send_rate) from its first
+  // byte to be taken whole, or the connection is reset: a peer reading a byte now and
+  // then does not hold its answer's memory for ever.
   int idle_timeout_ms = 10000;
+  size_t min_send_rate = 256 << 10;      // bytes per second; a 64 MiB body has 256 s
   size_t max_response_bytes = 64 << 20;  // a handler body larger than this -> 500
+  // The bodies of answers being written, all connections together; a handler's answer
+  // that would go beyond it is answered 503 instead.
+  size_t max_inflight_bytes = 256 << 20;
 };
 
 // True for 127.0.0.0/8, ::1 (bracketed or not) and localhost.

@@ -1,6 +1,7 @@
-// The dashboard's HTTP server against a tiny blocking socket client: what a
-// well-formed request gets, what a hostile one gets (and that the handler never
-// sees it), the limits, the token, and the request parser on its own.
+// The dashboard's HTTP server against the tests' blocking client (tests/support/http_get.hpp):
+// what a well-formed request gets, what a hostile one gets (and that the handler never
+// sees it), the limits (slow peers, the bytes in flight, a deadline per answer), the Host
+// and the token, and the request parser on its own.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -9,100 +10,41 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
-#include <map>
 #include <mutex>
 #include <stdexcept>
+#include <thread>
 
 #include "coordinator/http_parse.hpp"
 #include "coordinator/http_server.hpp"
 #include "core/error.hpp"
+#include "tests/support/http_get.hpp"
 
 using namespace troupe::coord;
+using troupe::test::HttpConn;
+using troupe::test::HttpReply;
 
 namespace {
 
 // ---------------------------------------------------------------- the client
 
-// A connected blocking socket to "host:port" (0.0.0.0 reached as 127.0.0.1), or -1.
-int connect_to(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  std::string host = address.substr(0, colon);
-  const int port = std::stoi(address.substr(colon + 1));
-  sockaddr_storage ss{};
-  socklen_t len = 0;
-  if (host.front() == '[') {
-    auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
-    a->sin6_family = AF_INET6;
-    a->sin6_port = htons(static_cast<uint16_t>(port));
-    ::inet_pton(AF_INET6, host.substr(1, host.size() - 2).c_str(), &a->sin6_addr);
-    len = sizeof *a;
-  } else {
-    if (host == "0.0.0.0") host = "127.0.0.1";
-    auto* a = reinterpret_cast<sockaddr_in*>(&ss);
-    a->sin_family = AF_INET;
-    a->sin_port = htons(static_cast<uint16_t>(port));
-    ::inet_pton(AF_INET, host.c_str(), &a->sin_addr);
-    len = sizeof *a;
-  }
-  const int fd = ::socket(ss.ss_family, SOCK_STREAM, 0);
-  // A safety net so that a server bug fails the test instead of hanging it; no test relies on it.
-  timeval tv{30, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&ss), len) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
+HttpReply round_trip(const std::string& address, const std::string& bytes) {
+  HttpConn c(address);
+  REQUIRE(c.ok());
+  c.send(bytes);
+  return c.reply();
 }
 
-void send_all(int fd, const std::string& bytes) {
-  for (size_t at = 0; at < bytes.size();) {
-    const ssize_t n = ::send(fd, bytes.data() + at, bytes.size() - at, MSG_NOSIGNAL);
-    if (n <= 0) return;  // the server may close early (431); what it answered is still read
-    at += static_cast<size_t>(n);
-  }
+// The request as a browser sends it to `address`, which it names as its Host.
+std::string request(const std::string& address, const std::string& target, const std::string& headers = "",
+                    const std::string& method = "GET") {
+  return method + " " + target + " HTTP/1.1\r\nHost: " + address + "\r\n" + headers + "\r\n";
 }
 
-struct Reply {
-  int status = 0;                              // 0: the server closed without answering
-  std::map<std::string, std::string> headers;  // names lower-cased
-  std::string body;
-  bool has(const std::string& name) const { return headers.count(name) != 0; }
-  std::string header(const std::string& name) const { return has(name) ? headers.at(name) : ""; }
-};
-
-// Reads to the server's close and splits the answer.
-Reply read_reply(int fd) {
-  std::string raw;
-  char buf[65536];
-  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) raw.append(buf, static_cast<size_t>(n));
-  ::close(fd);
-  Reply r;
-  const size_t end = raw.find("\r\n\r\n");
-  if (raw.compare(0, 9, "HTTP/1.1 ") != 0 || end == std::string::npos) return r;
-  r.status = std::stoi(raw.substr(9, 3));
-  for (size_t at = raw.find("\r\n") + 2; at < end;) {
-    const size_t nl = raw.find("\r\n", at);
-    const std::string line = raw.substr(at, nl - at);
-    const size_t colon = line.find(':');
-    r.headers[http::lower(line.substr(0, colon))] = line.substr(colon + 2);
-    at = nl + 2;
-  }
-  r.body = raw.substr(end + 4);
-  return r;
-}
-
-Reply round_trip(const std::string& address, const std::string& bytes) {
-  const int fd = connect_to(address);
-  REQUIRE(fd >= 0);
-  send_all(fd, bytes);
-  return read_reply(fd);
-}
-
-Reply get(const std::string& address, const std::string& target, const std::string& headers = "",
-          const std::string& method = "GET") {
-  return round_trip(address, method + " " + target + " HTTP/1.1\r\nHost: test\r\n" + headers + "\r\n");
+HttpReply get(const std::string& address, const std::string& target, const std::string& headers = "",
+              const std::string& method = "GET") {
+  return round_trip(address, request(address, target, headers, method));
 }
 
 // ---------------------------------------------------------------- a server with routes
@@ -139,12 +81,18 @@ struct Served {
       resp.headers.emplace_back("Content-Length", "999");  // the server's framing wins
       return resp;
     }
+    if (r.path == "/get-only" && r.method != "GET") {
+      auto resp = HttpResponse::json(405, R"({"error":"get_only"})");
+      resp.headers.emplace_back("Allow", "GET");
+      return resp;
+    }
     if (r.path == "/throw") throw std::runtime_error("the coordinator did not answer");
     if (r.path == "/split") {
       auto resp = HttpResponse::text(200, "x");
       resp.headers.emplace_back("X-Split", "a\r\nSet-Cookie: evil=1");
       return resp;
     }
+    if (r.path == "/huge") return HttpResponse::text(200, std::string(32 << 20, 'x'));
     if (r.path == "/big") {
       std::string body(8 << 20, '\0');
       for (size_t i = 0; i < body.size(); ++i) body[i] = static_cast<char>('a' + (i * 7 + i / 4096) % 26);
@@ -168,7 +116,7 @@ HttpOptions with(std::string listen, std::string token = "") {
 TEST_CASE("http GET answers the handler's status, body and content type, with the security headers",
           "[http]") {
   Served s;
-  const Reply r = get(s.addr(), "/");
+  const HttpReply r = get(s.addr(), "/");
   CHECK(r.status == 200);
   CHECK(r.body == "hello");
   CHECK(r.header("content-type") == "text/plain; charset=utf-8");
@@ -181,17 +129,17 @@ TEST_CASE("http GET answers the handler's status, body and content type, with th
   CHECK(s.server.requests() == 1);
 
   // The handler may set its own caching, never the framing.
-  const Reply c = get(s.addr(), "/cached");
+  const HttpReply c = get(s.addr(), "/cached");
   CHECK(c.header("content-type") == "application/json; charset=utf-8");
   CHECK(c.header("cache-control") == "max-age=60");
   CHECK(c.header("content-length") == "2");
   CHECK(c.body == "{}");
 
   // 404 from the handler passes through; HEAD has GET's headers and no body.
-  const Reply missing = get(s.addr(), "/nothing/here");
+  const HttpReply missing = get(s.addr(), "/nothing/here");
   CHECK(missing.status == 404);
   CHECK(missing.body == R"({"error":"not_found"})");
-  const Reply head = get(s.addr(), "/", "", "HEAD");
+  const HttpReply head = get(s.addr(), "/", "", "HEAD");
   CHECK(head.status == 200);
   CHECK(head.header("content-length") == "5");
   CHECK(head.body.empty());
@@ -201,8 +149,8 @@ TEST_CASE("http GET answers the handler's status, body and content type, with th
 
 TEST_CASE("http the handler sees the decoded path, the raw query and trimmed lower-case headers", "[http]") {
   Served s;
-  const Reply r = get(s.addr(), "/api/jobs/j%2D1%20x?after=12&name=a+b%26c&flag&token=abc",
-                      "X-Thing: \t spaced value  \r\n");
+  const HttpReply r = get(s.addr(), "/api/jobs/j%2D1%20x?after=12&name=a+b%26c&flag&token=abc",
+                          "X-Thing: \t spaced value  \r\n");
   CHECK(r.status == 404);
   const HttpRequest q = s.seen();
   CHECK(q.method == "GET");
@@ -214,19 +162,19 @@ TEST_CASE("http the handler sees the decoded path, the raw query and trimmed low
   CHECK(q.query_param("absent") == "");
   CHECK(q.header("x-thing") == "spaced value");
   CHECK(q.header("X-Thing") == "spaced value");
-  CHECK(q.header("host") == "test");
+  CHECK(q.header("host") == s.addr());
   CHECK(q.header("absent") == "");
   CHECK(q.peer.rfind("127.0.0.1:", 0) == 0);
 
   // HTTP/1.0, bare LF line ends, and names that only look like a climb.
-  CHECK(round_trip(s.addr(), "GET / HTTP/1.0\nHost: a\n\n").status == 200);
+  CHECK(round_trip(s.addr(), "GET / HTTP/1.0\nHost: localhost\n\n").status == 200);
   CHECK(get(s.addr(), "/a..b/..c/x..").status == 404);
   CHECK(s.seen().path == "/a..b/..c/x..");
 }
 
 TEST_CASE("http a large response arrives whole", "[http]") {
   Served s;
-  const Reply r = get(s.addr(), "/big");
+  const HttpReply r = get(s.addr(), "/big");
   REQUIRE(r.status == 200);
   CHECK(r.header("content-length") == std::to_string(8 << 20));
   REQUIRE(r.body.size() == (8u << 20));
@@ -240,7 +188,7 @@ TEST_CASE("http a large response arrives whole", "[http]") {
 
 TEST_CASE("http POST is 405 with Allow, a request body is refused, neither reaches the handler", "[http]") {
   Served s;
-  const Reply post = get(s.addr(), "/", "", "POST");
+  const HttpReply post = get(s.addr(), "/", "", "POST");
   CHECK(post.status == 405);
   CHECK(post.header("allow") == "GET, HEAD");
   CHECK(get(s.addr(), "/", "", "DELETE").status == 405);
@@ -251,6 +199,20 @@ TEST_CASE("http POST is 405 with Allow, a request body is refused, neither reach
   CHECK(get(s.addr(), "/", "Content-Length: 0\r\nContent-Length: 1\r\n").status == 400);
   CHECK(s.calls == 0);
   CHECK(get(s.addr(), "/", "Content-Length: 0\r\n").status == 200);
+  CHECK(s.calls == 1);
+}
+
+TEST_CASE("http HEAD answered 405 by the handler has the length and no body", "[http]") {
+  Served s;
+  const HttpReply head = get(s.addr(), "/get-only", "", "HEAD");
+  CHECK(head.status == 405);
+  CHECK(head.header("allow") == "GET");
+  CHECK(head.header("content-length") == std::to_string(std::string(R"({"error":"get_only"})").size()));
+  CHECK(head.body.empty());
+  // A method the server refuses itself keeps its body: it is not HEAD.
+  const HttpReply post = get(s.addr(), "/get-only", "", "POST");
+  CHECK(post.status == 405);
+  CHECK(post.body.find(R"("error":"method_not_allowed")") != std::string::npos);
   CHECK(s.calls == 1);
 }
 
@@ -295,13 +257,13 @@ TEST_CASE("http malformed requests, traversal and NUL are 400 and never reach th
   };
   for (const auto& req : bad) {
     INFO(req);
-    const Reply r = round_trip(s.addr(), req);
+    const HttpReply r = round_trip(s.addr(), req);
     CHECK(r.status == 400);
     CHECK(r.body.find(R"("error":"bad_request")") != std::string::npos);
   }
   CHECK(s.calls == 0);
   CHECK(s.server.requests() == static_cast<int64_t>(bad.size()));
-  const Reply head = get(s.addr(), "/a%00", "", "HEAD");  // refused, and without a body as HEAD asks
+  const HttpReply head = get(s.addr(), "/a%00", "", "HEAD");  // refused, and without a body as HEAD asks
   CHECK((head.status == 400 && head.body.empty() && head.has("content-length")));
   CHECK(get(s.addr(), "/").status == 200);  // and the server still serves
 }
@@ -320,13 +282,13 @@ TEST_CASE("http a handler that throws is 500 with its message and the next reque
   HttpOptions o;
   o.max_response_bytes = 1 << 20;
   Served s(o);
-  const Reply r = get(s.addr(), "/throw");
+  const HttpReply r = get(s.addr(), "/throw");
   CHECK(r.status == 500);
   CHECK(r.header("content-type") == "application/json; charset=utf-8");
   CHECK(r.body == R"({"error":"internal","message":"the coordinator did not answer"})");
   CHECK(get(s.addr(), "/").status == 200);
   // A header that would split the response, and a body over the limit, are the handler's bugs: 500.
-  const Reply split = get(s.addr(), "/split");
+  const HttpReply split = get(s.addr(), "/split");
   CHECK(split.status == 500);
   CHECK_FALSE(split.has("set-cookie"));
   CHECK(get(s.addr(), "/big").status == 500);
@@ -337,12 +299,12 @@ TEST_CASE("http a handler that throws is 500 with its message and the next reque
 
 TEST_CASE("http a client holding half a request does not stop a second one from being answered", "[http]") {
   Served s;
-  const int slow = connect_to(s.addr());
-  REQUIRE(slow >= 0);
-  send_all(slow, "GET / HTTP/1.1\r\nHost: te");
+  HttpConn slow(s.addr());
+  REQUIRE(slow.ok());
+  slow.send("GET / HTTP/1.1\r\nHost: 127.0");
   CHECK(get(s.addr(), "/").status == 200);
-  send_all(slow, "st\r\n\r\n");
-  CHECK(read_reply(slow).status == 200);
+  slow.send(".0.1\r\n\r\n");
+  CHECK(slow.reply().status == 200);
   CHECK(s.calls == 2);
 }
 
@@ -351,16 +313,16 @@ TEST_CASE("http connections beyond max_connections are answered 503", "[http]") 
   o.max_connections = 2;
   Served s(o);
   // The server accepts in the order the connections were made: a and b hold both slots.
-  const int a = connect_to(s.addr());
-  const int b = connect_to(s.addr());
-  REQUIRE(a >= 0);
-  REQUIRE(b >= 0);
-  const Reply over = get(s.addr(), "/");
+  HttpConn a(s.addr());
+  HttpConn b(s.addr());
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  const HttpReply over = get(s.addr(), "/");
   CHECK(over.status == 503);
   CHECK(over.body.find(R"("error":"unavailable")") != std::string::npos);
-  send_all(b, "GET / HTTP/1.1\r\n\r\n");
-  CHECK(read_reply(b).status == 200);
-  ::close(a);
+  b.send(request(s.addr(), "/"));
+  CHECK(b.reply().status == 200);
+  a.close();
   CHECK(s.calls == 1);
 }
 
@@ -368,14 +330,146 @@ TEST_CASE("http a silent connection is closed at idle_timeout, a partial one ans
   HttpOptions o;
   o.idle_timeout_ms = 200;
   Served s(o);
-  const int silent = connect_to(s.addr());
-  const int partial = connect_to(s.addr());
-  REQUIRE(silent >= 0);
-  REQUIRE(partial >= 0);
-  send_all(partial, "GET / HTTP/1.1\r\n");
-  CHECK(read_reply(partial).status == 408);
-  CHECK(read_reply(silent).status == 0);
+  HttpConn silent(s.addr());
+  HttpConn partial(s.addr());
+  REQUIRE(silent.ok());
+  REQUIRE(partial.ok());
+  partial.send("GET / HTTP/1.1\r\n");
+  CHECK(partial.reply().status == 408);
+  CHECK(silent.reply().status == 0);
   CHECK(s.calls == 0);
+}
+
+TEST_CASE("http an answer that would take the bytes being written past max_inflight_bytes is 503", "[http]") {
+  HttpOptions o;
+  o.max_inflight_bytes = 40 << 20;  // one /huge (32 MiB) fits, two do not
+  Served s(o);
+  // A small receive window: the answer is larger than any socket buffers, so it stays
+  // in the server's hands until it is read.
+  HttpConn first(s.addr(), 16 << 10);
+  REQUIRE(first.ok());
+  first.send(request(s.addr(), "/huge"));
+  // Its first bytes have arrived: the server is writing it.
+  while (first.received().size() < 12 && first.read_some(64) > 0) {
+  }
+  REQUIRE(first.received().rfind("HTTP/1.1 200", 0) == 0);
+  const HttpReply second = get(s.addr(), "/huge");
+  CHECK(second.status == 503);
+  CHECK(second.body.find(R"("error":"unavailable")") != std::string::npos);
+  CHECK(get(s.addr(), "/big").status == 200);                 // 8 MiB more still fit
+  const HttpReply head = get(s.addr(), "/huge", "", "HEAD");  // HEAD holds no body
+  CHECK(head.status == 200);
+  CHECK(head.header("content-length") == std::to_string(32 << 20));
+  // Once the first is read whole its bytes are given back.
+  const HttpReply whole = first.reply();
+  CHECK(whole.status == 200);
+  CHECK(whole.body.size() == (32u << 20));
+  CHECK(get(s.addr(), "/huge").status == 200);
+
+  // An answer larger than the limit on its own never fits.
+  o.max_inflight_bytes = 4 << 20;
+  Served small(o);
+  CHECK(get(small.addr(), "/big").status == 503);
+  CHECK(get(small.addr(), "/big", "", "HEAD").status == 200);
+}
+
+TEST_CASE("http an answer not taken whole by its deadline is cut off, however steadily it is read",
+          "[http]") {
+  HttpOptions o;
+  o.idle_timeout_ms = 500;
+  o.min_send_rate = 1 << 30;        // /huge's 32 MiB take 31 ms at this rate: the deadline is 500 ms
+  o.max_inflight_bytes = 40 << 20;  // one /huge at a time
+  Served s(o);
+  // A small receive window, so that the answer cannot sit whole in socket buffers.
+  HttpConn reader(s.addr(), 16 << 10);
+  HttpConn idle(s.addr(), 16 << 10);
+  REQUIRE(reader.ok());
+  REQUIRE(idle.ok());
+
+  SECTION("a peer reading a little now and then") {
+    // 16 KiB at most, then a 1 ms pause: 32 MiB would take 2 s at the very least. The
+    // server's writes make progress well within 500 ms each, so a deadline counted from
+    // the last byte taken would never come.
+    reader.send(request(s.addr(), "/huge"));
+    ssize_t n;
+    while ((n = reader.read_some(16 << 10)) > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    CHECK((n == 0 || reader.error() == ECONNRESET));
+    CHECK(reader.received().rfind("HTTP/1.1 200", 0) == 0);
+    CHECK(reader.received().size() < (32u << 20));
+  }
+  SECTION("a peer that never reads") {
+    idle.send(request(s.addr(), "/huge"));
+    CHECK(idle.wait_reset(30000));  // a guard only: the server resets it at its deadline
+  }
+  // The cut answer's bytes were given back.
+  CHECK(get(s.addr(), "/huge").status == 200);
+}
+
+// ---------------------------------------------------------------- the Host
+
+TEST_CASE("http on loopback a Host that is no loopback name is 421 and never reaches the handler", "[http]") {
+  Served s;
+  const std::string port = s.addr().substr(s.addr().rfind(':') + 1);
+  CHECK(get(s.addr(), "/").status == 200);  // its own address is a loopback name
+  const std::vector<std::string> wrong = {"rebound.example:" + port,
+                                          "rebound.example",
+                                          "127.0.0.1.evil.com",
+                                          "localhost.evil.com:80",
+                                          "[::1]x",
+                                          "localhost:80:80",
+                                          "::1",
+                                          "127.0.0.1:8x",
+                                          "[::1",
+                                          "0.0.0.0:" + port,
+                                          "10.0.0.1",
+                                          ""};
+  for (const auto& host : wrong) {
+    INFO(host);
+    const HttpReply r = round_trip(s.addr(), "GET / HTTP/1.1\r\nHost: " + host + "\r\n\r\n");
+    CHECK(r.status == 421);
+    CHECK(r.head.rfind("HTTP/1.1 421 Misdirected Request\r\n", 0) == 0);
+    CHECK(r.header("content-type") == "application/json; charset=utf-8");
+    CHECK(r.body == R"x({"error":"wrong_host","message":"this address answers on a loopback name only )x"
+                    R"x((127.0.0.1, localhost, [::1])"})x");
+  }
+  CHECK(s.calls == 1);
+  const std::vector<std::string> right = {"127.0.0.1:" + port, "127.0.0.1",     "127.0.0.2:1", "localhost",
+                                          "LocalHost:" + port, "[::1]:" + port, "[::1]",       "localhost:"};
+  for (const auto& host : right) {
+    INFO(host);
+    CHECK(round_trip(s.addr(), "GET / HTTP/1.1\r\nHost: " + host + "\r\n\r\n").status == 200);
+  }
+  // HEAD is refused without a body; HTTP/1.0 may leave the Host out, but not name another one.
+  const HttpReply head = round_trip(s.addr(), "HEAD / HTTP/1.1\r\nHost: rebound.example\r\n\r\n");
+  CHECK((head.status == 421 && head.body.empty() && head.has("content-length")));
+  CHECK(round_trip(s.addr(), "GET / HTTP/1.0\r\n\r\n").status == 200);
+  CHECK(round_trip(s.addr(), "GET / HTTP/1.0\r\nHost: rebound.example\r\n\r\n").status == 421);
+  CHECK(s.calls == 1 + static_cast<int>(right.size()) + 1);
+}
+
+TEST_CASE("http HTTP/1.1 without a Host, or any request with two, is 400", "[http]") {
+  Served s;
+  for (const char* req : {"GET / HTTP/1.1\r\n\r\n", "GET / HTTP/1.1\r\nX-Host: localhost\r\n\r\n",
+                          "GET / HTTP/1.1\r\nHost: localhost\r\nHost: localhost\r\n\r\n",
+                          "GET / HTTP/1.0\r\nHost: localhost\r\nhost: 127.0.0.1\r\n\r\n"}) {
+    INFO(req);
+    const HttpReply r = round_trip(s.addr(), req);
+    CHECK(r.status == 400);
+    CHECK(r.body.find(R"("error":"bad_request")") != std::string::npos);
+  }
+  CHECK(s.calls == 0);
+}
+
+TEST_CASE("http the Host is not checked when check_host is off, nor where the token is asked", "[http]") {
+  HttpOptions o;
+  o.check_host = false;
+  Served off(o);
+  CHECK(round_trip(off.addr(), "GET / HTTP/1.1\r\nHost: rebound.example\r\n\r\n").status == 200);
+  Served remote(with("0.0.0.0:0", "s3cret"));
+  CHECK(round_trip(remote.addr(), "GET /?token=s3cret HTTP/1.1\r\nHost: dashboard.example\r\n\r\n").status ==
+        200);
+  CHECK(off.calls == 1);
+  CHECK(remote.calls == 1);
 }
 
 // ---------------------------------------------------------------- the token
@@ -391,7 +485,7 @@ TEST_CASE("http a non-loopback address needs the token, in the Authorization hea
 
   Served s(with("0.0.0.0:0", "s3cret"));
   CHECK(s.server.requires_token());
-  const Reply none = get(s.addr(), "/");
+  const HttpReply none = get(s.addr(), "/");
   CHECK(none.status == 401);
   CHECK(none.header("www-authenticate") == "Bearer");
   CHECK(none.header("content-type") == "application/json; charset=utf-8");
@@ -409,6 +503,26 @@ TEST_CASE("http a non-loopback address needs the token, in the Authorization hea
   Served local(with("127.0.0.1:0", "s3cret"));
   CHECK_FALSE(local.server.requires_token());
   CHECK(get(local.addr(), "/").status == 200);
+}
+
+TEST_CASE("http off loopback the public paths are answered without the token, the others ask for it",
+          "[http]") {
+  auto o = with("0.0.0.0:0", "s3cret");
+  o.public_paths = {"/", "/app.js", "/app.css"};
+  Served s(o);
+  const HttpReply page = get(s.addr(), "/");
+  CHECK(page.status == 200);
+  CHECK(page.body == "hello");
+  CHECK(get(s.addr(), "/?x=1").status == 200);       // the query is no part of the path
+  CHECK(get(s.addr(), "/app.js").status == 404);     // the handler's answer, not a 401
+  CHECK(get(s.addr(), "/%61pp.css").status == 404);  // decoded, it is /app.css
+  CHECK(s.calls == 4);
+  for (const char* target : {"/cached", "/big", "/app.js/", "/App.js", "//", "/app.js.map", "/nothing"}) {
+    INFO(target);
+    CHECK(get(s.addr(), target).status == 401);
+  }
+  CHECK(get(s.addr(), "/cached", "Authorization: Bearer s3cret\r\n").status == 200);
+  CHECK(s.calls == 5);
 }
 
 TEST_CASE("http is_loopback_host", "[http]") {
@@ -466,7 +580,7 @@ TEST_CASE("http stop twice is fine and the address stops answering", "[http]") {
   CHECK(get(addr, "/").status == 200);
   s.server.stop();
   s.server.stop();
-  CHECK(connect_to(addr) < 0);
+  CHECK_FALSE(HttpConn(addr).ok());
   CHECK(s.server.requests() == 1);
 }
 
@@ -495,4 +609,51 @@ TEST_CASE("http head_end finds the blank line however the bytes arrive", "[http]
   CHECK(p.request.headers[0] == std::make_pair(std::string("a-b"), std::string("c")));
   CHECK(http::parse_head("PUT / HTTP/1.1\r\n\r\n").status == 405);
   CHECK(http::parse_head("GET /%2e%2e HTTP/1.1\r\n\r\n").status == 400);
+  CHECK(http::parse_head("GET / HTTP/1.1\r\n\r\n").status == 400);  // HTTP/1.1 needs a Host
+  CHECK(http::parse_head("GET / HTTP/1.0\r\n\r\n").status == 0);
+  CHECK(http::parse_head("GET / HTTP/1.0\r\nHost: a\r\nHost: a\r\n\r\n").status == 400);
+}
+
+TEST_CASE("http head_end looks at each byte once and tells blank lines from the bytes before them",
+          "[http]") {
+  // A line that never ends is searched once, not again at every byte.
+  std::string in = "GET /";
+  size_t scan = 0;
+  CHECK(http::head_end(in, &scan) == 0);
+  CHECK(scan == in.size());
+  in += "abc HTTP/1.1\r\nHo";
+  CHECK(http::head_end(in, &scan) == 0);
+  CHECK(scan == in.size());
+  in += "st: a\r\n\r\n";
+  CHECK(http::head_end(in, &scan) == in.size());
+
+  // Whole, or a byte at a time, the same end: LF or CRLF, a CR inside a line is no line end.
+  for (const std::string head :
+       {"\n", "\r\n", "a\n\n", "a\n\r\n", "a\r\nb\r\n\r\n", "a\r\r\n\n", "a\r\n\rb\n\n", "\r\r\n\n"}) {
+    INFO(head);
+    scan = 0;
+    const size_t whole = http::head_end(head + "tail", &scan);
+    CHECK(whole == head.size());
+    std::string part;
+    size_t end = 0;
+    scan = 0;
+    for (char c : head + "tail")
+      if (part.push_back(c), (end = http::head_end(part, &scan)) != 0) break;
+    CHECK(end == head.size());
+  }
+  scan = 0;
+  CHECK(http::head_end("a\r\nb\r\r\n", &scan) == 0);
+}
+
+TEST_CASE("http host_name takes the port and the brackets off a Host", "[http]") {
+  CHECK(http::host_name("127.0.0.1:8080") == "127.0.0.1");
+  CHECK(http::host_name("127.0.0.1") == "127.0.0.1");
+  CHECK(http::host_name("localhost:") == "localhost");
+  CHECK(http::host_name("[::1]:80") == "::1");
+  CHECK(http::host_name("[::1]") == "::1");
+  CHECK(http::host_name("Example.COM:443") == "Example.COM");
+  for (const char* bad : {"::1", "a:b", "a:80:80", "[::1]x", "[::1]:8x", "[::1", "[]:80", "[]"}) {
+    INFO(bad);
+    CHECK(http::host_name(bad) == "");
+  }
 }
