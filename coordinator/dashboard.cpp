@@ -1,38 +1,20 @@
 #include "coordinator/dashboard.hpp"
 
+#include <chrono>
 #include <cstdio>
-#include <functional>
 #include <sstream>
 
 #include "coordinator/event_text.hpp"
+#include "coordinator/job.hpp"
 
 namespace troupe::coord {
 
-JobHistory::JobHistory(HistoryLimits limits) : limits_(limits) {}
-
-JobHistory::Job& JobHistory::job_locked(const std::string& id) {
-  auto it = jobs_.find(id);
-  if (it != jobs_.end()) return it->second;
-  if (jobs_.size() >= limits_.jobs && !order_.empty()) {
-    jobs_.erase(order_.front());
-    order_.pop_front();
-  }
-  order_.push_back(id);
-  return jobs_[id];
-}
-
-void JobHistory::on_event(const std::string& event_json) noexcept {
-  try {
-    auto e = nlohmann::json::parse(event_json, nullptr, false);
-    if (!e.is_object()) return;
-    std::lock_guard<std::mutex> lock(mu_);
-    take(e);
-  } catch (const std::exception&) {
-    // A field of an unexpected type: the event is not shown, the coordinator goes on.
-  }
-}
-
 namespace {
+
+int64_t epoch_us() {
+  using namespace std::chrono;
+  return duration_cast<microseconds>(system_clock::now().time_since_epoch()).count();
+}
 
 template <typename T>
 void push_bounded(std::deque<T>& q, T v, size_t limit) {
@@ -46,37 +28,85 @@ void copy_keys(const nlohmann::json& from, nlohmann::json& to, std::initializer_
     if (auto it = from.find(k); it != from.end() && !it->is_null()) to[k] = *it;
 }
 
+// The number at `key`, or nullopt when absent or not a number.
+std::optional<double> number(const nlohmann::json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_number()) return std::nullopt;
+  return it->get<double>();
+}
+
 }  // namespace
+
+JobHistory::JobHistory(HistoryLimits limits) : limits_(limits), next_seq_(epoch_us()) {}
+
+JobHistory::Job& JobHistory::job_locked(const std::string& id) {
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) {
+    if (jobs_.size() >= limits_.jobs) {
+      // Forget the job that changed longest ago: a finished one, as a rule, not a running one.
+      auto oldest = jobs_.begin();
+      for (auto j = jobs_.begin(); j != jobs_.end(); ++j)
+        if (j->second.touched < oldest->second.touched) oldest = j;
+      jobs_.erase(oldest);
+    }
+    it = jobs_.emplace(id, Job{}).first;
+  }
+  it->second.touched = ++tick_;
+  return it->second;
+}
+
+void JobHistory::on_event(const std::string& event_json) noexcept {
+  try {
+    auto e = nlohmann::json::parse(event_json, nullptr, false);
+    if (!e.is_object()) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    take(e);
+  } catch (const std::exception&) {
+    // A field of an unexpected type (or no memory): the event is not shown, the coordinator goes on.
+  }
+}
+
+void JobHistory::take_step(Job& j, const nlohmann::json& m) {
+  const auto step = m.find("step");
+  const auto loss = number(m, "loss");
+  // A point is a step with a loss; what else a line lacks, the charts leave out.
+  if (step == m.end() || !step->is_number_integer() || !loss) return;
+  Point p;
+  p.seq = ++next_seq_;
+  p.step = step->get<int64_t>();
+  p.loss = *loss;
+  p.generation = static_cast<int64_t>(number(m, "generation").value_or(0));
+  p.lr = number(m, "lr").value_or(0);
+  p.tokens_per_s = number(m, "tokens_per_s").value_or(0);
+  p.step_ms = number(m, "step_ms").value_or(0);
+  if (auto v = number(m, "val_loss")) {
+    p.val_loss = *v;
+    p.has_val_loss = true;
+  }
+  j.points.push_back(p);
+  if (j.points.size() > limits_.points) {
+    // Thin the older half to every other point: the curve keeps its whole span.
+    const size_t half = j.points.size() / 2;
+    std::deque<Point> kept;
+    for (size_t i = 0; i < j.points.size(); ++i)
+      if (i >= half || i % 2 == 0) kept.push_back(j.points[i]);
+    j.points.swap(kept);
+  }
+}
 
 void JobHistory::take(const nlohmann::json& e) {
   const auto job = e.find("job");
   const auto kind_it = e.find("event");
   if (job == e.end() || !job->is_string() || kind_it == e.end() || !kind_it->is_string()) return;
   const std::string& kind = kind_it->get_ref<const std::string&>();
-  Job& j = job_locked(job->get<std::string>());
-
   if (kind == "step") {
     const auto m = e.find("metrics");
-    if (m == e.end() || !m->is_object()) return;
-    nlohmann::json p = nlohmann::json::object();
-    for (const char* k : {"step", "loss", "val_loss", "tokens_per_s", "step_ms", "generation", "lr"})
-      if (auto it = m->find(k); it != m->end() && it->is_number()) p[k] = *it;
-    // A point is a step with a loss; what else a line lacks, the charts leave out.
-    if (!p.contains("step") || !p["step"].is_number_integer() || !p.contains("loss")) return;
-    p["seq"] = j.next_seq++;
-    j.points.push_back(std::move(p));
-    if (j.points.size() > limits_.points) {
-      // Thin the older half to every other point: the curve keeps its whole span.
-      const size_t half = j.points.size() / 2;
-      std::deque<nlohmann::json> kept;
-      for (size_t i = 0; i < j.points.size(); ++i)
-        if (i >= half || i % 2 == 0) kept.push_back(std::move(j.points[i]));
-      j.points.swap(kept);
-    }
+    if (m != e.end() && m->is_object()) take_step(job_locked(job->get<std::string>()), *m);
     return;
   }
   const std::string text = event_text(e);
   if (text.empty()) return;
+  Job& j = job_locked(job->get<std::string>());
   // A job that waits says so on every tick of the coordinator; the timeline keeps the first.
   if (!j.events.empty() && j.events.back().value("message", "") == text) return;
   nlohmann::json entry = {{"event", kind}, {"message", text}};
@@ -93,16 +123,27 @@ void JobHistory::take(const nlohmann::json& e) {
 nlohmann::json JobHistory::job_view(const std::string& id, int64_t after_seq) const {
   nlohmann::json out = {{"metrics", nlohmann::json::array()},
                         {"events", nlohmann::json::array()},
-                        {"checkpoints", nlohmann::json::array()}};
-  out["last_seq"] = 0;
+                        {"checkpoints", nlohmann::json::array()},
+                        {"last_seq", 0}};
   std::lock_guard<std::mutex> lock(mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return out;
-  out["last_seq"] = it->second.next_seq - 1;
-  for (const auto& p : it->second.points)
-    if (p.value("seq", int64_t{0}) > after_seq) out["metrics"].push_back(p);
-  for (const auto& ev : it->second.events) out["events"].push_back(ev);
-  for (const auto& c : it->second.checkpoints) out["checkpoints"].push_back(c);
+  const Job& j = it->second;
+  if (!j.points.empty()) out["last_seq"] = j.points.back().seq;
+  for (const Point& p : j.points) {
+    if (p.seq <= after_seq) continue;
+    nlohmann::json o = {{"seq", p.seq},
+                        {"step", p.step},
+                        {"loss", p.loss},
+                        {"lr", p.lr},
+                        {"step_ms", p.step_ms},
+                        {"tokens_per_s", p.tokens_per_s},
+                        {"generation", p.generation}};
+    if (p.has_val_loss) o["val_loss"] = p.val_loss;
+    out["metrics"].push_back(std::move(o));
+  }
+  for (const auto& ev : j.events) out["events"].push_back(ev);
+  for (const auto& c : j.checkpoints) out["checkpoints"].push_back(c);
   return out;
 }
 
@@ -111,19 +152,22 @@ std::optional<JobHistory::Latest> JobHistory::latest(const std::string& id) cons
   auto it = jobs_.find(id);
   if (it == jobs_.end() || it->second.points.empty()) return std::nullopt;
   const auto& pts = it->second.points;
-  const nlohmann::json& last = pts.back();
+  const Point& last = pts.back();
   Latest l;
-  l.step = last.value("step", int64_t{0});
-  l.loss = last.value("loss", 0.0);
-  l.tokens_per_s = last.value("tokens_per_s", 0.0);
-  l.step_ms = last.value("step_ms", 0.0);
-  const int64_t gen = last.value("generation", int64_t{0});
+  l.step = last.step;
+  l.loss = last.loss;
+  l.tokens_per_s = last.tokens_per_s;
+  l.step_ms = last.step_ms;
+  // The generation's last 20 points, without its first.
   double sum = 0;
   int n = 0;
-  for (auto p = pts.rbegin(); p != pts.rend() && n < 20 && p->value("generation", int64_t{0}) == gen;
-       ++p, ++n)
-    sum += p->value("step_ms", 0.0);
-  l.mean_step_ms = n ? sum / n : l.step_ms;
+  for (auto p = pts.rbegin(); p != pts.rend() && n < 20 && p->generation == last.generation; ++p) {
+    const bool first_of_generation = std::next(p) == pts.rend() || std::next(p)->generation != p->generation;
+    if (first_of_generation || p->step_ms <= 0) continue;
+    sum += p->step_ms;
+    ++n;
+  }
+  l.mean_step_ms = n ? sum / n : 0;
   return l;
 }
 
@@ -146,6 +190,8 @@ std::string prometheus_label(const std::string& v) {
 
 namespace {
 
+using Labels = std::vector<std::pair<const char*, std::string>>;
+
 // One metric family: its HELP and TYPE lines, then its samples.
 class Family {
  public:
@@ -153,7 +199,7 @@ class Family {
       : out_(out), name_(name) {
     out_ << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
   }
-  void sample(const std::vector<std::pair<const char*, std::string>>& labels, double value) {
+  void sample(const Labels& labels, double value) {
     out_ << name_;
     if (!labels.empty()) {
       out_ << "{";
@@ -177,10 +223,11 @@ std::string str(const nlohmann::json& j, const char* key) {
   return it->is_string() ? it->get<std::string>() : it->dump();
 }
 
-double num(const nlohmann::json& j, const char* key) {
-  auto it = j.find(key);
-  return it != j.end() && it->is_number() ? it->get<double>() : 0.0;
-}
+double num(const nlohmann::json& j, const char* key) { return number(j, key).value_or(0.0); }
+
+constexpr JobState kStates[] = {JobState::queued,  JobState::planning,   JobState::launching,
+                                JobState::running, JobState::recovering, JobState::succeeded,
+                                JobState::failed,  JobState::cancelled};
 
 }  // namespace
 
@@ -191,21 +238,16 @@ std::string prometheus_text(const nlohmann::json& list, const std::vector<nlohma
   const nlohmann::json agents = list.value("agents", nlohmann::json::array());
   const nlohmann::json devices = list.value("devices", nlohmann::json::object());
 
+  auto count = [&](JobState st) {
+    int n = 0;
+    for (const auto& j : jobs) n += str(j, "state") == to_string(st) ? 1 : 0;
+    return n;
+  };
   {
     Family f(out, "troupe_jobs", "gauge", "Jobs in the coordinator's table, by state.");
-    for (const char* st :
-         {"queued", "planning", "launching", "running", "recovering", "succeeded", "failed", "cancelled"}) {
-      int n = 0;
-      for (const auto& j : jobs) n += str(j, "state") == st ? 1 : 0;
-      f.sample({{"state", st}}, n);
-    }
+    for (JobState st : kStates) f.sample({{"state", to_string(st)}}, count(st));
   }
-  {
-    Family f(out, "troupe_queue_length", "gauge", "Jobs queued for devices.");
-    int n = 0;
-    for (const auto& j : jobs) n += str(j, "state") == "queued" ? 1 : 0;
-    f.sample({}, n);
-  }
+  Family(out, "troupe_queue_length", "gauge", "Jobs queued for devices.").sample({}, count(JobState::queued));
   Family(out, "troupe_agents", "gauge", "Agents registered.").sample({}, double(agents.size()));
   for (const char* which : {"total", "free"}) {
     const std::string name = std::string("troupe_devices_") + which;
@@ -214,13 +256,6 @@ std::string prometheus_text(const nlohmann::json& list, const std::vector<nlohma
     for (const auto& [kind, d] : devices.items()) f.sample({{"kind", kind}}, num(d, which));
   }
 
-  // Per job: one family at a time over every job (the format wants a family's samples together).
-  auto per_job = [&](const char* name, const char* type, const char* help,
-                     const std::function<std::optional<double>(const nlohmann::json&)>& value) {
-    Family f(out, name, type, help);
-    for (const auto& j : jobs)
-      if (auto v = value(j)) f.sample({{"job", str(j, "id")}, {"name", str(j, "name")}}, *v);
-  };
   {
     Family f(out, "troupe_job_info", "gauge", "A job's state and layout (always 1).");
     for (const auto& j : jobs)
@@ -230,53 +265,68 @@ std::string prometheus_text(const nlohmann::json& list, const std::vector<nlohma
                 {"layout", str(j, "layout")}},
                1);
   }
-  per_job("troupe_job_generation", "gauge", "The job's generation (0 at launch, one more at each relaunch).",
-          [](const nlohmann::json& j) { return num(j, "generation"); });
-  per_job("troupe_job_restarts_total", "counter", "Relaunches caused by failures.",
-          [](const nlohmann::json& j) { return num(j, "restarts"); });
-  per_job("troupe_job_steps_done", "gauge", "Optimizer steps completed.",
-          [](const nlohmann::json& j) { return num(j, "steps_done"); });
-  per_job("troupe_job_steps_total", "gauge", "Optimizer steps the job runs.",
-          [](const nlohmann::json& j) { return num(j, "total_steps"); });
-  auto last = [&](const nlohmann::json& j) { return history.latest(str(j, "id")); };
-  per_job("troupe_job_loss", "gauge", "Training loss of the last step.", [&](const nlohmann::json& j) {
-    auto l = last(j);
-    return l ? std::optional<double>(l->loss) : std::nullopt;
-  });
-  per_job("troupe_job_tokens_per_second", "gauge", "Tokens per second of the last step.",
-          [&](const nlohmann::json& j) {
-            auto l = last(j);
-            return l ? std::optional<double>(l->tokens_per_s) : std::nullopt;
-          });
-  per_job("troupe_job_step_seconds", "gauge", "Duration of the last step (its slowest rank).",
-          [&](const nlohmann::json& j) {
-            auto l = last(j);
-            return l ? std::optional<double>(l->step_ms / 1000.0) : std::nullopt;
-          });
+  // One family at a time over every job (the format wants a family's samples together);
+  // a value of nullopt leaves the job out of that family.
+  using Value =
+      std::optional<double> (*)(const nlohmann::json& job, const std::optional<JobHistory::Latest>&);
+  struct PerJob {
+    const char *name, *type, *help;
+    Value value;
+  };
+  const PerJob per_job[] = {
+      {"troupe_job_generation", "gauge", "The job's generation (0 at launch, one more at each relaunch).",
+       [](const nlohmann::json& j, const auto&) { return number(j, "generation"); }},
+      {"troupe_job_restarts_total", "counter", "Relaunches caused by failures.",
+       [](const nlohmann::json& j, const auto&) { return number(j, "restarts"); }},
+      {"troupe_job_steps_done", "gauge", "Optimizer steps completed.",
+       [](const nlohmann::json& j, const auto&) { return number(j, "steps_done"); }},
+      {"troupe_job_steps_planned", "gauge", "Optimizer steps the job runs.",
+       [](const nlohmann::json& j, const auto&) { return number(j, "total_steps"); }},
+      {"troupe_job_loss", "gauge", "Training loss of the last step.",
+       [](const nlohmann::json&, const auto& l) {
+         return l ? std::optional<double>(l->loss) : std::nullopt;
+       }},
+      {"troupe_job_tokens_per_second", "gauge", "Tokens per second of the last step.",
+       [](const nlohmann::json&, const auto& l) {
+         return l ? std::optional<double>(l->tokens_per_s) : std::nullopt;
+       }},
+      {"troupe_job_step_seconds", "gauge", "Duration of the last step (its slowest rank).",
+       [](const nlohmann::json&, const auto& l) {
+         return l ? std::optional<double>(l->step_ms / 1000.0) : std::nullopt;
+       }},
+  };
+  std::vector<std::optional<JobHistory::Latest>> latest;
+  for (const auto& j : jobs) latest.push_back(history.latest(str(j, "id")));
+  for (const PerJob& m : per_job) {
+    Family f(out, m.name, m.type, m.help);
+    for (size_t i = 0; i < jobs.size(); ++i)
+      if (auto v = m.value(jobs[i], latest[i]))
+        f.sample({{"job", str(jobs[i], "id")}, {"name", str(jobs[i], "name")}}, *v);
+  }
 
+  // Per worker of a live job. What a worker is doing ("where") changes every step, so it is in
+  // the JSON, not a label here: a label that changes makes a new series each time.
+  auto worker_labels = [](const nlohmann::json& job, const nlohmann::json& w) -> Labels {
+    return {{"job", str(job, "id")},
+            {"rank", str(w, "rank")},
+            {"host", str(w, "host")},
+            {"device", str(w, "device")}};
+  };
   {
     Family f(out, "troupe_worker_heartbeat_age_seconds", "gauge",
              "Seconds since the worker last said where it is.");
     for (const auto& j : status)
       for (const auto& w : j.value("workers", nlohmann::json::array()))
-        if (w.contains("heartbeat_age_s"))
-          f.sample({{"job", str(j, "id")},
-                    {"rank", str(w, "rank")},
-                    {"host", str(w, "host")},
-                    {"device", str(w, "device")}},
-                   num(w, "heartbeat_age_s"));
+        if (auto age = number(w, "heartbeat_age_s")) f.sample(worker_labels(j, w), *age);
   }
   {
-    Family f(out, "troupe_worker_info", "gauge", "Where a worker runs and what it last did (always 1).");
+    Family f(out, "troupe_worker_info", "gauge", "Where a worker runs: its host, device and pid (always 1).");
     for (const auto& j : status)
-      for (const auto& w : j.value("workers", nlohmann::json::array()))
-        f.sample({{"job", str(j, "id")},
-                  {"rank", str(w, "rank")},
-                  {"host", str(w, "host")},
-                  {"device", str(w, "device")},
-                  {"pid", str(w, "pid")},
-                  {"where", str(w, "where")}},
-                 1);
+      for (const auto& w : j.value("workers", nlohmann::json::array())) {
+        Labels l = worker_labels(j, w);
+        l.push_back({"pid", str(w, "pid")});
+        f.sample(l, 1);
+      }
   }
   return out.str();
 }

@@ -4,8 +4,8 @@
 //
 //   history.on_event(R"({"event":"step","job":"j-1","metrics":{"step":4,"loss":2.7,...}})");
 //   history.job_view("j-1", 0)
-//     -> {"metrics":[{"seq":1,"step":4,"loss":2.7,...}], "events":[...], "checkpoints":[...],
-//         "last_seq":1}
+//     -> {"metrics":[{"seq":1764590000000001,"step":4,"loss":2.7,...}], "events":[...],
+//         "checkpoints":[...], "last_seq":1764590000000001}
 #pragma once
 
 #include <cstdint>
@@ -15,14 +15,15 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace troupe::coord {
 
 struct HistoryLimits {
   size_t points = 4096;  // metric points per job; beyond, every other older point is dropped
-  size_t events = 500;   // timeline entries per job (the newest)
+  size_t events = 200;   // timeline entries per job (the newest)
   size_t checkpoints = 100;
-  size_t jobs = 256;  // jobs remembered (the oldest forgotten first)
+  size_t jobs = 256;  // jobs remembered (the one updated longest ago forgotten first)
 };
 
 class JobHistory {
@@ -34,29 +35,43 @@ class JobHistory {
   void on_event(const std::string& event_json) noexcept;
 
   // The job's points with seq > after_seq (oldest first), its timeline and checkpoints, and
-  // last_seq, the newest point's seq (0: none; lower than a page's own after a coordinator
-  // restart, when the page starts over); empty arrays for a job it has not seen.
+  // last_seq (its newest point's, 0 when none); empty arrays for a job it has not seen.
+  //
+  // A point's seq is never reused: one counter for every job, starting at this history's
+  // creation time in microseconds since the epoch, so a page that asks after the last seq it
+  // has misses nothing across a relaunch (whose steps go back), a forgotten job seen again,
+  // or a coordinator restarted since.
   nlohmann::json job_view(const std::string& job, int64_t after_seq) const;
 
   struct Latest {
     int64_t step = 0;
     double loss = 0, tokens_per_s = 0, step_ms = 0;
-    double mean_step_ms = 0;  // over the last points of the generation: for the ETA
+    // The mean step time of the generation's last points but its first (which carries the
+    // rendezvous and the first allocations): for the ETA. 0 while there is none.
+    double mean_step_ms = 0;
   };
   std::optional<Latest> latest(const std::string& job) const;
 
  private:
+  struct Point {
+    int64_t seq = 0, step = 0, generation = 0;
+    double loss = 0, lr = 0, tokens_per_s = 0, step_ms = 0, val_loss = 0;
+    bool has_val_loss = false;
+  };
   struct Job {
-    std::deque<nlohmann::json> points, events, checkpoints;
-    int64_t next_seq = 1;
+    std::deque<Point> points;
+    std::deque<nlohmann::json> events, checkpoints;
+    int64_t touched = 0;  // the history's tick when it last changed
   };
   Job& job_locked(const std::string& id);
   void take(const nlohmann::json& e);
+  void take_step(Job& j, const nlohmann::json& metrics);
 
   HistoryLimits limits_;
   mutable std::mutex mu_;
   std::map<std::string, Job> jobs_;
-  std::deque<std::string> order_;  // job ids, first seen first
+  int64_t next_seq_;
+  int64_t tick_ = 0;
 };
 
 // The Prometheus text exposition (version 0.0.4) of the coordinator:

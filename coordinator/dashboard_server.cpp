@@ -5,6 +5,7 @@
 
 #include "coordinator/dashboard.hpp"
 #include "coordinator/http_server.hpp"
+#include "coordinator/job.hpp"
 #include "coordinator/web_assets.hpp"
 #include "core/error.hpp"
 #include "core/hostile_file.hpp"
@@ -37,6 +38,13 @@ nlohmann::json parse_answer(const std::string& text) {
   return j;
 }
 
+// A failed "status": 404 for a job the coordinator does not know, 503 when it did not answer.
+HttpResponse status_error(const nlohmann::json& answer) {
+  const bool unknown = answer.value("error", "") == "unknown_job";
+  return error_response(unknown ? 404 : 503, unknown ? "unknown_job" : "coordinator",
+                        answer.value("message", ""));
+}
+
 // Adds the job's last step (loss, tokens_per_s, step_ms) and, while it runs, its ETA
 // (the steps left at the mean step time of its generation's last points).
 void add_latest(nlohmann::json& j, const JobHistory& history) {
@@ -46,16 +54,8 @@ void add_latest(nlohmann::json& j, const JobHistory& history) {
   j["tokens_per_s"] = l->tokens_per_s;
   j["step_ms"] = l->step_ms;
   const int64_t left = j.value("total_steps", int64_t{0}) - j.value("steps_done", int64_t{0});
-  if (j.value("state", "") == "running" && left >= 0) j["eta_s"] = double(left) * l->mean_step_ms / 1000.0;
-}
-
-// "127.0.0.1:8080" -> "127.0.0.1", "[::1]:80" -> "::1", "localhost" -> "localhost".
-std::string host_of(const std::string& host_header) {
-  if (!host_header.empty() && host_header[0] == '[') {
-    const size_t close = host_header.find(']');
-    return close == std::string::npos ? "" : host_header.substr(1, close - 1);
-  }
-  return host_header.substr(0, host_header.find(':'));
+  if (j.value("state", "") == "running" && left >= 0 && l->mean_step_ms > 0)
+    j["eta_s"] = double(left) * l->mean_step_ms / 1000.0;
 }
 
 }  // namespace
@@ -65,6 +65,11 @@ DashboardServer::DashboardServer(DashboardOptions options, Ask ask)
   HttpOptions h;
   h.listen = opt_.listen;
   h.token = opt_.token;
+  // The page's own files hold no data: off loopback a browser cannot add the token to a
+  // <script src>, so they are served to anyone (the JSON they read is not).
+  for (const char* a : {"/", "/index.html", "/app.js", "/app.css", "/trace.js"}) h.public_paths.push_back(a);
+  // (On loopback the server refuses a request whose Host is not a loopback name: a page of
+  // another site that points its own name at 127.0.0.1 cannot read the dashboard.)
   http_ = std::make_unique<HttpServer>(h, [this](const HttpRequest& r) { return route(r); });
 }
 
@@ -83,11 +88,6 @@ std::string DashboardServer::url() const { return "http://" + address() + "/"; }
 bool DashboardServer::requires_token() const { return http_->requires_token(); }
 
 HttpResponse DashboardServer::route(const HttpRequest& req) {
-  // On loopback no token is asked, so a page of another site that points its own name at
-  // 127.0.0.1 could read the dashboard (DNS rebinding): such a request names that site as its Host.
-  if (!http_->requires_token() && !is_loopback_host(host_of(req.header("host"))))
-    return error_response(421, "wrong_host",
-                          "this dashboard answers on a loopback name only (127.0.0.1, localhost, [::1])");
   const std::string& p = req.path;
   if (const WebAsset* a = find_web_asset(p)) {
     HttpResponse r;
@@ -115,7 +115,7 @@ HttpResponse DashboardServer::jobs() {
   if (!list.value("ok", false)) return error_response(503, "coordinator", list.value("message", ""));
   int queued = 0;
   for (auto& j : list["jobs"]) {
-    queued += j.value("state", "") == "queued" ? 1 : 0;
+    queued += j.value("state", "") == to_string(JobState::queued) ? 1 : 0;
     add_latest(j, *history_);
   }
   list.erase("ok");
@@ -137,27 +137,27 @@ HttpResponse DashboardServer::job(const std::string& id, const std::string& afte
       return error_response(400, "bad_request", "'after' is a point's seq: a whole number >= 0");
   }
   nlohmann::json st = parse_answer(ask_(json_text({{"op", "status"}, {"job", id}})));
-  if (!st.value("ok", false)) {
-    const bool unknown = st.value("error", "") == "unknown_job";
-    return error_response(unknown ? 404 : 503, unknown ? "unknown_job" : "coordinator",
-                          st.value("message", ""));
-  }
+  if (!st.value("ok", false)) return status_error(st);
   nlohmann::json out = history_->job_view(id, after_seq);
   add_latest(st["job"], *history_);
   std::error_code ec;
+  const std::string run_dir = st["job"].value("run_dir", "");
   st["job"]["has_trace"] =
-      std::filesystem::is_regular_file(st["job"].value("run_dir", "") + "/trace/merged.json", ec);
+      !run_dir.empty() &&
+      std::filesystem::is_regular_file(std::filesystem::symlink_status(run_dir + "/trace/merged.json", ec));
   out["job"] = std::move(st["job"]);
   return json_response(200, out);
 }
 
 HttpResponse DashboardServer::trace(const std::string& id) {
   nlohmann::json st = parse_answer(ask_(json_text({{"op", "status"}, {"job", id}})));
-  if (!st.value("ok", false)) return error_response(404, "unknown_job", st.value("message", ""));
+  if (!st.value("ok", false)) return status_error(st);
   const std::string run_dir = st["job"].value("run_dir", "");
-  const std::string path = run_dir + "/trace/merged.json";
+  if (run_dir.empty()) return error_response(404, "no_trace", "job " + id + " has no run directory");
   try {
-    return HttpResponse::json(200, read_regular_file(path, kMaxTraceBytes, "merged trace"));
+    // Not through a link: the file is served to whoever may read the dashboard.
+    return HttpResponse::json(200, read_regular_file(run_dir + "/trace/merged.json", kMaxTraceBytes,
+                                                     "merged trace", Links::refuse));
   } catch (const Error& e) {
     return error_response(
         404, "no_trace",
@@ -171,7 +171,9 @@ HttpResponse DashboardServer::metrics() {
   std::vector<nlohmann::json> live;
   for (const auto& j : list["jobs"]) {
     const std::string state = j.value("state", "");
-    if (state == "succeeded" || state == "failed" || state == "cancelled") continue;
+    if (state == to_string(JobState::succeeded) || state == to_string(JobState::failed) ||
+        state == to_string(JobState::cancelled))
+      continue;
     nlohmann::json st = parse_answer(ask_(json_text({{"op", "status"}, {"job", j.value("id", "")}})));
     if (st.value("ok", false)) live.push_back(std::move(st["job"]));
   }

@@ -3,7 +3,7 @@
 // coordinator the API's "list" and "status" and adds the history it keeps from
 // the events. No CAF here: the CLI and the embedded run include it.
 //
-//   GET /, /app.js, /app.css     the page (served from the binary)
+//   GET /, /app.js, /trace.js, /app.css   the page (served from the binary, to anyone)
 //   GET /api/jobs                the jobs table, agents, devices, queue
 //   GET /api/jobs/<id>?after=N   one job: status, workers, metric points (seq > N), events, checkpoints
 //   GET /api/jobs/<id>/trace     its merged trace (`troupe trace merge`), when there is one
@@ -12,6 +12,7 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 
 namespace troupe::coord {
@@ -56,6 +57,26 @@ class DashboardServer {
   Ask ask_;
   std::unique_ptr<JobHistory> history_;
   std::unique_ptr<HttpServer> http_;
+};
+
+// Hands the coordinator's events (its actor thread) to a dashboard that starts after the
+// coordinator and stops before it. Shared with the event callback, so the callback may
+// outlive the dashboard: after detach() returns, no event reaches the old one.
+class DashboardFeed {
+ public:
+  void attach(DashboardServer* d) {
+    std::lock_guard<std::mutex> lock(mu_);
+    to_ = d;
+  }
+  void detach() { attach(nullptr); }
+  void publish(const std::string& event_json) noexcept {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (to_) to_->on_event(event_json);
+  }
+
+ private:
+  std::mutex mu_;
+  DashboardServer* to_ = nullptr;
 };
 
 }  // namespace troupe::coord

@@ -12,8 +12,9 @@
 
 namespace troupe {
 
-int open_regular_file(const std::string& path, const char* what, uint64_t* size) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+int open_regular_file(const std::string& path, const char* what, uint64_t* size, Links links) {
+  const int fd =
+      ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | (links == Links::refuse ? O_NOFOLLOW : 0));
   require(fd >= 0, path, ": cannot open: ", std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -26,9 +27,9 @@ int open_regular_file(const std::string& path, const char* what, uint64_t* size)
   return fd;
 }
 
-std::string read_regular_file(const std::string& path, uint64_t max_bytes, const char* what) {
+std::string read_regular_file(const std::string& path, uint64_t max_bytes, const char* what, Links links) {
   uint64_t size = 0;
-  const int fd = open_regular_file(path, what, &size);
+  const int fd = open_regular_file(path, what, &size, links);
   if (size > max_bytes) {
     ::close(fd);
     require(false, path, ": is ", size, " bytes; a ", what, " is at most ", max_bytes, " bytes");

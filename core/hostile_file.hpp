@@ -13,11 +13,16 @@ namespace troupe {
 // and refuses anything but a regular file: "<path>: is a directory, not a <what>" or
 // "<path>: not a regular file" (troupe::Error). Returns the descriptor, which the caller
 // closes, and its size in *size.
-int open_regular_file(const std::string& path, const char* what, uint64_t* size);
+//
+// Links::refuse: a symbolic link as the last component is refused too (O_NOFOLLOW) — for a
+// file served to others from a directory other users might write into.
+enum class Links { follow, refuse };
+int open_regular_file(const std::string& path, const char* what, uint64_t* size, Links links = Links::follow);
 
 // The whole of the regular file `path` when it holds at most max_bytes: "<path>: is N bytes;
 // a <what> is at most M bytes", also when it grows past that while being read.
-std::string read_regular_file(const std::string& path, uint64_t max_bytes, const char* what);
+std::string read_regular_file(const std::string& path, uint64_t max_bytes, const char* what,
+                              Links links = Links::follow);
 
 // The deepest nesting of JSON objects and arrays in `text`, outside strings; stops counting
 // once it passes `stop_above` (the caller refuses it anyway).

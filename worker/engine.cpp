@@ -298,8 +298,8 @@ struct Engine::Impl {
   // Opens `sp` as a span of category `cat` when the current step is traced; name() is called
   // only then.
   template <class Name>
-  void open(MaybeSpan& sp, const char* cat, Name&& name) {
-    if (tracer.active()) sp.emplace(tracer, cat, name());
+  void open(MaybeSpan& sp, const char* cat, Name&& name, int track = trace::kEngine) {
+    if (tracer.active()) sp.emplace(tracer, cat, name(), track);
   }
 
   // This pipeline rank's model chunks under the plan, each a tensor shard; with a
@@ -471,8 +471,8 @@ struct Engine::Impl {
     const auto t0 = clock::now();
     const int64_t s = next_step;
     tracer.set_step(s);
-    // (Not while the checkpoint after the window is still being written: its span goes in too.)
-    if (tracer.done() && !writing.load()) write_trace();
+    // (Not while a traced checkpoint is still being written: its span goes in too.)
+    if (tracer.done() && !traced_write.load()) write_trace();
     MaybeSpan step_span;
     open(step_span, "step", [&] { return "step " + std::to_string(s); });
     const int B = spec.train.global_batch;
@@ -680,7 +680,7 @@ struct Engine::Impl {
   // ------------------------------------------------------------------ checkpoints
 
   std::thread writer;
-  std::atomic<bool> writing{false};  // the writer thread runs
+  std::atomic<bool> traced_write{false};  // the writer thread runs a write that is traced
   std::exception_ptr writer_error;
   std::string last_committed;
 
@@ -820,20 +820,20 @@ struct Engine::Impl {
     snap_span.reset();
     const std::string dir = root + "/" + checkpoint::step_dir_name(next_step);
     if (spec.checkpoint.async && (asg.commit_shard || world_size() == 1)) {
-      writing.store(true);
-      writer = std::thread([this, snap] {
-        struct Done {
-          std::atomic<bool>& flag;
-          ~Done() { flag.store(false); }
-        } done{writing};
+      // The write's span (on its own track: it overlaps the steps that follow) is opened here,
+      // on the engine thread, so whether it is traced does not race the next step's set_step.
+      auto span = std::make_shared<MaybeSpan>();
+      open(
+          *span, "checkpoint", [] { return std::string("checkpoint write"); }, trace::kCheckpointWriter);
+      traced_write.store(span->has_value());
+      writer = std::thread([this, snap, span] {
         try {
-          // On its own track: the write overlaps the steps that follow it.
-          MaybeSpan sp;
-          if (tracer.active()) sp.emplace(tracer, "checkpoint", "checkpoint write", trace::kCheckpointWriter);
           last_committed = write_snapshot(*snap);
         } catch (...) {
           writer_error = std::current_exception();
         }
+        span->reset();
+        traced_write.store(false);
       });
     } else {
       set_where("checkpoint step " + std::to_string(next_step) + ": writing");

@@ -62,18 +62,13 @@ int run_job_embedded(const JobSpec& spec, const RunOptions& o) {
     return 1;
   }
   auto inbox = std::make_shared<Inbox>();
-  // Set before the coordinator starts and cleared after it stopped: its events reach the dashboard.
-  std::mutex dash_mu;
-  coord::DashboardServer* dash_ptr = nullptr;
+  auto feed = std::make_shared<coord::DashboardFeed>();  // the coordinator's events to --http's dashboard
   actors::NodeConfig cfg(secret->path());
   caf::actor_system sys{cfg};
   coord::CoordinatorActorOptions copt;
   copt.runs_dir = o.runs_dir;
-  copt.on_event = [inbox, &dash_mu, &dash_ptr](const std::string& e) {
-    {
-      std::lock_guard<std::mutex> lock(dash_mu);
-      if (dash_ptr) dash_ptr->on_event(e);
-    }
+  copt.on_event = [inbox, feed](const std::string& e) {
+    feed->publish(e);
     std::lock_guard<std::mutex> lock(inbox->mu);
     inbox->events.push_back(nlohmann::json::parse(e));
     inbox->cv.notify_all();
@@ -110,12 +105,14 @@ int run_job_embedded(const JobSpec& spec, const RunOptions& o) {
     return out;
   };
   std::unique_ptr<coord::DashboardServer> dash;
+  // However this function ends, the feed lets go of the dashboard before it is destroyed.
+  struct Detach {
+    coord::DashboardFeed& feed;
+    ~Detach() { feed.detach(); }
+  } detach_on_exit{*feed};
   auto finish = [&](int code) {
-    if (dash) {
-      std::lock_guard<std::mutex> lock(dash_mu);
-      dash_ptr = nullptr;
-      dash->stop();
-    }
+    feed->detach();  // first, and not while stopping: the server may be waiting on the coordinator
+    if (dash) dash->stop();
     caf::anon_send(agent, actors::shutdown_atom::value);
     std::unique_lock<std::mutex> lock(inbox->mu);
     inbox->cv.wait_for(lock, std::chrono::seconds(10), [&] { return inbox->agent_stopped; });
@@ -130,8 +127,7 @@ int run_job_embedded(const JobSpec& spec, const RunOptions& o) {
       dash = std::make_unique<coord::DashboardServer>(
           coord::DashboardOptions{o.http, token},
           [&](const std::string& r) { return ask(nlohmann::json::parse(r)).dump(); });
-      std::lock_guard<std::mutex> lock(dash_mu);
-      dash_ptr = dash.get();
+      feed->attach(dash.get());
       std::cout << "troupe run: dashboard " << dash->url()
                 << (dash->requires_token() ? "?token=" + token : "") << std::endl;
     } catch (const std::exception& e) {

@@ -68,6 +68,7 @@ TEST_CASE("the dashboard's endpoints and /metrics follow a job through a worker'
   REQUIRE(one.is_object());
   CHECK(one["job"]["id"] == job);
   CHECK(one["job"]["workers"].size() == 2);
+  CHECK(one["job"]["has_trace"] == false);
   auto& pts = one["metrics"];
   REQUIRE(pts.size() >= 6);
   for (size_t i = 1; i < pts.size(); ++i) {
@@ -75,9 +76,16 @@ TEST_CASE("the dashboard's endpoints and /metrics follow a job through a worker'
     CHECK(pts[i]["step"].get<int64_t>() == pts[i - 1]["step"].get<int64_t>() + 1);
   }
   const int64_t last_seq = pts.back()["seq"];
-  json newer = get_json(http, "/api/jobs/" + job + "?after=" + std::to_string(last_seq));
-  REQUIRE(newer.is_object());
+  json newer;
+  REQUIRE(wait_until(
+      [&] {
+        newer = get_json(http, "/api/jobs/" + job + "?after=" + std::to_string(last_seq));
+        return newer.is_object() && !newer["metrics"].empty();
+      },
+      60s));
   for (const auto& p : newer["metrics"]) CHECK(p["seq"].get<int64_t>() > last_seq);
+  CHECK(newer["last_seq"] == newer["metrics"].back()["seq"]);
+  CHECK(newer["metrics"][0]["step"].get<int64_t>() > pts.back()["step"].get<int64_t>());
   bool saw_running = false;
   for (const auto& e : one["events"]) saw_running = saw_running || e.value("state", "") == "running";
   CHECK(saw_running);

@@ -61,7 +61,7 @@ inline PromText parse_prometheus(const std::string& text) {
   PromText out;
   std::istringstream in(text);
   std::string line, current;
-  std::set<std::string> closed;
+  std::set<std::string> closed, seen;
   int no = 0;
   auto fail = [&](const std::string& why) {
     throw std::runtime_error("line " + std::to_string(no) + ": " + why + ": " + line);
@@ -139,6 +139,9 @@ inline PromText parse_prometheus(const std::string& text) {
     }
     if (!out.types.count(s.name)) fail("sample before its TYPE");
     if (closed.count(s.name) || s.name != current) fail("samples of a family are split");
+    std::string series = s.name;
+    for (const auto& [k, v] : s.labels) series += "\x1f" + k + "=" + v;
+    if (!seen.insert(series).second) fail("the same series twice");
     out.samples.push_back(std::move(s));
   }
   return out;
