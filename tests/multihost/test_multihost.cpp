@@ -122,6 +122,60 @@ TEST_CASE("a 2x2x1 job across two hosts trains the loss curve of one host", "[mu
   check_same_curve(across_hosts_curve(c, spec), want, kSteps);
 }
 
+// The hosts of a status's workers.
+std::set<std::string> worker_hosts(const nlohmann::json& st) {
+  std::set<std::string> hosts;
+  for (const auto& w : st["workers"]) hosts.insert(w["host"].get<std::string>());
+  return hosts;
+}
+
+TEST_CASE("a host whose link goes down mid-job: the job recovers on the other host and trains on",
+          "[multihost][fault]") {
+  NetnsCluster c;
+  REQUIRE(c.ready());
+  INFO("cluster dir " << c.dir());
+  c.add_agent(1, "cpu:1");
+  c.add_agent(2, "cpu:1");
+  REQUIRE(c.wait_devices(2));
+  const std::string job = c.call(
+      {{"op", "submit"},
+       {"spec", fault_spec("linkcut", 2, testing::kEndlessSteps, 5, "fault:\n  max_restarts: 3\n")}})["job"];
+  // Generation 0 across h1 and h2, past its first checkpoint.
+  REQUIRE(c.wait_state(
+      job, [](const nlohmann::json& s) { return s["state"] == "running" && s["steps_done"] >= 8; }, 120s));
+  REQUIRE(c.status(job)["generation"] == 0);
+  REQUIRE(worker_hosts(c.status(job)) == std::set<std::string>{"h1", "h2"});
+  // A spare device on h1 for the relaunch: a second agent there, started only now so
+  // that generation 0 was placed across the hosts.
+  c.add_agent(1, "cpu:1");
+  REQUIRE(c.wait_devices(3));
+
+  const int64_t before = c.status(job)["steps_done"];
+  c.net().run_in_host(2, "ip link set eth0 down");
+  // The coordinator loses h2 (no packet answers: its connections time out), relaunches
+  // on h1 from a checkpoint, and the new generation trains past where the cut left it.
+  REQUIRE(c.wait_state(
+      job,
+      [&](const nlohmann::json& s) {
+        return s["state"] == "running" && s["generation"] >= 1 && s["steps_done"] >= before + 5;
+      },
+      180s));
+  const auto st = c.status(job);
+  INFO(st.dump(1));
+  REQUIRE(st["failures"].size() >= 1);
+  CHECK(st["layout"] == "2x1x1");
+  CHECK(resume_step(st) >= 5);
+  CHECK(worker_hosts(st) == std::set<std::string>{"h1"});
+  const std::string run_dir = st["run_dir"], gen = "g" + st["generation"].dump();
+  for (const auto& w : st["workers"])
+    CHECK(read_file(run_dir + "/workers/" + w["rank"].dump() + "." + gen + ".log")
+              .find("data plane: " + Netns::address(1) + "\n") != std::string::npos);
+
+  REQUIRE(c.call({{"op", "cancel"}, {"job", job}})["ok"] == true);
+  CHECK(c.wait_state(
+      job, [](const nlohmann::json& s) { return s["state"] == "cancelled"; }, 60s));
+}
+
 }  // namespace
 }  // namespace troupe::test
 
