@@ -41,8 +41,8 @@ inline std::string ip_binary() {
   return !path.empty() && path[0] == '/' ? path : "";
 }
 
-// Why this process cannot make network namespaces, "" when it can: it makes one
-// (trp<pid>probe) and removes it.
+// Why this process cannot make network namespaces and run in them, "" when it can:
+// it makes one (trp<pid>probe), runs in it and removes it.
 inline std::string netns_unavailable() {
   if (geteuid() != 0) return "not root (uid " + std::to_string(geteuid()) + ")";
   if (ip_binary().empty()) return "no `ip` command (iproute2) on the PATH";
@@ -50,8 +50,11 @@ inline std::string netns_unavailable() {
   const std::string probe = "trp" + std::to_string(getpid()) + "probe";
   auto r = testing::run_command("ip netns add " + probe);
   if (r.code != 0) return "`ip netns add " + probe + "` failed: " + r.out;
+  // Entering one (it remounts /sys) and a UTS namespace of its own can fail apart.
+  const std::string enter = "ip netns exec " + probe + " unshare --uts true";
+  r = testing::run_command(enter);
   testing::run_command("ip netns del " + probe);
-  return "";
+  return r.code == 0 ? "" : "`" + enter + "` failed: " + r.out;
 }
 
 // Deletes the namespaces trp<pid>* of pids that are no longer alive.
