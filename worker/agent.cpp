@@ -57,6 +57,10 @@ int32_t start_worker(self_ptr self, const LaunchRequest& r) {
                                    "--rank",        std::to_string(r.rank),
                                    "--device",      r.device,
                                    "--secret-file", o.secret_file};
+  if (!o.data_interface.empty()) {
+    args.push_back("--data-interface");
+    args.push_back(o.data_interface);
+  }
   if (o.worker_protocol_override) {
     args.push_back("--protocol-version-override");
     args.push_back(std::to_string(o.worker_protocol_override));

@@ -24,7 +24,8 @@ struct AgentActorOptions {
   std::string coordinator_address;   // "host:port" handed to the workers
   std::vector<std::string> devices;  // "cpu:0", ...
   std::string worker_binary = "/proc/self/exe";
-  std::string secret_file;  // the cluster secret, handed to every worker it starts
+  std::string secret_file;     // the cluster secret, handed to every worker it starts
+  std::string data_interface;  // handed to every worker it starts ("" = none given)
   int protocol = actors::kProtocolVersion;
   int worker_protocol_override = 0;  // tests: start workers that claim another version
   // Called once when the agent stops: a code (0 shut down, 1 refused, kAgentLostCoordinator) and why.

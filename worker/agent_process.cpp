@@ -12,6 +12,7 @@
 #include "actors/system.hpp"
 #include "core/error.hpp"
 #include "worker/agent.hpp"
+#include "worker/data_address.hpp"
 #include "worker/node.hpp"
 
 namespace troupe::worker {
@@ -97,6 +98,7 @@ Session serve(const AgentOptions& o, const std::vector<std::string>& devices,
   aopt.devices = devices;
   aopt.worker_binary = o.worker_binary;
   aopt.secret_file = o.secret_file;
+  aopt.data_interface = o.data_interface;
   if (o.protocol_override) aopt.protocol = o.protocol_override;
   aopt.worker_protocol_override = o.worker_protocol_override;
   aopt.on_stop = [&](int c, const std::string& w) {
@@ -154,6 +156,7 @@ int run_agent(const AgentOptions& o) {
     devices = expand_devices(o.devices);
     addr = actors::parse_host_port(o.coordinator);
     actors::check_secret(o.secret_file);
+    if (!o.data_interface.empty()) interface_address(o.data_interface);
   } catch (const Error& e) {
     std::cerr << "troupe agent: " << e.what() << "\n";
     return 2;

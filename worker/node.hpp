@@ -15,6 +15,9 @@ struct AgentOptions {
   int worker_protocol_override = 0;  // hidden: start workers that claim another version
   // After losing the coordinator, how long to keep reconnecting (backoff 100 ms doubling to 2 s).
   double reconnect_timeout_s = 60;
+  // The data plane's interface name or IPv4 address, handed to every worker; "" = the
+  // source address of the route toward the coordinator (worker/data_address.hpp).
+  std::string data_interface;
 };
 
 // "cpu:4" -> cpu:0..cpu:3; "cuda:all" -> every GPU the driver lists; "cuda:0,2" -> cuda:0, cuda:2.
@@ -28,7 +31,8 @@ std::vector<std::string> expand_devices(const std::string& spec);
 // coordinator it exits (1). The first connection is not retried: a wrong
 // address is retried with the same backoff for up to reconnect_timeout_s, so an
 // agent may start before its coordinator listens. A secret that does not pass
-// check_secret() is a usage error (2); a coordinator that refuses the TLS
+// check_secret() is a usage error (2), and so is a data_interface that names no
+// interface or address of this host; a coordinator that refuses the TLS
 // handshake (another secret) looks like one that is not there.
 int run_agent(const AgentOptions& options);
 
@@ -40,6 +44,7 @@ struct WorkerOptions {
   std::string device;
   std::string secret_file;
   int protocol_override = 0;
+  std::string data_interface;  // as AgentOptions::data_interface
 };
 
 // Connects, asks for its assignment, trains on an engine thread while the

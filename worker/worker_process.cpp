@@ -19,6 +19,7 @@
 #include "core/spec.hpp"
 #include "worker/agent.hpp"
 #include "worker/coordinator_store.hpp"
+#include "worker/data_address.hpp"
 #include "worker/engine.hpp"
 #include "worker/failure.hpp"
 #include "worker/node.hpp"
@@ -225,8 +226,10 @@ int run_worker(const WorkerOptions& o) {
   std::cout << "troupe worker: job " << o.job_id << " generation " << o.generation << " rank " << o.rank
             << " on " << o.device << " (pid " << getpid() << ")" << std::endl;
   std::pair<std::string, uint16_t> addr;
+  std::string data_address;
   try {
     addr = parse_host_port(o.coordinator);
+    data_address = data_plane_address(addr.first, o.data_interface);
   } catch (const Error& e) {
     std::cerr << "troupe worker: " << e.what() << "\n";
     return 2;
@@ -276,12 +279,13 @@ int run_worker(const WorkerOptions& o) {
   std::cout << "assignment: " << a.place << " of layout " << plan::Layout{a.dp, a.pp, a.tp}.str()
             << std::endl;
 
+  // On one host the ranks talk over loopback; across hosts over the address the
+  // coordinator reaches this host by, unless the agent named one.
+  std::cout << "data plane: " << data_address << std::endl;
+
   WorkerResult result;
-  // On one host the ranks talk over loopback; across hosts over this host's name.
-  bool loopback = addr.first == "localhost" || addr.first.rfind("127.", 0) == 0;
   auto store = make_coordinator_store(sys, *coord, a.job_id, a.generation);
-  std::thread engine_thread(
-      [&] { result = train(a, *coord, self_actor, *control, store, loopback ? "127.0.0.1" : host_name()); });
+  std::thread engine_thread([&] { result = train(a, *coord, self_actor, *control, store, data_address); });
   engine_thread.join();
   if (!result.ok) std::cerr << "troupe worker: " << result.error_name << ": " << result.message << std::endl;
 
