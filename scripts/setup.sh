@@ -25,8 +25,9 @@ packages=(
   python3 python3-zmq python3-numpy fortunes procps
 )
 # Only the tests need these: the PyTorch reference forwards (tests/checkpoint/hf_reference.py),
-# and the browser that Node drives through the dashboard (tests/browser/).
-test_packages=(python3-torch chromium nodejs)
+# the browser that Node drives through the dashboard (tests/browser/), and a one-host Slurm
+# (slurmctld, slurmd, munged) that runs docs/deploy.md's sbatch script (tests/slurm/).
+test_packages=(python3-torch chromium nodejs slurm-wlm munge)
 if [ "$mode" = test ]; then packages+=("${test_packages[@]}"); fi
 
 missing=()
