@@ -1,6 +1,8 @@
 // Network faults on the namespace cluster (netns.hpp): a partition that heals after
 // the job recovered without the cut-off host, and links slowed or made lossy with
 // netem. Every wait is bounded as a failure guard; no test asserts a duration.
+#include <signal.h>
+
 #include <catch2/catch.hpp>
 #include <iostream>
 #include <set>
@@ -100,84 +102,140 @@ void check_checkpoints_after_cut(const std::string& run_dir, int64_t resumed_fro
   CHECK(relaunched);
 }
 
-TEST_CASE("a healed partition: the cut-off host's old workers stay gone and its agent registers afresh",
-          "[multihost][fault]") {
-  NetnsCluster c;
-  REQUIRE(c.ready());
-  INFO("cluster dir " << c.dir());
+// A checkpointed endless 2x1x1 job across h1 and h2 whose h2 link is cut, recovered on h1.
+// A second agent on h1 gives the relaunch its device; it starts only after generation 0
+// was placed across the hosts (as in the link-cut test).
+struct Partitioned {
+  std::string job;
+  std::string h2_agent;          // h2's agent id before the cut
+  int h2_agent_pid = 0;          // and its process
+  std::set<int> old_h1, old_h2;  // generation 0's worker pids per host
+  nlohmann::json recovered;      // the status once the relaunch trained past the cut
+  int generation = 0;            // the relaunch's
+};
+
+// `before_cut` runs just before h2's link goes down (generation 0 running on both hosts).
+Partitioned partition(NetnsCluster& c, const std::string& name,
+                      const std::function<void(Partitioned&)>& before_cut) {
+  Partitioned p;
   c.add_agent(1, "cpu:1");
   c.add_agent(2, "cpu:1");
   REQUIRE(c.wait_devices(2));
   const auto h2_agents = agents_on(c, "h2");
   REQUIRE(h2_agents.size() == 1);
-  const std::string h2_agent = h2_agents[0]["id"];
-  const int h2_agent_pid = h2_agents[0]["pid"];
-
-  const std::string job = c.call(
+  p.h2_agent = h2_agents[0]["id"];
+  p.h2_agent_pid = h2_agents[0]["pid"];
+  p.job = c.call(
       {{"op", "submit"},
-       {"spec", fault_spec("heal", 2, testing::kEndlessSteps, 5, "fault:\n  max_restarts: 3\n")}})["job"];
-  // Generation 0 across h1 and h2, past its first checkpoint (as in the link-cut test).
+       {"spec", fault_spec(name, 2, testing::kEndlessSteps, 5, "fault:\n  max_restarts: 3\n")}})["job"];
   REQUIRE(c.wait_state(
-      job, [](const nlohmann::json& s) { return s["state"] == "running" && s["steps_done"] >= 8; }, 120s));
-  const auto gen0 = c.status(job);
+      p.job, [](const nlohmann::json& s) { return s["state"] == "running" && s["steps_done"] >= 8; }, 120s));
+  const auto gen0 = c.status(p.job);
   REQUIRE(gen0["generation"] == 0);
-  const std::set<int> old_h2 = pids_on(gen0, "h2"), old_h1 = pids_on(gen0, "h1");
-  REQUIRE(old_h2.size() == 1);
-  REQUIRE(old_h1.size() == 1);
+  p.old_h2 = pids_on(gen0, "h2");
+  p.old_h1 = pids_on(gen0, "h1");
+  REQUIRE(p.old_h2.size() == 1);
+  REQUIRE(p.old_h1.size() == 1);
   c.add_agent(1, "cpu:1");
   REQUIRE(c.wait_devices(3));
 
-  // The cut: the job recovers on h1 and trains past it.
-  const int64_t before = c.status(job)["steps_done"];
+  before_cut(p);
+  const int64_t before = c.status(p.job)["steps_done"];
   c.net().run_in_host(2, "ip link set eth0 down");
   REQUIRE(c.wait_state(
-      job,
+      p.job,
       [&](const nlohmann::json& s) {
         return s["state"] == "running" && s["generation"] >= 1 && s["steps_done"] >= before + 5;
       },
       180s));
-  const auto recovered = c.status(job);
-  INFO(recovered.dump(1));
-  REQUIRE(hosts_of(recovered) == std::set<std::string>{"h1"});
-  const int generation = recovered["generation"];
-  // h2's agent, cut off from the coordinator, has SIGKILLed and reaped its workers of
-  // generation 0 (they would find their generation ended anyway); h1's was aborted.
-  CHECK(wait_until([&] { return all_gone(old_h2); }, 30s));
-  CHECK(wait_until([&] { return all_gone(old_h1); }, 30s));
+  p.recovered = c.status(p.job);
+  INFO(p.recovered.dump(1));
+  REQUIRE(hosts_of(p.recovered) == std::set<std::string>{"h1"});
+  p.generation = p.recovered["generation"];
+  return p;
+}
 
-  // The heal. The agent process kept running and reconnects: the coordinator dropped its
-  // old registration with the cut (agent_lost), so it comes back under a new agent id, the
-  // same pid, its device free; the running job does not take it (it is at its planned size).
-  c.net().run_in_host(2, "ip link set eth0 up");
+// After the heal: h2's agent process (the same pid) is registered again under a new agent
+// id, its device free (the coordinator dropped the old registration with the cut:
+// agent_lost; the job at its planned size does not take the device); the job trains on in
+// the same generation on h1, without a new failure; then it is cancelled, its workers
+// gone, and its metrics and checkpoints hold nothing of generation 0 after the cut.
+void check_healed(NetnsCluster& c, const Partitioned& p) {
   REQUIRE(wait_until(
-      [&] { return agents_on(c, "h2").size() == 1 && agents_on(c, "h2")[0]["id"] != h2_agent; }, 90s));
+      [&] {
+        const auto a = agents_on(c, "h2");
+        return a.size() == 1 && a[0]["id"] != p.h2_agent;
+      },
+      90s));
   const auto again = agents_on(c, "h2")[0];
   INFO(again.dump());
-  CHECK(again["pid"] == h2_agent_pid);
+  CHECK(again["pid"] == p.h2_agent_pid);
   REQUIRE(again["devices"].size() == 1);
   CHECK(again["devices"][0]["job"] == "");
   CHECK(c.call({{"op", "list"}})["devices"]["cpu"]["total"] == 3);
+  CHECK(wait_until([&] { return all_gone(p.old_h2) && all_gone(p.old_h1); }, 30s));
 
-  // The job trains on in the same generation, on h1 only; nothing of generation 0 came back.
-  const int64_t healed = c.status(job)["steps_done"];
+  const int64_t healed = c.status(p.job)["steps_done"];
   REQUIRE(c.wait_state(
-      job,
+      p.job,
       [&](const nlohmann::json& s) {
-        return s["state"] == "running" && s["generation"] == generation && s["steps_done"] >= healed + 5;
+        return s["state"] == "running" && s["generation"] == p.generation && s["steps_done"] >= healed + 5;
       },
       120s));
-  const auto st = c.status(job);
+  const auto st = c.status(p.job);
+  INFO(st.dump(1));
   CHECK(hosts_of(st) == std::set<std::string>{"h1"});
+  CHECK(st["failures"].size() == p.recovered["failures"].size());
   const std::set<int> last = pids_on(st, "h1");
-  CHECK(all_gone(old_h2));
 
-  REQUIRE(c.call({{"op", "cancel"}, {"job", job}})["ok"] == true);
+  REQUIRE(c.call({{"op", "cancel"}, {"job", p.job}})["ok"] == true);
   REQUIRE(c.wait_state(
-      job, [](const nlohmann::json& s) { return s["state"] == "cancelled"; }, 60s));
+      p.job, [](const nlohmann::json& s) { return s["state"] == "cancelled"; }, 60s));
   CHECK(wait_until([&] { return all_gone(last); }, 15s));
   const std::string run_dir = st["run_dir"];
-  check_metrics_by_generation(run_dir, generation);
-  check_checkpoints_after_cut(run_dir, resume_step(recovered));
+  check_metrics_by_generation(run_dir, p.generation);
+  check_checkpoints_after_cut(run_dir, resume_step(p.recovered));
+}
+
+TEST_CASE("a healed partition: the cut-off host's old workers stay gone and its agent registers afresh",
+          "[multihost][fault]") {
+  NetnsCluster c;
+  REQUIRE(c.ready());
+  INFO("cluster dir " << c.dir());
+  const Partitioned p = partition(c, "heal", [](Partitioned&) {});
+  // h2's agent, cut off from the coordinator, SIGKILLed and reaped its workers of
+  // generation 0 already, before the link is back; h1's was aborted by the recovery.
+  CHECK(wait_until([&] { return all_gone(p.old_h2); }, 30s));
+  c.net().run_in_host(2, "ip link set eth0 up");
+  check_healed(c, p);
+}
+
+TEST_CASE("a frozen host partitioned and healed: its old worker, thawed, does not come back into the job",
+          "[multihost][fault]") {
+  NetnsCluster c;
+  REQUIRE(c.ready());
+  INFO("cluster dir " << c.dir());
+  // h2's agent and worker stopped before the cut (a host that stalls and drops off the
+  // network): neither notices the cut, so the old worker is still there after the heal.
+  const Partitioned p = partition(c, "frozen", [](Partitioned& q) {
+    REQUIRE(::kill(q.h2_agent_pid, SIGSTOP) == 0);
+    REQUIRE(::kill(*q.old_h2.begin(), SIGSTOP) == 0);
+  });
+  const int old_worker = *p.old_h2.begin();
+  REQUIRE(process_alive(old_worker));
+  c.net().run_in_host(2, "ip link set eth0 up");
+  // The worker first, alone: it resumes mid-step of generation 0, with its job's
+  // generation ended and its connections dropped by the coordinator.
+  REQUIRE(::kill(old_worker, SIGCONT) == 0);
+  const int64_t thawed = c.status(p.job)["steps_done"];
+  CHECK(c.wait_state(
+      p.job,
+      [&](const nlohmann::json& s) {
+        return s["state"] == "running" && s["generation"] == p.generation && s["steps_done"] >= thawed + 5;
+      },
+      60s));
+  REQUIRE(::kill(p.h2_agent_pid, SIGCONT) == 0);
+  check_healed(c, p);
 }
 
 // A failed job's cause is one core/failure.hpp names.
