@@ -16,6 +16,9 @@
 // The coordinator runs in h0, listening on 10.77.0.1; its client API is on ipc://
 // sockets in the cluster's directory, which the test process (in the root
 // namespace) reaches as a unix socket in the shared filesystem.
+//
+// Faults on the network are made from outside: `ip link set eth0 down|up` in a host
+// (run_in_host) cuts and heals it; Netns::netem delays or drops what a host sends.
 #pragma once
 
 #include <regex>
