@@ -16,6 +16,9 @@
 // The coordinator runs in h0, listening on 10.77.0.1; its client API is on ipc://
 // sockets in the cluster's directory, which the test process (in the root
 // namespace) reaches as a unix socket in the shared filesystem.
+//
+// Faults on the network are made from outside: `ip link set eth0 down|up` in a host
+// (run_in_host) cuts and heals it; Netns::netem delays or drops what a host sends.
 #pragma once
 
 #include <regex>
@@ -55,6 +58,20 @@ inline std::string netns_unavailable() {
   r = testing::run_command(enter);
   testing::run_command("ip netns del " + probe);
   return r.code == 0 ? "" : "`" + enter + "` failed: " + r.out;
+}
+
+// Why links cannot be slowed with netem (iproute2's `tc`, the kernel's sch_netem), ""
+// when they can: a probe namespace (trp<pid>probe) takes a netem qdisc on its loopback.
+// Call it after netns_unavailable() found namespaces usable.
+inline std::string netem_unavailable() {
+  if (testing::run_command("command -v tc").code != 0) return "no `tc` command (iproute2) on the PATH";
+  const std::string probe = "trp" + std::to_string(getpid()) + "probe";
+  auto r = testing::run_command("ip netns add " + probe);
+  if (r.code != 0) return "`ip netns add " + probe + "` failed: " + r.out;
+  const std::string add = "ip netns exec " + probe + " tc qdisc add dev lo root netem delay 1ms";
+  r = testing::run_command(add);
+  testing::run_command("ip netns del " + probe);
+  return r.code == 0 ? "" : "`" + add + "` failed (no sch_netem module?): " + r.out;
 }
 
 // Deletes the namespaces trp<pid>* of pids that are no longer alive.
@@ -116,6 +133,14 @@ class Netns {
   std::string run_in_host(int i, const std::string& command) const {
     return must_run("ip netns exec " + host(i) + " " + command);
   }
+  // Shapes what host i sends out of its eth0 with netem (`tc ... netem <params>`:
+  // "delay 20ms loss 1%"), in place of an earlier setting; both directions of every
+  // connection of the host go through it (its packets out, the acks of what it gets).
+  void netem(int i, const std::string& params) const {
+    run_in_host(i, "tc qdisc replace dev eth0 root netem " + params);
+  }
+  // Takes host i's netem setting off again (its eth0 back to the default qdisc).
+  void clear_netem(int i) const { run_in_host(i, "tc qdisc del dev eth0 root"); }
 
  private:
   std::string name(const std::string& suffix) const { return prefix_ + suffix; }

@@ -7,40 +7,13 @@
 #include <map>
 #include <set>
 
-#include "tests/fault/fault.hpp"
-#include "tests/multihost/netns.hpp"
+#include "tests/multihost/curves.hpp"
 #include "worker/data_address.hpp"
 
 namespace troupe::test {
 namespace {
 
 using namespace std::chrono_literals;
-
-// A layout file of configs/layouts, renamed, with `steps` steps.
-std::string layout_spec(const std::string& layout, const std::string& name, int steps) {
-  std::string s = read_file(std::string(TROUPE_SOURCE_DIR) + "/configs/layouts/" + layout + ".yaml");
-  auto replace = [&](const std::string& from, const std::string& to) {
-    auto p = s.find(from);
-    if (p != std::string::npos) s.replace(p, from.size(), to);
-  };
-  replace("\nname: ", "\nname: " + name + "-");  // the file's name stays as a suffix
-  replace("steps: 10", "steps: " + std::to_string(steps));
-  return s;
-}
-
-// The loss curve of `spec` on one host: a loopback cluster, one agent with `devices`.
-std::map<int64_t, double> one_host_curve(const std::string& spec, int devices) {
-  Cluster c;
-  REQUIRE(c.ready());
-  c.add_agent("cpu:" + std::to_string(devices));
-  REQUIRE(c.wait_devices(devices));
-  const std::string job = c.call({{"op", "submit"}, {"spec", spec}})["job"];
-  REQUIRE(c.wait_state(job, "succeeded", 180s));
-  const std::string run_dir = c.status(job)["run_dir"];
-  // One host: the data plane stays on loopback.
-  CHECK(read_file(run_dir + "/workers/0.log").find("data plane: 127.0.0.1\n") != std::string::npos);
-  return loss_curve(run_dir);
-}
 
 // Runs `spec` to the end on `c` and checks where its ranks ran: every worker on h1 or
 // h2 (both used), its log naming that host's address as its data plane.
@@ -66,17 +39,6 @@ std::map<int64_t, double> across_hosts_curve(NetnsCluster& c, const std::string&
   }
   CHECK(hosts.size() == 2);
   return loss_curve(run_dir);
-}
-
-void check_same_curve(const std::map<int64_t, double>& got, const std::map<int64_t, double>& want,
-                      int steps) {
-  REQUIRE(want.size() == size_t(steps));
-  REQUIRE(got.size() == want.size());
-  for (const auto& [step, loss] : want) {
-    INFO("step " << step);
-    REQUIRE(got.count(step) == 1);
-    CHECK(std::abs(got.at(step) - loss) <= 1e-6);
-  }
 }
 
 TEST_CASE("the data-plane address is the route's source or the named interface's", "[multihost]") {
