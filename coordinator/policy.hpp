@@ -32,8 +32,9 @@ FailureVerdict judge_failure(const Job& job, FailureCause cause, const std::stri
 bool repeats_setup_failure(const Job& job, FailureCause cause, const std::string& message);
 // "rank 12: no such file" -> "no such file"; any other text is returned as it is.
 std::string without_rank(const std::string& message);
-// The wait before restart number `restart` (1, 2, ...): fault.restart_backoff
-// (`first_ms`), doubled with each restart, at most 8 s.
+// The wait before the `restart`-th restart in a row (1, 2, ...) of generations that failed
+// before their first step (Job::crash_streak; a generation that trained starts again at 1):
+// fault.restart_backoff (`first_ms`), doubled with each, at most 8 s.
 //   first 250 ms: 250, 500, 1000, ..., 8000, 8000
 double restart_backoff_ms(double first_ms, int restart);
 

@@ -78,7 +78,11 @@ struct Job {
   int64_t control_messages = 0;                                 // worker -> coordinator messages of this job
   double submitted_ms = 0, first_step_ms = 0, finished_ms = 0;  // since the epoch
   // Recovery and elasticity.
-  int restarts = 0;                      // relaunches caused by failures
+  int restarts = 0;  // relaunches caused by failures
+  // Failures in a row of generations that never completed a step: the restart backoff's
+  // exponent. A generation that trained resets it, so a long job's occasional failure
+  // waits fault.restart_backoff again, and only a crash loop waits longer and longer.
+  int crash_streak = 0;
   std::string resume_from;               // checkpoint of the current generation ("" = fresh)
   int target_dp = 0;                     // data size wanted at the next relaunch (0 = layout.dp)
   double relaunch_at_ms = 0;             // recovering: not before (backoff)

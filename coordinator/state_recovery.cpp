@@ -49,12 +49,13 @@ void CoordinatorState::on_failure(Job& job, FailureCause cause, const std::strin
     return;
   }
   ++job.restarts;
+  job.crash_streak = job.stepped ? 1 : job.crash_streak + 1;
   // Every survivor aborts its communicators now, so none waits for a timeout.
   end_generation(job, JobState::recovering,
                  name + ": " + message + "; restart " + std::to_string(job.restarts) + " of " +
                      std::to_string(job.request.max_restarts),
                  "generation " + std::to_string(job.generation) + " aborted: " + name,
-                 now_ms() + restart_backoff_ms(job.request.restart_backoff_ms, job.restarts), out);
+                 now_ms() + restart_backoff_ms(job.request.restart_backoff_ms, job.crash_streak), out);
 }
 
 void CoordinatorState::try_relaunch(Job& job, double now, Actions* out) {

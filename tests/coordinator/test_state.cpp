@@ -423,6 +423,42 @@ TEST_CASE("recovery: a killed rank aborts every survivor and relaunches generati
   CHECK(r.j().state == JobState::running);
 }
 
+TEST_CASE(
+    "recovery: the backoff doubles over generations that fail before a step and starts again after one "
+    "trains",
+    "[recovery]") {
+  Running r(1, 1, elastic(10));
+  int n = 0;
+  // Fails the current generation (after a step when `trained`) and relaunches it; true when
+  // its relaunch was set `backoff_ms` after the failure (the failure's own clock reading lies
+  // between the two read here).
+  auto waits = [&](bool trained, double backoff_ms) {
+    Actions a;
+    if (trained)
+      r.f.st.step(r.job, r.j().generation, StepSample{0, r.j().last_step + 1, 2.0, 1e-3, 64, 10.0, 1.0, {}},
+                  &a);
+    const double before = now_ms();
+    // (Each failure its own: the same one twice before a step is a setup error, not restarted.)
+    r.f.st.worker_failed(r.job, r.j().generation, 0, FailureCause::engine_error,
+                         "kernel failed " + std::to_string(++n), &a);
+    const double after = now_ms();
+    REQUIRE(r.j().state == JobState::recovering);
+    const double at = r.j().relaunch_at_ms;
+    Actions t;
+    r.f.st.tick(at + 1, &t);
+    REQUIRE(r.j().state == JobState::launching);
+    r.register_all();
+    REQUIRE(r.j().state == JobState::running);
+    return at >= before + backoff_ms && at <= after + backoff_ms;
+  };
+  // 100 ms first (elastic() sets it), then 200, 400 while no generation steps ...
+  CHECK(waits(true, 100));
+  CHECK(waits(false, 200));
+  CHECK(waits(false, 400));
+  // ... and 100 ms again once one has trained.
+  CHECK(waits(true, 100));
+}
+
 TEST_CASE("recovery: without a checkpoint the relaunch starts from scratch (or the submitted resume)",
           "[recovery]") {
   Running r(1, 1, elastic(1));
