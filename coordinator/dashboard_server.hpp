@@ -69,6 +69,12 @@ class DashboardFeed {
     to_ = d;
   }
   void detach() { attach(nullptr); }
+  // Declared after the dashboard it guards: however the scope ends, the feed lets go of the
+  // dashboard before the dashboard is destroyed.
+  struct DetachOnExit {
+    DashboardFeed& feed;
+    ~DetachOnExit() { feed.detach(); }
+  };
   void publish(const std::string& event_json) noexcept {
     std::lock_guard<std::mutex> lock(mu_);
     if (to_) to_->on_event(event_json);

@@ -65,7 +65,7 @@ int run_coordinator(const CoordinatorOptions& o) {
 
   std::mutex api_mu;
   ApiServer* api_ptr = nullptr;
-  DashboardServer* dash_ptr = nullptr;
+  auto feed = std::make_shared<DashboardFeed>();  // the events to --http's dashboard
   CoordinatorActorOptions copt;
   copt.runs_dir = o.runs_dir;
   copt.state_dir = o.state_dir;
@@ -73,7 +73,7 @@ int run_coordinator(const CoordinatorOptions& o) {
   copt.on_event = [&](const std::string& e) {
     std::lock_guard<std::mutex> lock(api_mu);
     if (api_ptr) api_ptr->publish(e);
-    if (dash_ptr) dash_ptr->on_event(e);
+    feed->publish(e);
   };
   auto coord = spawn_coordinator(sys, copt);
   caf::actor_cast<caf::abstract_actor*>(coord)->attach_functor([&sys](const caf::error& reason) {
@@ -105,6 +105,7 @@ int run_coordinator(const CoordinatorOptions& o) {
     return 2;
   }
   std::unique_ptr<DashboardServer> dash;
+  DashboardFeed::DetachOnExit detach_on_exit{*feed};
   if (!o.http.empty()) {
     try {
       dash = std::make_unique<DashboardServer>(DashboardOptions{o.http, token}, ask);
@@ -118,8 +119,8 @@ int run_coordinator(const CoordinatorOptions& o) {
   {
     std::lock_guard<std::mutex> lock(api_mu);
     api_ptr = api.get();
-    dash_ptr = dash.get();
   }
+  feed->attach(dash.get());
   auto published = actors::publish(coord, port, host);
   if (!published) {
     std::cerr << "troupe coordinator: cannot listen on " << o.listen << ": " << sys.render(published.error())
@@ -127,8 +128,8 @@ int run_coordinator(const CoordinatorOptions& o) {
     {
       std::lock_guard<std::mutex> lock(api_mu);
       api_ptr = nullptr;
-      dash_ptr = nullptr;
     }
+    feed->detach();
     if (dash) dash->stop();
     api->stop();
     caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
@@ -175,8 +176,8 @@ int run_coordinator(const CoordinatorOptions& o) {
   {
     std::lock_guard<std::mutex> lock(api_mu);
     api_ptr = nullptr;
-    dash_ptr = nullptr;
   }
+  feed->detach();
   if (dash) dash->stop();
   api->stop();
   caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);

@@ -105,11 +105,7 @@ int run_job_embedded(const JobSpec& spec, const RunOptions& o) {
     return out;
   };
   std::unique_ptr<coord::DashboardServer> dash;
-  // However this function ends, the feed lets go of the dashboard before it is destroyed.
-  struct Detach {
-    coord::DashboardFeed& feed;
-    ~Detach() { feed.detach(); }
-  } detach_on_exit{*feed};
+  coord::DashboardFeed::DetachOnExit detach_on_exit{*feed};
   auto finish = [&](int code) {
     feed->detach();  // first, and not while stopping: the server may be waiting on the coordinator
     if (dash) dash->stop();
