@@ -137,7 +137,7 @@ ModelDims dims_of(const JobSpec& spec) {
     case ModelType::gpt:
       d.type = "gpt";
       d.n_kv_heads = m.n_heads;
-      d.ffn_hidden = 4 * m.d_model;
+      d.ffn_hidden = m.ffn_hidden > 0 ? m.ffn_hidden : 4 * m.d_model;
       d.norm_eps = 1e-5;  // kernels/cpu/layernorm.cpp kEps
       d.tie_embeddings = true;
       return d;
@@ -204,27 +204,28 @@ std::vector<TensorMap> tensor_map(const ModelDims& d) {
 nlohmann::json config_json(const ModelDims& d, DType dtype) {
   const char* torch_dtype = dtype == DType::bf16 ? "bfloat16" : dtype == DType::f16 ? "float16" : "float32";
   if (d.type == "gpt")
-    return {{"architectures", nlohmann::json::array({"GPT2LMHeadModel"})},
-            {"model_type", "gpt2"},
-            {"vocab_size", d.vocab_size},
-            {"n_embd", d.d_model},
-            {"n_layer", d.n_layers},
-            {"n_head", d.n_heads},
-            {"n_positions", d.seq_len},
-            {"n_ctx", d.seq_len},
-            {"n_inner", nullptr},                 // 4 * n_embd
-            {"activation_function", "gelu_new"},  // kernels/cpu/gelu.cpp: the tanh approximation
-            {"layer_norm_epsilon", d.norm_eps},
-            {"tie_word_embeddings", true},
-            {"scale_attn_weights", true},
-            {"scale_attn_by_inverse_layer_idx", false},
-            {"reorder_and_upcast_attn", false},
-            {"resid_pdrop", 0.0},
-            {"embd_pdrop", 0.0},
-            {"attn_pdrop", 0.0},
-            {"initializer_range", 0.02},
-            {"use_cache", true},
-            {"torch_dtype", torch_dtype}};
+    return {
+        {"architectures", nlohmann::json::array({"GPT2LMHeadModel"})},
+        {"model_type", "gpt2"},
+        {"vocab_size", d.vocab_size},
+        {"n_embd", d.d_model},
+        {"n_layer", d.n_layers},
+        {"n_head", d.n_heads},
+        {"n_positions", d.seq_len},
+        {"n_ctx", d.seq_len},
+        {"n_inner", d.ffn_hidden == 4 * int64_t{d.d_model} ? nlohmann::json() : nlohmann::json(d.ffn_hidden)},
+        {"activation_function", "gelu_new"},  // kernels/cpu/gelu.cpp: the tanh approximation
+        {"layer_norm_epsilon", d.norm_eps},
+        {"tie_word_embeddings", true},
+        {"scale_attn_weights", true},
+        {"scale_attn_by_inverse_layer_idx", false},
+        {"reorder_and_upcast_attn", false},
+        {"resid_pdrop", 0.0},
+        {"embd_pdrop", 0.0},
+        {"attn_pdrop", 0.0},
+        {"initializer_range", 0.02},
+        {"use_cache", true},
+        {"torch_dtype", torch_dtype}};
   if (d.type == "llama")
     return {{"architectures", nlohmann::json::array({"LlamaForCausalLM"})},
             {"model_type", "llama"},
@@ -345,8 +346,8 @@ ModelDims check_config(const nlohmann::json& config, const ModelDims& spec, cons
     d.max_positions = c.positions("n_positions", 1024, spec.seq_len);
     const int64_t inner = c.integer("n_inner", 4 * int64_t{spec.d_model});
     if (inner != spec.ffn_hidden)
-      c.fail("n_inner", "is " + std::to_string(inner) +
-                            ", troupe's gpt MLP has 4 * model.d_model = " + std::to_string(spec.ffn_hidden));
+      c.fail("n_inner", "is " + std::to_string(inner) + ", the spec's model.ffn_hidden is " +
+                            std::to_string(spec.ffn_hidden));
     const std::string act = c.string("activation_function", "gelu_new");
     if (act != "gelu_new" && act != "gelu_pytorch_tanh")
       c.fail("activation_function",

@@ -31,6 +31,10 @@ void add_coordinator_command(CLI::App& app, int* exit_code) {
                   "Serve the dashboard and Prometheus /metrics at HOST:PORT (port 0 = any free port; off "
                   "loopback every request needs the API token)");
   cmd->add_option("--ready-file", o.ready_file, "Write the bound addresses here as JSON once serving");
+  cmd->add_option(
+      "--hardware", o.hardware,
+      "Hardware profile for jobs the planner lays out (parallel: auto) whose spec names none: a name "
+      "(cpu, h100-sxm, ...) or a YAML file (default: cpu, the calibrated one if any, or h100-sxm)");
   cmd->add_option("--protocol-version-override", o.protocol_override)->group("");
   cmd->callback([exit_code] {
     try {

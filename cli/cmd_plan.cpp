@@ -1,51 +1,266 @@
-// `troupe plan job.yaml`: the plan a job would run, without running it.
+// `troupe plan job.yaml`: the planner's dry run. Nothing starts.
+//
+//   troupe plan SPEC [--devices N] [--hardware NAME|FILE] [--top K] [--json]
+//   troupe plan --calibrate [SPEC] [--devices N] [--out FILE]
+//
+// Prints the plans that fit, fastest first (layout, virtual stages, micro-batch,
+// recompute, predicted step time, tokens/s, MFU, memory per rank by part, bubble,
+// communication share, whether troupe runs it today), the choice and why, what was
+// rejected and why, and the chosen plan's stages and ranks. --json prints one object.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <thread>
 
+#include "cli/calibrate.hpp"
 #include "cli/commands.hpp"
+#include "core/error.hpp"
 #include "core/spec.hpp"
+#include "plan/hardware.hpp"
 #include "plan/plan.hpp"
+#include "plan/planner.hpp"
 
 namespace troupe::cli {
 
+namespace {
+
+struct PlanArgs {
+  std::vector<std::string> specs;  // one; --calibrate takes any number
+  std::string spec;
+  int devices = 0;
+  std::string hardware;
+  int top = 0;
+  bool json = false;
+  bool calibrate = false;
+  std::string out;
+};
+
+double gib(double bytes) { return bytes / double(1ull << 30); }
+
+nlohmann::json plan_json(const plan::Estimate& e) {
+  const plan::Candidate& c = e.candidate;
+  return {{"data", c.layout.dp},
+          {"pipeline", c.layout.pp},
+          {"tensor", c.layout.tp},
+          {"virtual_stages", c.virtual_stages},
+          {"micro_batch", c.micro_batch},
+          {"micro_batches", e.n_micro},
+          {"recompute", to_string(c.recompute)},
+          {"sequence_parallel", e.sequence_parallel},
+          {"schedule", plan::schedule_name(e.schedule)},
+          {"step_time_s", e.time.step},
+          {"tokens_per_s", e.tokens_per_s},
+          {"mfu", e.mfu},
+          {"bubble_fraction", e.time.bubble_fraction},
+          {"comm_share", e.time.comm_share},
+          {"time_s",
+           {{"compute", e.time.compute},
+            {"tensor_comm", e.time.tp_comm},
+            {"pipeline_comm", e.time.pp_comm},
+            {"bubble", e.time.bubble},
+            {"data_comm", e.time.dp_comm},
+            {"optimizer", e.time.optimizer},
+            {"other", e.time.other}}},
+          {"memory_bytes",
+           {{"params", e.memory.params},
+            {"grads", e.memory.grads},
+            {"optimizer", e.memory.optimizer},
+            {"activations", e.memory.activations},
+            {"other", e.memory.other},
+            {"total", e.memory.total}}},
+          {"memory_pipeline_rank", e.memory.pipeline_rank},
+          {"boundaries", e.boundaries},
+          {"fits", e.fits},
+          {"runnable", e.runnable.empty()},
+          {"not_runnable_because", e.runnable}};
+}
+
+// The chosen plan as the engine will run it: stage chunks, the schedule's bubble, every rank.
+void print_details(const JobSpec& resolved, const plan::Estimate& e) {
+  const plan::Plan p =
+      plan::make_plan(plan::plan_inputs(resolved), e.candidate.layout, e.candidate.micro_batch, e.boundaries);
+  std::printf("\n%s\n", p.str().c_str());
+  for (int k = 0; k < p.partition.n_chunks(); ++k)
+    std::printf("  model chunk %d: %s\n", k, plan::layers_str({p.partition.chunks[size_t(k)]}).c_str());
+  if (p.layout.pp > 1)
+    std::printf("  schedule: simulated bubble %.1f%% (theory %.1f%% with equal stages and free transfers)\n",
+                100.0 * e.time.bubble_fraction,
+                100.0 * plan::theoretical_bubble(p.schedule, p.layout.pp, p.virtual_stages, p.n_micro));
+  const int world = p.layout.world();
+  for (int r = 0; r < world && r < 64; ++r) std::printf("%s\n", plan::rank_place(p, r).str().c_str());
+  if (world > 64) std::printf("... and %d more ranks\n", world - 64);
+}
+
+int run_plan(const PlanArgs& a) {
+  JobSpec spec;
+  try {
+    spec = load_spec(a.spec);
+  } catch (const SpecError& e) {
+    std::cerr << e.what();
+    return kUsage;
+  }
+  plan::HardwareProfile hw;
+  const std::string hw_name = !a.hardware.empty() ? a.hardware
+                              : !spec.resources.hardware.empty()
+                                  ? spec.resources.hardware
+                                  : plan::default_hardware_name(spec.resources.device);
+  try {
+    hw = plan::load_hardware(hw_name);
+  } catch (const SpecError& e) {
+    std::cerr << e.what();
+    return kUsage;
+  } catch (const std::exception& e) {
+    std::cerr << "troupe plan: --hardware: " << e.what() << "\n";
+    return kUsage;
+  }
+  const bool fixed = spec.parallel.data > 0 && spec.parallel.pipeline > 0 && spec.parallel.tensor > 0;
+  int devices = a.devices;
+  if (devices <= 0) {
+    if (fixed)
+      devices = *layout_devices(spec.parallel);
+    else if (hw.device == DeviceKind::cpu)
+      devices = plan::planned_devices(
+          spec, std::max(1, int(std::thread::hardware_concurrency()) / spec.resources.threads_per_worker));
+    else
+      devices = plan::planned_devices(spec, hw.devices_per_node);
+  }
+  plan::PlanResult res;
+  // A spec that leaves nothing to the planner is one plan: shown whether it fits or not.
+  const bool one = !plan::has_auto(spec);
+  try {
+    plan::PlanRequest req = plan::plan_request(spec, devices);
+    req.time_if_unfit = one;
+    res = plan::search(req, hw);
+  } catch (const std::exception& e) {
+    std::cerr << "troupe plan: " << a.spec << ": " << e.what() << "\n";
+    return kUsage;
+  }
+  // Plans that fit, fastest first; those that do not fit are among the rejected.
+  std::vector<const plan::Estimate*> fit;
+  for (const auto& e : res.plans)
+    if (e.fits || one) fit.push_back(&e);
+  const plan::Estimate* best = res.best();
+  // A plan troupe cannot run yet (a GPU job) is still a plan: the dry run shows the fastest.
+  const plan::Estimate* shown = best ? best : res.fastest();
+  if (!shown && one && !fit.empty()) shown = fit.front();
+  const size_t top = a.top > 0 ? size_t(a.top) : a.json ? fit.size() : 10;
+
+  if (a.json) {
+    nlohmann::json out;
+    out["spec"] = a.spec;
+    out["devices"] = res.devices;
+    out["hardware"] = hw.name;
+    out["candidates"] = res.candidates;
+    out["search_seconds"] = res.seconds;
+    out["plans"] = nlohmann::json::array();
+    for (size_t i = 0; i < fit.size() && i < top; ++i) out["plans"].push_back(plan_json(*fit[i]));
+    out["rejected"] = nlohmann::json::array();
+    for (const auto& r : res.rejected)
+      out["rejected"].push_back({{"layout", r.candidate}, {"reason", r.reason}});
+    out["chosen"] = shown ? plan_json(*shown) : nlohmann::json();
+    out["explanation"] = res.explain(hw);
+    std::printf("%s\n", out.dump(1).c_str());
+    return shown ? kOk : kUsage;
+  }
+
+  std::printf("troupe plan: %s on %d device%s, hardware %s (%s): %zu candidates in %.3f s, %zu fit\n",
+              a.spec.c_str(), res.devices, res.devices == 1 ? "" : "s", hw.name.c_str(), hw.source.c_str(),
+              res.candidates, res.seconds, fit.size());
+  if (!fit.empty()) {
+    std::printf("\n   %-10s %3s %5s %-9s %9s %10s %6s | %7s %7s %7s %7s %7s GiB | %6s %5s  %s\n", "layout",
+                "v", "mb", "recompute", "step s", "tokens/s", "MFU", "params", "grads", "optim", "activ",
+                "total", "bubble", "comm", "runs here");
+    for (size_t i = 0; i < fit.size() && i < top; ++i) {
+      const plan::Estimate& e = *fit[i];
+      const plan::Candidate& c = e.candidate;
+      std::printf(
+          "%s%2zu %-10s %3d %5d %-9s %9.4f %10.0f %5.1f%% | %7.2f %7.2f %7.2f %7.2f %7.2f     | %5.1f%% "
+          "%4.0f%%  %s\n",
+          &e == shown ? "*" : " ", i + 1, c.layout.str().c_str(), c.virtual_stages, c.micro_batch,
+          to_string(c.recompute), e.time.step, e.tokens_per_s, 100 * e.mfu, gib(e.memory.params),
+          gib(e.memory.grads), gib(e.memory.optimizer), gib(e.memory.activations), gib(e.memory.total),
+          100 * e.time.bubble_fraction, 100 * e.time.comm_share,
+          !e.fits              ? "no: does not fit in a device's memory"
+          : e.runnable.empty() ? "yes"
+                               : ("no: " + e.runnable).c_str());
+    }
+    if (fit.size() > top) std::printf("   ... %zu more (--top N, or --json for all)\n", fit.size() - top);
+  }
+  if (!res.rejected.empty()) {
+    std::map<std::string, size_t> by_kind;
+    for (const auto& r : res.rejected)
+      by_kind[r.reason.rfind("needs ", 0) == 0 ? "do not fit in memory"
+                                               : "do not divide the model or batch"]++;
+    std::printf("\nrejected:");
+    for (const auto& [k, n] : by_kind) std::printf(" %zu %s;", n, k.c_str());
+    std::printf(" e.g.\n");
+    size_t listed = 0;
+    for (const auto& r : res.rejected)
+      if (listed++ < 5) std::printf("  %s: %s\n", r.candidate.c_str(), r.reason.c_str());
+  }
+  if (!shown) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "troupe plan: %s: %s\n", a.spec.c_str(), res.explain(hw).c_str());
+    return kUsage;
+  }
+  if (!shown->fits) {
+    std::fflush(stdout);
+    std::fprintf(
+        stderr,
+        "troupe plan: warning: %s needs %.2f GiB per device (pipeline rank %d); hardware %s has %.2f GiB "
+        "(resources.memory_per_device overrides it)\n",
+        shown->candidate.str().c_str(), gib(shown->memory.total), shown->memory.pipeline_rank,
+        hw.name.c_str(),
+        gib(spec.resources.memory_per_device > 0 ? double(spec.resources.memory_per_device)
+                                                 : double(hw.memory)));
+  } else {
+    std::printf("\n%s: %s\n", best ? "chosen" : "fastest", res.explain(hw).c_str());
+  }
+  try {
+    print_details(plan::resolve(spec, shown->candidate), *shown);
+  } catch (const std::exception& e) {
+    std::cerr << "troupe plan: " << a.spec << ": " << e.what() << "\n";
+    return kUsage;
+  }
+  return kOk;
+}
+
+}  // namespace
+
 void add_plan_command(CLI::App& app, int* exit_code) {
   auto* cmd = app.add_subcommand(
-      "plan", "Print the plan of a job: stage layers, micro-batches, schedule, and where each rank sits");
-  static std::string file;
-  cmd->add_option("spec", file, "YAML job spec")->required();
+      "plan",
+      "Plan a job without running it: every layout, micro-batch and recompute mode that fits, ranked by "
+      "predicted step time, the choice and why, and where each rank sits");
+  static PlanArgs a;
+  cmd->add_option("spec", a.specs, "YAML job spec (--calibrate: any number, whose shapes are measured)");
+  cmd->add_option("--devices", a.devices,
+                  "Devices to plan for (default: the spec's layout, or this machine's)")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--hardware", a.hardware,
+                  "Hardware profile: a name (a100-80gb, h100-sxm, h200-sxm, cpu, or a calibrated one) or a "
+                  "YAML file (default: the spec's resources.hardware, else cpu or h100-sxm by device)");
+  cmd->add_option("--top", a.top, "Plans to show (default 10; --json: all)")->check(CLI::Range(1, 1 << 20));
+  cmd->add_flag("--json", a.json, "One JSON object on stdout: plans, rejected, chosen");
+  cmd->add_flag("--calibrate", a.calibrate,
+                "Measure this machine (GEMM rates at the spec's shapes, the comm backend between worker "
+                "processes, memory and checkpoint bandwidth) and write a cpu hardware profile");
+  cmd->add_option("--out", a.out,
+                  "With --calibrate: where to write the profile (default <hardware dir>/cpu.yaml)");
   cmd->callback([exit_code] {
-    JobSpec spec;
-    try {
-      spec = load_spec(file);
-      require_runnable(spec);
-    } catch (const SpecError& e) {
-      std::cerr << e.what();
+    if (a.calibrate) {
+      *exit_code = run_calibrate(a.specs, a.devices, a.out);
+      return;
+    }
+    if (a.specs.size() != 1) {
+      std::cerr << "troupe plan: give one job spec (troupe plan JOB.yaml), or --calibrate [SPEC...]\n";
       *exit_code = kUsage;
       return;
     }
-    if (!layout_devices(spec.parallel)) {
-      std::cerr << "troupe plan: " << file << ": parallel degrees set to 'auto' need the planner; "
-                << "give data, pipeline and tensor as numbers\n";
-      *exit_code = kUsage;
-      return;
-    }
-    const Layout layout = layout_of(spec.parallel);
-    try {
-      const plan::Plan p = plan::make_plan(plan::plan_inputs(spec), layout);
-      std::printf("%s\n", p.str().c_str());
-      for (int k = 0; k < p.partition.n_chunks(); ++k)
-        std::printf("  model chunk %d: %s, cost %.3f block-equivalents\n", k,
-                    plan::layers_str({p.partition.chunks[size_t(k)]}).c_str(), p.partition.cost[size_t(k)]);
-      if (layout.pp > 1)
-        std::printf("  schedule: simulated bubble %.1f%% (theory %.1f%%)\n", 100.0 * p.check.bubble,
-                    100.0 * plan::theoretical_bubble(p.schedule, layout.pp, p.virtual_stages, p.n_micro));
-      for (int r = 0; r < layout.world(); ++r) std::printf("%s\n", plan::rank_place(p, r).str().c_str());
-      *exit_code = kOk;
-    } catch (const Error& e) {
-      std::cerr << "troupe plan: " << file << ": " << e.what() << "\n";
-      *exit_code = kUsage;
-    }
+    a.spec = a.specs.front();
+    *exit_code = run_plan(a);
   });
 }
 

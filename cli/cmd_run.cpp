@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "checkpoint/checkpoint.hpp"
 #include "cli/commands.hpp"
@@ -17,6 +18,8 @@
 #include "core/run_dir.hpp"
 #include "core/spec.hpp"
 #include "plan/grid.hpp"
+#include "plan/hardware.hpp"
+#include "plan/planner.hpp"
 #include "worker/engine.hpp"
 #include "worker/train_loop.hpp"
 
@@ -38,8 +41,10 @@ struct RunOptions {
   std::string resume;
   bool quiet = false;
   bool in_process = false;
-  int64_t trace = 0;  // --trace N: steps [1, 1 + N) (the first warms up), over train.trace
-  std::string http;   // --http HOST:PORT: the dashboard of this run
+  int64_t trace = 0;     // --trace N: steps [1, 1 + N) (the first warms up), over train.trace
+  std::string http;      // --http HOST:PORT: the dashboard of this run
+  int devices = 0;       // --devices N: an auto job's devices (0 = one per core)
+  std::string hardware;  // --hardware NAME|FILE: an auto job's profile
 };
 
 std::string layout_string(const JobSpec& s) { return layout_of(s.parallel).str(); }
@@ -74,10 +79,27 @@ class RunDirReporter : public LoopReporter {
 
 // The default: an embedded coordinator and local agent in this process, one worker
 // process per device (the same path a cluster job takes).
-int run_workers(const JobSpec& spec, const RunOptions& opt, const std::string& resume_from) {
+// An auto job: the planner's profile and devices, and the plan it will run (printed).
+struct AutoRun {
+  std::string hardware_yaml;
+  int devices = 0;
+};
+
+int run_workers(const JobSpec& spec, const RunOptions& opt, const std::string& resume_from,
+                const AutoRun& autorun) {
   Progress progress(spec.train.steps, spec.train.log_every, !opt.quiet);
   embedded::RunOptions ro;
   ro.runs_dir = opt.runs_dir;
+  if (autorun.devices > 0) {
+    ro.devices = std::string(to_string(spec.resources.device)) + ":" + std::to_string(autorun.devices);
+    ro.hardware = autorun.hardware_yaml;
+    ro.on_plan = [&](const nlohmann::json& e) {
+      if (opt.quiet) return;
+      progress.finish();
+      std::printf("troupe: generation %d planned: %s\n", e.value("generation", 0),
+                  e.value("why", "").c_str());
+    };
+  }
   ro.quiet = opt.quiet;
   ro.resume_from = resume_from;
   ro.http = opt.http;
@@ -86,8 +108,8 @@ int run_workers(const JobSpec& spec, const RunOptions& opt, const std::string& r
     run_dir = dir;
     if (!opt.quiet)
       std::printf("troupe: job %s (%s), layout %s, %lld steps, run directory %s\n", spec.name.c_str(),
-                  job.c_str(), layout_string(spec).c_str(), static_cast<long long>(spec.train.steps),
-                  dir.c_str());
+                  job.c_str(), autorun.devices > 0 ? "planned at launch" : layout_string(spec).c_str(),
+                  static_cast<long long>(spec.train.steps), dir.c_str());
   };
   ro.on_step = [&](const nlohmann::json& m) {
     progress.step(m.value("step", int64_t(0)), m.value("loss", 0.0), m.value("lr", 0.0),
@@ -117,9 +139,40 @@ int run_job(const RunOptions& opt) {
     std::cerr << e.what();
     return kUsage;
   }
-  if (!layout_devices(spec.parallel)) {
-    std::cerr << "troupe run: " << spec.source_file << ": parallel degrees set to 'auto' need the planner; "
-              << "give data, pipeline and tensor as numbers\n";
+  AutoRun autorun;
+  if (plan::has_auto(spec)) {
+    // The planner chooses what the spec leaves to it, for this machine's devices; the embedded
+    // coordinator plans the same way at every launch (and re-plans after a failure).
+    plan::HardwareProfile hw;
+    try {
+      hw = plan::load_hardware(!opt.hardware.empty() ? opt.hardware
+                               : !spec.resources.hardware.empty()
+                                   ? spec.resources.hardware
+                                   : plan::default_hardware_name(spec.resources.device));
+    } catch (const SpecError& e) {
+      std::cerr << e.what();
+      return kUsage;
+    } catch (const std::exception& e) {
+      std::cerr << "troupe run: hardware profile: " << e.what() << "\n";
+      return kUsage;
+    }
+    const int cores =
+        std::max(1, int(std::thread::hardware_concurrency()) / spec.resources.threads_per_worker);
+    autorun.devices = opt.in_process ? 1 : opt.devices > 0 ? opt.devices : plan::planned_devices(spec, cores);
+    autorun.hardware_yaml = plan::to_yaml(hw);
+    try {
+      const plan::Choice c = plan::choose(spec, autorun.devices, hw);
+      if (!opt.quiet) std::printf("troupe: planned for %d device(s): %s\n", autorun.devices, c.why.c_str());
+      if (opt.in_process) spec = c.spec;
+    } catch (const std::exception& e) {
+      std::cerr << "troupe run: " << spec.source_file << ": " << e.what() << "\n";
+      return kUsage;
+    }
+  } else if (opt.devices > 0 && opt.devices != *layout_devices(spec.parallel)) {
+    std::cerr << "troupe run: --devices " << opt.devices
+              << " applies to a spec that leaves its layout to the "
+              << "planner (parallel: auto); " << spec.source_file << " asks for " << layout_string(spec)
+              << "\n";
     return kUsage;
   }
   std::string resume_from;
@@ -135,7 +188,7 @@ int run_job(const RunOptions& opt) {
     for (const auto& s : skipped) std::cerr << "troupe run: --resume: skipped " << s << "\n";
     if (!skipped.empty()) std::cerr << "troupe run: --resume: resuming from " << resume_from << "\n";
   }
-  if (!opt.in_process) return run_workers(spec, opt, resume_from);
+  if (!opt.in_process) return run_workers(spec, opt, resume_from, autorun);
   if (!opt.http.empty()) {
     std::cerr << "troupe run: --http serves the embedded coordinator's dashboard; drop --in-process\n";
     return kUsage;
@@ -224,6 +277,14 @@ void add_run_command(CLI::App& app, int* exit_code) {
   cmd->add_option(
       "--http", opt.http,
       "Serve the dashboard and Prometheus /metrics of this run at HOST:PORT (port 0 = any free port)");
+  cmd->add_option(
+         "--devices", opt.devices,
+         "Devices for a spec that leaves its layout to the planner (parallel: auto): worker processes "
+         "on this machine (default: one per core / threads_per_worker, at most elastic.max_devices)")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--hardware", opt.hardware,
+                  "Hardware profile the planner prices an auto job with: a name or a YAML file (default: the "
+                  "spec's resources.hardware, else cpu, the calibrated one if any)");
   cmd->add_flag("--in-process", opt.in_process,
                 "Train a one-device job inside this process instead of a worker process (debugging)");
   cmd->callback([exit_code] { *exit_code = run_job(opt); });

@@ -41,7 +41,7 @@ nlohmann::json handle_api_request(CoordinatorState& state, const nlohmann::json&
     if (auto f = req.find("filename"); f != req.end() && f->is_string()) filename = f->get<std::string>();
     JobRequest jr;
     try {
-      jr = job_request_from_yaml(*spec, filename);
+      jr = job_request_from_yaml(*spec, filename, state.default_hardware());
     } catch (const SpecError& e) {
       nlohmann::json diags = nlohmann::json::array();
       for (const auto& d : e.diagnostics) diags.push_back(d.str());

@@ -145,6 +145,7 @@ void wake_waiters(self_ptr self, const std::vector<uint64_t>& ids) {
 coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorOptions opt) {
   self->state.opt = opt;
   self->state.st = std::make_unique<CoordinatorState>(opt.runs_dir, opt.protocol);
+  self->state.st->set_default_hardware(opt.default_hardware);
   if (!opt.state_dir.empty()) {
     auto table = load_table_file(opt.state_dir);
     if (!table.is_null()) {
@@ -265,7 +266,7 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
             for (int b : p.boundaries()) out.chunk_boundaries.push_back(b);
             out.place = place.str();
             out.device = j.ranks[w.rank].device.device;
-            out.spec_yaml = j.request.spec_yaml;
+            out.spec_yaml = j.spec_yaml;  // the generation's (an auto job's: planned)
             out.resume_from = j.resume_from;
             out.run_dir = j.run_dir;
           }

@@ -20,6 +20,9 @@ struct CoordinatorActorOptions {
   // directory on every job transition and loaded from it when the actor starts
   // (coordinator/state.hpp: load_table); a malformed table throws troupe::Error.
   std::string state_dir;
+  // The hardware profile (YAML) auto jobs are planned with when their spec names none
+  // (`troupe coordinator --hardware`); "" = the device's default (plan/hardware.hpp).
+  std::string default_hardware;
 };
 
 actors::coordinator_actor spawn_coordinator(caf::actor_system& sys, CoordinatorActorOptions options);

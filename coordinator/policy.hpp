@@ -70,4 +70,25 @@ int64_t drain_step(const Job& job);
 // elastic.max_devices allows it; 0 = it stays as it is.
 int grow_data_size(const Job& job, int free_devices);
 
+// ---- auto jobs: the planner at every launch (plan/planner.hpp)
+
+// The fewest and the most devices an auto job runs on: elastic.min_devices (0: 1) and
+// elastic.max_devices (0: what its first plan used; before that, no bound).
+int auto_min_devices(const Job& job);
+int auto_max_devices(const Job& job);
+// The planner's choice for `devices` devices (fewer when no layout of that many divides the
+// job), or nullopt with why in *why: nothing fits, or the choice would use fewer devices than
+// auto_min_devices.
+std::optional<Job::Choice> plan_auto(const Job& job, int devices, std::string* why);
+// The devices an auto job is planned for at its next launch when `free_devices` are free
+// (its own included): a resize's target, else all of them up to auto_max_devices.
+int auto_devices(const Job& job, int free_devices);
+// "" when a running auto job may be resized to `devices` devices with `free_devices` more
+// free (any layout the planner chooses for that many), else why not.
+std::string auto_resize_refusal(const Job& job, int devices, int free_devices);
+// The devices a running auto job grows to with `free_devices` more free: more than it holds,
+// at most auto_max_devices, and only when the planner predicts a faster step there; 0 = it
+// stays as it is.
+int auto_grow_devices(const Job& job, int free_devices);
+
 }  // namespace troupe::coord

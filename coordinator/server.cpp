@@ -19,6 +19,7 @@
 #include "coordinator/state.hpp"
 #include "core/error.hpp"
 #include "core/text.hpp"
+#include "plan/hardware.hpp"
 
 namespace troupe::coord {
 
@@ -69,6 +70,13 @@ int run_coordinator(const CoordinatorOptions& o) {
   CoordinatorActorOptions copt;
   copt.runs_dir = o.runs_dir;
   copt.state_dir = o.state_dir;
+  if (!o.hardware.empty()) {
+    try {
+      copt.default_hardware = plan::to_yaml(plan::load_hardware(o.hardware));
+    } catch (const SpecError& e) {
+      throw Error(std::string("--hardware: ") + e.what());
+    }
+  }
   if (o.protocol_override) copt.protocol = o.protocol_override;
   copt.on_event = [&](const std::string& e) {
     std::lock_guard<std::mutex> lock(api_mu);

@@ -13,9 +13,12 @@ struct CoordinatorOptions {
   std::string api_token_file;                // "" = the token derived from the secret (actors::api_token)
   std::string secret_file;                   // the cluster secret (actors/secret.hpp); required
   std::string runs_dir = "runs";
-  std::string state_dir;   // "" = the job table is not persisted; else saved and reloaded here
-  std::string http;        // dashboard + /metrics at HOST:PORT ("" = none; port 0 = any free port)
-  std::string ready_file;  // written once serving: {"listen":"host:port","api":...,"pub":...,"http":...,"pid":...}
+  std::string state_dir;  // "" = the job table is not persisted; else saved and reloaded here
+  std::string http;       // dashboard + /metrics at HOST:PORT ("" = none; port 0 = any free port)
+  std::string
+      ready_file;  // written once serving: {"listen":"host:port","api":...,"pub":...,"http":...,"pid":...}
+  std::string
+      hardware;  // auto jobs' hardware profile when their spec names none: a name or a file ("" = default)
   int protocol_override = 0;
 };
 

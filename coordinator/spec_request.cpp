@@ -1,8 +1,34 @@
 #include "coordinator/spec_request.hpp"
 
+#include "plan/hardware.hpp"
+#include "plan/planner.hpp"
+
 namespace troupe::coord {
 
-JobRequest job_request(const JobSpec& spec) {
+namespace {
+
+// The profile an auto job is planned with, as YAML.
+std::string hardware_of(const JobSpec& spec, const std::string& default_hardware) {
+  if (spec.resources.hardware.empty() && !default_hardware.empty()) return default_hardware;
+  const std::string name = !spec.resources.hardware.empty()
+                               ? spec.resources.hardware
+                               : plan::default_hardware_name(spec.resources.device);
+  try {
+    return plan::to_yaml(plan::find_hardware(name));
+  } catch (const SpecError& e) {
+    throw SpecError({Diagnostic{spec.source_file, 0, 0, "hardware profile '" + name + "': " + e.what(), ""}});
+  } catch (const std::exception& e) {
+    auto at = spec.positions.find("resources.hardware");
+    throw SpecError({Diagnostic{spec.source_file, at == spec.positions.end() ? 0 : at->second.line,
+                                at == spec.positions.end() ? 0 : at->second.col, e.what(),
+                                "resources.hardware names a profile of configs/hardware/ or a calibrated one "
+                                "(troupe plan --calibrate)"}});
+  }
+}
+
+}  // namespace
+
+JobRequest job_request(const JobSpec& spec, const std::string& default_hardware) {
   JobRequest r;
   r.name = spec.name;
   r.spec_yaml = to_yaml(spec);
@@ -16,13 +42,18 @@ JobRequest job_request(const JobSpec& spec) {
   r.step_timeout_ms = static_cast<double>(spec.fault.step_timeout.count());
   r.min_devices = spec.elastic.min_devices;
   r.max_devices = spec.elastic.max_devices;
+  r.auto_plan = plan::has_auto(spec);
+  if (r.auto_plan) r.hardware_yaml = hardware_of(spec, default_hardware);
   return r;
 }
 
-JobRequest job_request_from_yaml(const std::string& yaml_text, const std::string& filename) {
+JobRequest job_request_from_yaml(const std::string& yaml_text, const std::string& filename,
+                                 const std::string& default_hardware) {
   JobSpec spec = parse_spec(yaml_text, filename);
   require_runnable(spec);  // a job no worker can start is refused at submit, not retried
-  JobRequest r = job_request(spec);
+  JobRequest r = job_request(spec, default_hardware);
+  // An auto job is planned at launch, for the devices there are then.
+  if (r.auto_plan) return r;
   // So is a layout the plan cannot split the model, the batch or the schedule over.
   try {
     plan::make_plan(r.plan, r.layout);

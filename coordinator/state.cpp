@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "checkpoint/checkpoint.hpp"
+#include "coordinator/policy.hpp"
 #include "core/error.hpp"
 #include "core/run_dir.hpp"
 
@@ -150,6 +151,7 @@ std::string CoordinatorState::submit(JobRequest request, Actions* out) {
   j.id = id;
   j.request = std::move(request);
   j.layout = j.request.layout;
+  j.spec_yaml = j.request.spec_yaml;
   j.resume_from = j.request.resume_from;
   j.run_dir = runs_root_ + "/" + j.request.name + "-" + id;
   j.submitted_ms = now_ms();
@@ -158,7 +160,7 @@ std::string CoordinatorState::submit(JobRequest request, Actions* out) {
                          {"job", id},
                          {"name", j.request.name},
                          {"run_dir", j.run_dir},
-                         {"layout", j.request.layout.str()},
+                         {"layout", j.request.auto_plan ? std::string("auto") : j.request.layout.str()},
                          {"spec", j.request.spec_yaml}});
   out->events.push_back({{"event", "state"}, {"job", id}, {"state", "queued"}, {"reason", ""}});
   schedule(out);
@@ -190,7 +192,23 @@ void CoordinatorState::schedule(Actions* out) {
 bool CoordinatorState::try_place(Job& job, Actions* out) {
   std::string why;
   const auto& req = job.request;
-  auto devices = registry_.allocate(job.id, req.device_kind, job.layout.world(), &why);
+  std::optional<std::vector<DeviceRef>> devices;
+  if (req.auto_plan) {
+    // The planner chooses the layout for the devices that are free now.
+    const int free = registry_.free(req.device_kind);
+    if (free < auto_min_devices(job)) {
+      why = "waiting for devices: " + std::to_string(free) + " " + req.device_kind + " free, the job needs " +
+            std::to_string(auto_min_devices(job)) + " or more (elastic.min_devices)";
+    } else if (auto c = plan_auto(job, auto_devices(job, free), &why)) {
+      devices = registry_.allocate(job.id, req.device_kind, c->layout.world(), &why);
+      if (devices) {
+        job.layout = c->layout;
+        job.choice = std::move(c);
+      }
+    }
+  } else {
+    devices = registry_.allocate(job.id, req.device_kind, job.layout.world(), &why);
+  }
   if (!devices) {
     if (why != job.reason) {
       job.reason = why;
@@ -206,7 +224,23 @@ bool CoordinatorState::try_place(Job& job, Actions* out) {
 void CoordinatorState::launch(Job& job, const std::vector<DeviceRef>& devices, Actions* out) {
   // The generation's plan, once: every rank gets it in its Assignment and status shows it.
   try {
-    job.plan = plan::make_plan(job.request.plan, job.layout);
+    if (job.choice) {
+      // An auto job: the planner's choice, its spec written in (plan::resolve).
+      const Job::Choice c = std::move(*job.choice);
+      job.choice.reset();
+      job.plan =
+          plan::make_plan(plan::plan_inputs(parse_spec(c.spec_yaml, job.request.name + " (planned spec)")),
+                          job.layout, c.micro_batch, c.boundaries);
+      job.spec_yaml = c.spec_yaml;
+      job.predicted_step_s = c.event.value("predicted_step_s", 0.0);
+      if (job.first_devices == 0) job.first_devices = job.layout.world();
+      nlohmann::json ev = c.event;
+      ev["generation"] = job.generation;
+      out->events.push_back(std::move(ev));
+    } else {
+      job.plan = plan::make_plan(job.request.plan, job.layout);
+      job.spec_yaml = job.request.spec_yaml;
+    }
   } catch (const std::exception& e) {
     job.ranks.clear();
     fail(job, FailureCause::invalid_spec, "no plan for layout " + job.layout.str() + ": " + e.what(), out);
@@ -400,7 +434,10 @@ void CoordinatorState::worker_done(const std::string& job_id, int generation, in
   if (resized) {
     // Every rank checkpointed after the drain step: relaunch at the new size at once.
     end_generation(*j, JobState::recovering,
-                   "resize: data " + std::to_string(j->layout.dp) + " -> " + std::to_string(j->target_dp) +
+                   (j->request.auto_plan ? "resize: " + std::to_string(j->layout.world()) + " -> " +
+                                               std::to_string(j->target_devices) + " devices (replanned)"
+                                         : "resize: data " + std::to_string(j->layout.dp) + " -> " +
+                                               std::to_string(j->target_dp)) +
                        " after the checkpoint of step " + std::to_string(j->drain_step),
                    "", 0, out);
     return;

@@ -47,6 +47,12 @@ struct JobRequest {
   double replacement_wait_ms = 60000;  // how long a recovering job waits for devices
   int min_devices = 0;                 // 0 = the planned layout's size
   int max_devices = 0;                 // 0 = the planned layout's size
+  // The planner (plan/planner.hpp): a spec that leaves a degree, micro_batch, recompute or
+  // virtual_stages to it is planned at every launch (the first, and every relaunch after a
+  // failure or a resize) for the devices there are: layout (tensor and pipeline too),
+  // micro-batch, recompute. `layout` then holds the spec's fixed degrees and 1 for the rest.
+  bool auto_plan = false;
+  std::string hardware_yaml;  // the hardware profile it is planned with, resolved at submit
 };
 
 struct RankSlot {
@@ -92,6 +98,24 @@ struct Job {
   std::vector<nlohmann::json> failures;  // every failure: generation, rank, host, pid, cause, where
   int64_t drain_step = -1;               // a resize waits for the checkpoint after this step
   bool stepped = false;                  // the current generation completed a step
+  // The current generation's spec, as its workers get it: the request's, or for an auto job
+  // the request's with the planner's choice written in (plan::resolve).
+  std::string spec_yaml;
+  // Auto jobs: the devices wanted at the next relaunch (a resize; 0 = what is free), the
+  // devices of the first plan (elastic.max_devices's default), the current plan's predicted
+  // step time, and the choice the next launch runs (set just before it).
+  int target_devices = 0;
+  int first_devices = 0;
+  int grow_checked_free = -1;  // the free devices grow() last planned for
+  double predicted_step_s = 0;
+  struct Choice {
+    std::string spec_yaml;
+    Layout layout;
+    int micro_batch = 1;
+    std::vector<int> boundaries;
+    nlohmann::json event;  // the "plan" event: what was chosen and why
+  };
+  std::optional<Choice> choice;
 };
 
 // Side effects for the actor shell, in order.
@@ -237,6 +261,11 @@ class CoordinatorState {
   // on a malformed table.
   void load_table(const nlohmann::json& table, Actions* out);
 
+  // The hardware profile (YAML) an auto job is planned with when its spec names none; "" =
+  // the device's default (plan::default_hardware_name).
+  void set_default_hardware(std::string yaml) { default_hardware_ = std::move(yaml); }
+  const std::string& default_hardware() const { return default_hardware_; }
+
   // For tests and ids: a fixed id generator replaces make_job_id().
   void set_id_source(std::function<std::string()> f) { make_id_ = std::move(f); }
 
@@ -265,6 +294,11 @@ class CoordinatorState {
   void on_failure(Job& job, FailureCause cause, const std::string& message, int rank, Actions* out);
   // Recovering: plan on the free devices and launch generation + 1, or keep waiting.
   void try_relaunch(Job& job, double now, Actions* out);
+  // The same for an auto job: the planner chooses the layout for the devices there are.
+  void relaunch_auto(Job& job, double now, Actions* out);
+  // Launches generation + 1 of `job` on `devices` from its newest verified checkpoint.
+  void relaunch_from_checkpoint(Job& job, const Layout& from, const std::vector<DeviceRef>& devices,
+                                Actions* out);
   void launch(Job& job, const std::vector<DeviceRef>& devices, Actions* out);
   // Jobs below elastic.max_devices grow onto free devices.
   void grow(Actions* out);
@@ -276,6 +310,7 @@ class CoordinatorState {
   std::vector<std::string> order_;  // submission order
   RendezvousStore store_;
   std::function<std::string()> make_id_;
+  std::string default_hardware_;
   std::function<std::string(const std::string&, std::vector<std::string>*)> find_checkpoint_;
 };
 

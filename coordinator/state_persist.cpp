@@ -78,7 +78,9 @@ nlohmann::json request_json(const JobRequest& r) {
           {"step_timeout_ms", r.step_timeout_ms},
           {"replacement_wait_ms", r.replacement_wait_ms},
           {"min_devices", r.min_devices},
-          {"max_devices", r.max_devices}};
+          {"max_devices", r.max_devices},
+          {"auto_plan", r.auto_plan},
+          {"hardware_yaml", r.hardware_yaml}};
 }
 
 JobRequest request_from(const nlohmann::json& x) {
@@ -109,6 +111,10 @@ JobRequest request_from(const nlohmann::json& x) {
   r.replacement_wait_ms = x.at("replacement_wait_ms").get<double>();
   r.min_devices = x.at("min_devices").get<int>();
   r.max_devices = x.at("max_devices").get<int>();
+  r.auto_plan = x.value("auto_plan", false);
+  r.hardware_yaml = x.value("hardware_yaml", std::string());
+  TROUPE_CHECK(!r.auto_plan || !r.hardware_yaml.empty(), "job ", r.name,
+               " in the job table is planned automatically but has no hardware profile");
   return r;
 }
 
@@ -129,6 +135,8 @@ nlohmann::json CoordinatorState::table_json() const {
                     {"run_dir", j.run_dir},
                     {"resume_from", j.resume_from},
                     {"target_dp", j.target_dp},
+                    {"target_devices", j.target_devices},
+                    {"first_devices", j.first_devices},
                     {"failures", j.failures},
                     {"last_step", j.last_step},
                     {"last_loss", j.last_loss},
@@ -153,6 +161,7 @@ void CoordinatorState::load_table(const nlohmann::json& table, Actions* out) {
       j.id = x.at("id").get<std::string>();
       TROUPE_CHECK(!j.id.empty(), "a job without an id in the job table");
       j.request = request_from(x.at("request"));
+      j.spec_yaml = j.request.spec_yaml;
       j.state = state_from(x.at("state").get<std::string>());
       j.reason = x.at("reason").get<std::string>();
       const std::string failure = x.at("failure_name").get<std::string>();
@@ -166,6 +175,8 @@ void CoordinatorState::load_table(const nlohmann::json& table, Actions* out) {
       j.run_dir = x.at("run_dir").get<std::string>();
       j.resume_from = x.at("resume_from").get<std::string>();
       j.target_dp = x.at("target_dp").get<int>();
+      j.target_devices = x.value("target_devices", 0);
+      j.first_devices = x.value("first_devices", 0);
       for (const auto& f : x.at("failures")) j.failures.push_back(f);
       j.last_step = x.at("last_step").get<int64_t>();
       j.last_loss = x.at("last_loss").get<double>();

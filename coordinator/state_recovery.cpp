@@ -60,6 +60,7 @@ void CoordinatorState::on_failure(Job& job, FailureCause cause, const std::strin
 
 void CoordinatorState::try_relaunch(Job& job, double now, Actions* out) {
   if (job.state != JobState::recovering || now < job.relaunch_at_ms) return;
+  if (job.request.auto_plan) return relaunch_auto(job, now, out);
   const int unit = job.layout.pp * job.layout.tp;
   int want = job.target_dp > 0 ? job.target_dp : job.layout.dp;
   int free_devices = registry_.free(job.request.device_kind);
@@ -85,6 +86,45 @@ void CoordinatorState::try_relaunch(Job& job, double now, Actions* out) {
   Layout from = job.layout;
   job.layout.dp = d;
   job.target_dp = 0;
+  relaunch_from_checkpoint(job, from, *devices, out);
+}
+
+void CoordinatorState::relaunch_auto(Job& job, double now, Actions* out) {
+  // The planner again, for the devices there are now: tensor and pipeline may change too.
+  const int free = registry_.free(job.request.device_kind);
+  const int n = auto_devices(job, free);
+  std::string why;
+  std::optional<Job::Choice> c;
+  if (n < auto_min_devices(job) || n > free)
+    why = "waiting for devices: " + std::to_string(free) + " " + job.request.device_kind +
+          " free, the job needs " +
+          (job.target_devices > 0 ? std::to_string(job.target_devices) + " (a resize)"
+                                  : std::to_string(auto_min_devices(job)) + " or more");
+  else
+    c = plan_auto(job, n, &why);
+  std::optional<std::vector<DeviceRef>> devices;
+  if (c) devices = registry_.allocate(job.id, job.request.device_kind, c->layout.world(), &why);
+  if (!devices) {
+    if (now >= job.recovery_deadline_ms) {
+      fail(job, FailureCause::no_devices, why, out);
+      return;
+    }
+    if (why != job.reason) {
+      job.reason = why;
+      out->events.push_back(
+          {{"event", "waiting"}, {"job", job.id}, {"state", "recovering"}, {"reason", why}});
+    }
+    return;
+  }
+  const Layout from = job.layout;
+  job.layout = c->layout;
+  job.target_devices = 0;
+  job.choice = std::move(c);
+  relaunch_from_checkpoint(job, from, *devices, out);
+}
+
+void CoordinatorState::relaunch_from_checkpoint(Job& job, const Layout& from,
+                                                const std::vector<DeviceRef>& devices, Actions* out) {
   std::vector<std::string> skipped;
   std::string ckpt = find_checkpoint_(checkpoint_root(job), &skipped);
   for (const auto& s : skipped)
@@ -96,7 +136,7 @@ void CoordinatorState::try_relaunch(Job& job, double now, Actions* out) {
                          {"from_layout", from.str()},
                          {"layout", job.layout.str()},
                          {"resume_from", job.resume_from}});
-  launch(job, *devices, out);
+  launch(job, devices, out);
 }
 
 void CoordinatorState::tick(double now, Actions* out) {
@@ -133,15 +173,20 @@ double CoordinatorState::step_timeout_ms(const Job& job) const {
 
 bool CoordinatorState::scale(const std::string& job_id, int devices, Actions* out, std::string* why) {
   Job* j = find(job_id);
-  std::string no = j ? resize_refusal(*j, devices, registry_.free(j->request.device_kind))
-                     : "unknown job '" + job_id + "'";
+  std::string no = !j ? "unknown job '" + job_id + "'"
+                   : j->request.auto_plan
+                       ? auto_resize_refusal(*j, devices, registry_.free(j->request.device_kind))
+                       : resize_refusal(*j, devices, registry_.free(j->request.device_kind));
   if (!no.empty()) {
     if (why) *why = no;
     return false;
   }
   const int64_t at = drain_step(*j);
   j->drain_step = at;
-  j->target_dp = devices / (j->layout.pp * j->layout.tp);
+  if (j->request.auto_plan)
+    j->target_devices = devices;  // the next launch plans for exactly these
+  else
+    j->target_dp = devices / (j->layout.pp * j->layout.tp);
   out->events.push_back({{"event", "resize"},
                          {"job", job_id},
                          {"generation", j->generation},
@@ -156,8 +201,17 @@ bool CoordinatorState::scale(const std::string& job_id, int devices, Actions* ou
 void CoordinatorState::grow(Actions* out) {
   for (const auto& id : order_) {
     Job& j = jobs_.at(id);
-    int d = grow_data_size(j, registry_.free(j.request.device_kind));
-    if (d == 0) continue;
+    const int free = registry_.free(j.request.device_kind);
+    int devices = 0;
+    if (j.request.auto_plan) {
+      // Planning is not free: ask again only when the free devices changed.
+      if (free == j.grow_checked_free) continue;
+      j.grow_checked_free = free;
+      devices = auto_grow_devices(j, free);
+    } else if (int d = grow_data_size(j, free); d > 0) {
+      devices = d * j.layout.pp * j.layout.tp;
+    }
+    if (devices == 0) continue;
     // Free devices go to a queued job of the same kind first.
     bool someone_waits = false;
     for (const auto& [qid, q] : jobs_)
@@ -165,7 +219,7 @@ void CoordinatorState::grow(Actions* out) {
           someone_waits || (q.state == JobState::queued && q.request.device_kind == j.request.device_kind);
     if (someone_waits) continue;
     std::string why;
-    scale(j.id, d * j.layout.pp * j.layout.tp, out, &why);  // a job too close to its end just finishes
+    scale(j.id, devices, out, &why);  // a job too close to its end just finishes
   }
 }
 

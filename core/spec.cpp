@@ -96,11 +96,11 @@ bool operator==(const TrainSpec& a, const TrainSpec& b) {
 }
 bool operator==(const ParallelSpec& a, const ParallelSpec& b) {
   return a.data == b.data && a.pipeline == b.pipeline && a.tensor == b.tensor && a.schedule == b.schedule &&
-         a.virtual_stages == b.virtual_stages;
+         a.virtual_stages == b.virtual_stages && a.sequence_parallel == b.sequence_parallel;
 }
 bool operator==(const ResourcesSpec& a, const ResourcesSpec& b) {
   return a.device == b.device && a.threads_per_worker == b.threads_per_worker &&
-         a.memory_per_device == b.memory_per_device;
+         a.memory_per_device == b.memory_per_device && a.hardware == b.hardware;
 }
 bool operator==(const CheckpointSpec& a, const CheckpointSpec& b) {
   return a.dir == b.dir && a.every == b.every && a.keep == b.keep && a.async == b.async;
@@ -410,9 +410,9 @@ std::string to_yaml(const JobSpec& s) {
   y << "  d_model: " << s.model.d_model << "\n";
   y << "  n_layers: " << s.model.n_layers << "\n";
   if (s.model.type != ModelType::mlp) y << "  n_heads: " << s.model.n_heads << "\n";
+  if (s.model.type != ModelType::mlp) y << "  ffn_hidden: " << s.model.ffn_hidden << "\n";
   if (s.model.type == ModelType::llama) {
     y << "  n_kv_heads: " << s.model.n_kv_heads << "\n";
-    y << "  ffn_hidden: " << s.model.ffn_hidden << "\n";
     y << "  norm_eps: " << real(s.model.norm_eps) << "\n";
     y << "  rope_theta: " << real(s.model.rope_theta) << "\n";
     y << "  tie_embeddings: " << (s.model.tie_embeddings ? "true" : "false") << "\n";
@@ -461,11 +461,13 @@ std::string to_yaml(const JobSpec& s) {
   y << "  pipeline: " << degree(s.parallel.pipeline) << "\n";
   y << "  tensor: " << degree(s.parallel.tensor) << "\n";
   y << "  schedule: " << to_string(s.parallel.schedule) << "\n";
-  y << "  virtual_stages: " << s.parallel.virtual_stages << "\n";
+  y << "  virtual_stages: " << degree(s.parallel.virtual_stages) << "\n";
+  y << "  sequence_parallel: " << (s.parallel.sequence_parallel ? "true" : "false") << "\n";
   y << "resources:\n";
   y << "  device: " << to_string(s.resources.device) << "\n";
   y << "  threads_per_worker: " << s.resources.threads_per_worker << "\n";
   y << "  memory_per_device: " << format_size(s.resources.memory_per_device) << "\n";
+  y << "  hardware: " << quote(s.resources.hardware) << "\n";
   y << "checkpoint:\n";
   y << "  dir: " << quote(s.checkpoint.dir) << "\n";
   y << "  every: " << s.checkpoint.every << "\n";

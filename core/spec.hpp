@@ -46,7 +46,10 @@ enum class ModelType { gpt, mlp, llama };
 enum class DataSource { text, synthetic, tokens };
 enum class TokenDType { uint16, uint32 };  // data.dtype: the width of a token file's ids
 enum class Precision { fp32, bf16, fp16 };
-enum class Recompute { none, block };
+// Activation recomputation: none; selective (each block's attention scores, recomputed from
+// q and k before the backward); full (each block's whole forward, from its input); auto (the
+// planner chooses). "block" is the older spelling of full.
+enum class Recompute { none, selective, full, auto_ };
 enum class Schedule { gpipe, one_f_one_b, interleaved, zb_h1 };
 enum class DeviceKind { cpu, cuda };
 enum class LrSchedule { constant, cosine, linear };
@@ -124,12 +127,19 @@ struct ParallelSpec {
   int data = 1, pipeline = 1, tensor = 1;  // 0 means "auto"
   Schedule schedule = Schedule::one_f_one_b;
   int virtual_stages = 1;  // model chunks per pipeline rank (interleaved schedule)
+  // Megatron's sequence parallelism: the parts of a block that tensor parallelism replicates
+  // (norms, dropout, residual adds) split over the tensor group by sequence. Planned; the
+  // engine refuses it (runnable_issues).
+  bool sequence_parallel = false;
 };
 
 struct ResourcesSpec {
   DeviceKind device = DeviceKind::cpu;
   int threads_per_worker = 1;
-  uint64_t memory_per_device = 0;  // bytes, 0 = unknown (probe the device)
+  uint64_t memory_per_device = 0;  // bytes, 0 = the hardware profile's
+  // The hardware profile the planner prices the job with (plan/hardware.hpp): a name, never a
+  // path; "" = the device's default (the calibrated "cpu" profile, or "h100-sxm").
+  std::string hardware;
 };
 
 struct CheckpointSpec {

@@ -44,7 +44,7 @@ struct EnumNames<Precision> {
 template <>
 struct EnumNames<Recompute> {
   static constexpr const char* what = "recompute mode";
-  static constexpr std::string_view names[] = {"none", "block"};
+  static constexpr std::string_view names[] = {"none", "selective", "full", "auto"};
 };
 template <>
 struct EnumNames<Schedule> {
@@ -165,6 +165,11 @@ class Section {
   void size(const std::string& key, uint64_t& out);
   // A parallel degree: a positive integer, or "auto" (stored as 0) for the planner to choose.
   void degree(const std::string& key, int& out, int64_t hi);
+  // A hardware profile's name (plan/hardware.hpp): letters, digits, '.', '_', '-', at most 64;
+  // never a path.
+  void hardware_name(const std::string& key, std::string& out);
+  // Whether `key` is written as the plain scalar `text` (an older spelling a reader accepts).
+  bool scalar_is(const std::string& key, const char* text) const;
 
   void missing(const std::string& key, const std::string& what);
   // A key written where it does not apply (model.n_heads of an MLP): an error at the key, and the

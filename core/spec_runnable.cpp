@@ -121,6 +121,14 @@ std::vector<Diagnostic> runnable_issues(const JobSpec& spec) {
   if (spec.resources.device == DeviceKind::cuda)
     issue("resources.device", "resources.device: cuda: this build's engine trains on CPU only",
           "use device: cpu (or delete the key: cpu is the default)");
+  if (spec.parallel.sequence_parallel)
+    issue("parallel.sequence_parallel",
+          "parallel.sequence_parallel is planned (troupe plan prices it) but not implemented in this engine",
+          "set sequence_parallel: false to run the job");
+  if (spec.train.recompute == Recompute::selective)
+    issue("train.recompute",
+          "train.recompute: selective is planned (troupe plan prices it) but not implemented in this engine",
+          "use recompute: full (each block's forward again in the backward) or none, or auto");
   if (spec.train.zero == 3)
     issue("train.zero",
           "train.zero: 3 (sharded parameters, gathered per layer) is not implemented in this engine",

@@ -85,6 +85,9 @@ void model_rules(Section& s, JobSpec& j) {
         "model.d_model (" + std::to_string(m.d_model) + ") is not divisible by model.n_heads (" +
             std::to_string(m.n_heads) + ")",
         "each head gets d_model / n_heads channels; e.g. n_heads: " + nearby_divisors(m.d_model, m.n_heads));
+  if (ctx.ok("model.type") && m.type == ModelType::gpt && ctx.ok("model.d_model") &&
+      ctx.ok("model.ffn_hidden") && m.ffn_hidden == 0 && m.d_model > 0)
+    m.ffn_hidden = 4 * m.d_model;  // GPT-2's MLP
   if (!is_llama(ctx, m)) return;
   if (heads_ok && ctx.ok("model.n_kv_heads")) {
     if (m.n_kv_heads == 0) m.n_kv_heads = m.n_heads;
@@ -128,7 +131,13 @@ const Table& model_table() {
            }},
           {"ffn_hidden",
            [](S& s, K& k, JobSpec& j) {
-             llama_key(s, k, j, [&] { s.integer(k, j.model.ffn_hidden, 1, 1 << 20); });
+             if (s.ctx().ok("model.type") && j.model.type == ModelType::mlp) {
+               if (s.has(k))
+                 s.refuse(k, "'model.ffn_hidden' applies only to model.type gpt or llama",
+                          "delete it (the MLP model's hidden width is 4 d_model), or set model.type: gpt");
+             } else {
+               s.integer(k, j.model.ffn_hidden, 1, 1 << 20);
+             }
            }},
           {"norm_eps",
            [](S& s, K& k, JobSpec& j) {
@@ -372,7 +381,13 @@ const Table& train_table() {
                     "grad_clip is a max L2 norm >= 0 (0 = off), e.g. 1.0");
            }},
           {"precision", [](S& s, K& k, JobSpec& j) { s.enumeration(k, j.train.precision); }},
-          {"recompute", [](S& s, K& k, JobSpec& j) { s.enumeration(k, j.train.recompute); }},
+          {"recompute",
+           [](S& s, K& k, JobSpec& j) {
+             if (s.scalar_is(k, "block"))  // the older spelling of full
+               j.train.recompute = Recompute::full;
+             else
+               s.enumeration(k, j.train.recompute);
+           }},
           {"zero",
            [](S& s, K& k, JobSpec& j) {
              s.integer(k, j.train.zero, 0, 3, false,
@@ -428,6 +443,13 @@ void parallel_rules(Section& s, JobSpec& j) {
         "model.d_model (" + std::to_string(m.d_model) + ") is not divisible by parallel.tensor (" +
             std::to_string(p.tensor) + ")",
         "tensor parallelism splits the model's width; e.g. tensor: " + nearby_divisors(m.d_model, p.tensor));
+  if (tp_ok && ctx.ok("model.type") && m.type == ModelType::gpt && ctx.ok("model.ffn_hidden") &&
+      m.ffn_hidden > 0 && m.ffn_hidden % p.tensor != 0)
+    ctx.error(ctx.loc("parallel.tensor"),
+              "model.ffn_hidden (" + std::to_string(m.ffn_hidden) +
+                  ") is not divisible by parallel.tensor (" + std::to_string(p.tensor) + ")",
+              "tensor parallelism splits the MLP's hidden units; e.g. tensor: " +
+                  nearby_divisors(m.ffn_hidden, p.tensor));
 
   // micro_batch as read: written as a number (> 0), written as auto (0), or not written.
   const bool dp_ok = ctx.ok("parallel.data") && p.data > 0;
@@ -458,24 +480,33 @@ void parallel_rules(Section& s, JobSpec& j) {
   const bool vs_ok = ctx.ok("parallel.virtual_stages");
   const bool sched_ok = ctx.ok("parallel.schedule");
   const bool pp_ok = ctx.ok("parallel.pipeline") && p.pipeline > 0;
-  if (sched_ok && vs_ok && p.schedule == Schedule::interleaved && p.virtual_stages < 2)
-    ctx.error(ctx.loc("parallel.schedule"), "schedule interleaved needs parallel.virtual_stages of 2 or more",
-              "set parallel.virtual_stages: 2 (model chunks per pipeline rank), or use schedule: 1f1b");
+  if (sched_ok && vs_ok && p.schedule == Schedule::interleaved && p.virtual_stages == 1)
+    ctx.error(
+        ctx.loc("parallel.schedule"), "schedule interleaved needs parallel.virtual_stages of 2 or more",
+        "set parallel.virtual_stages: 2 (model chunks per pipeline rank) or auto, or use schedule: 1f1b");
   if (sched_ok && pp_ok && p.schedule == Schedule::interleaved && p.pipeline < 2)
     ctx.error(ctx.loc("parallel.schedule"), "schedule interleaved needs parallel.pipeline of 2 or more",
               "interleaving spreads model chunks over pipeline ranks; set pipeline: 2 or use schedule: 1f1b");
   if (sched_ok && pp_ok && p.pipeline > 1 && p.schedule == Schedule::zb_h1 && ctx.ok("train.recompute") &&
-      t.recompute != Recompute::none)
+      t.recompute != Recompute::none && t.recompute != Recompute::auto_)
     ctx.error(ctx.loc("parallel.schedule"),
               "schedule zb-h1 runs each weight gradient after its input gradient, from every block's saved "
               "activations: train.recompute " +
                   std::string(to_string(t.recompute)) + " does not keep them",
               "use train.recompute: none with zb-h1, or schedule: 1f1b with recompute");
-  if (sched_ok && vs_ok && p.schedule != Schedule::interleaved && p.virtual_stages > 1)
+  if (sched_ok && vs_ok && p.schedule != Schedule::interleaved && p.virtual_stages != 1)
     ctx.error(ctx.loc("parallel.virtual_stages"),
-              "parallel.virtual_stages " + std::to_string(p.virtual_stages) + " needs schedule interleaved",
+              "parallel.virtual_stages " +
+                  (p.virtual_stages == 0 ? std::string("auto") : std::to_string(p.virtual_stages)) +
+                  " needs schedule interleaved",
               "set parallel.schedule: interleaved, or virtual_stages: 1");
-  if (pp_ok && vs_ok && ctx.ok("model.n_layers") && m.n_layers > 0) {
+  if (ctx.ok("parallel.sequence_parallel") && p.sequence_parallel && ctx.ok("parallel.tensor") &&
+      p.tensor == 1)
+    ctx.error(ctx.loc("parallel.sequence_parallel"),
+              "parallel.sequence_parallel splits by sequence what the tensor group replicates: it needs "
+              "parallel.tensor above 1",
+              "set parallel.tensor: 2 or more (or auto), or sequence_parallel: false");
+  if (pp_ok && vs_ok && p.virtual_stages > 0 && ctx.ok("model.n_layers") && m.n_layers > 0) {
     int64_t chunks = int64_t(p.pipeline) * p.virtual_stages;
     if (m.n_layers < chunks)
       ctx.error(ctx.loc("parallel.pipeline"),
@@ -501,8 +532,9 @@ const Table& parallel_table() {
           {"pipeline", [](S& s, K& k, JobSpec& j) { s.degree(k, j.parallel.pipeline, 4096); }},
           {"tensor", [](S& s, K& k, JobSpec& j) { s.degree(k, j.parallel.tensor, 4096); }},
           {"schedule", [](S& s, K& k, JobSpec& j) { s.enumeration(k, j.parallel.schedule); }},
-          {"virtual_stages",
-           [](S& s, K& k, JobSpec& j) { s.integer(k, j.parallel.virtual_stages, 1, 1024); }},
+          // A positive integer, or auto (0) for the planner to choose under the interleaved schedule.
+          {"virtual_stages", [](S& s, K& k, JobSpec& j) { s.degree(k, j.parallel.virtual_stages, 1024); }},
+          {"sequence_parallel", [](S& s, K& k, JobSpec& j) { s.boolean(k, j.parallel.sequence_parallel); }},
       },
       parallel_rules};
   return t;
@@ -516,6 +548,7 @@ const Table& resources_table() {
       {"threads_per_worker",
        [](S& s, K& k, JobSpec& j) { s.integer(k, j.resources.threads_per_worker, 1, 1024); }},
       {"memory_per_device", [](S& s, K& k, JobSpec& j) { s.size(k, j.resources.memory_per_device); }},
+      {"hardware", [](S& s, K& k, JobSpec& j) { s.hardware_name(k, j.resources.hardware); }},
   }};
   return t;
 }

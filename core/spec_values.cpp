@@ -257,6 +257,29 @@ void Section::degree(const std::string& key, int& out, int64_t hi) {
   out = static_cast<int>(x);
 }
 
+void Section::hardware_name(const std::string& key, std::string& out) {
+  const YAML::Node* v = value(key, false, "a hardware profile name");
+  if (!v) return;
+  if (v->IsScalar() && v->Scalar().empty()) return void(out.clear());  // "": the device's default
+  const bool ok = v->IsScalar() && !v->Scalar().empty() && v->Scalar().size() <= 64 && v->Scalar() != "." &&
+                  v->Scalar() != ".." && std::all_of(v->Scalar().begin(), v->Scalar().end(), [](char c) {
+                    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                           c == '.' || c == '_' || c == '-';
+                  });
+  if (!ok)
+    return reject(
+        key, "'" + child(path_, key) + "' must be a hardware profile name, got " + describe(*v),
+        "a name of configs/hardware/ (a100-80gb, h100-sxm, h200-sxm, cpu) or of a calibrated profile, "
+        "never a path; see docs/planner.md");
+  out = v->Scalar();
+}
+
+bool Section::scalar_is(const std::string& key, const char* text) const {
+  auto it = entries_.find(key);
+  return it != entries_.end() && it->second.value.IsScalar() && !is_quoted(it->second.value) &&
+         it->second.value.Scalar() == text;
+}
+
 bool Section::expect_plain_scalar(const std::string& key, const YAML::Node& v, const std::string& what) {
   if (v.IsScalar() && !is_quoted(v)) return true;
   std::string hint = "write " + what + " on the key's line";

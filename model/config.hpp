@@ -23,7 +23,7 @@ struct ModelConfig {
   int n_head = 2;        // NH (gpt, llama); D % NH == 0
   // llama only:
   int n_kv_head = 0;            // NKV key/value heads (grouped-query attention); NH % NKV == 0; 0 = NH
-  int ffn_hidden = 0;           // F, the SwiGLU hidden width (gate and up each F wide)
+  int ffn_hidden = 0;           // F: the SwiGLU hidden width (llama); gpt's MLP width (0 = 4D)
   float norm_eps = 1e-5f;       // RMSNorm epsilon
   double rope_theta = 10000.0;  // rotary base: channel pair i turns by position * theta^(-2i/HS)
   bool tie_embeddings = false;  // LM head reads wte (gpt: always tied)
@@ -36,8 +36,11 @@ struct ModelConfig {
   void validate() const;  // throws troupe::Error with the offending field
   int head_dim() const { return d_model / n_head; }
   int kv_heads() const { return kind == ModelKind::llama && n_kv_head > 0 ? n_kv_head : n_head; }
-  // The MLP's hidden width: 4D (gpt, mlp), ffn_hidden (llama).
-  int64_t ffn() const { return kind == ModelKind::llama ? int64_t{ffn_hidden} : 4 * int64_t{d_model}; }
+  // The MLP's hidden width: ffn_hidden (llama; gpt when given), else 4D (gpt, mlp).
+  int64_t ffn() const {
+    if (kind == ModelKind::llama || (kind == ModelKind::gpt && ffn_hidden > 0)) return ffn_hidden;
+    return 4 * int64_t{d_model};
+  }
   // The LM head reads the embedding's wte (gpt always, llama with tie_embeddings).
   bool tied_head() const { return kind != ModelKind::llama || tie_embeddings; }
   // Embedding and LM head split by vocabulary rows under tensor parallelism (llama).

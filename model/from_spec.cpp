@@ -19,8 +19,9 @@ ModelConfig model_config(const JobSpec& spec) {
     c.rope_theta = spec.model.rope_theta;
     c.tie_embeddings = spec.model.tie_embeddings;
   }
+  if (c.kind == ModelKind::gpt) c.ffn_hidden = spec.model.ffn_hidden;  // 0: 4 d_model
   c.seed = spec.train.seed;
-  c.recompute = spec.train.recompute == Recompute::block;
+  c.recompute = spec.train.recompute == Recompute::full;
   c.validate();
   return c;
 }

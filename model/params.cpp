@@ -144,7 +144,7 @@ std::vector<ParamSpec> param_specs(const ModelConfig& cfg, const StageRange& ran
   shard.validate(cfg);
   TROUPE_CHECK(0 <= range.first && range.first <= range.last && range.last <= cfg.n_layer, "stage layers [",
                range.first, ", ", range.last, ") outside a model of ", cfg.n_layer, " layers");
-  const int64_t V = cfg.vocab_size, D = cfg.d_model, T = cfg.seq_len;
+  const int64_t V = cfg.vocab_size, D = cfg.d_model, T = cfg.seq_len, F = cfg.ffn();
   // GPT-2: residual output projections scaled by 1/sqrt(2L) so the residual stream's
   // variance does not grow with depth.
   const double proj_std = kInitStd / std::sqrt(2.0 * std::max(cfg.n_layer, 1));
@@ -176,13 +176,13 @@ std::vector<ParamSpec> param_specs(const ModelConfig& cfg, const StageRange& ran
       }
     }
     add_layernorm(out, h + ".ln_2", D);
-    add_linear(out, h + ".mlp.c_fc", 4 * D, D, kInitStd);
-    add_linear(out, h + ".mlp.c_proj", D, 4 * D, proj_std);
+    add_linear(out, h + ".mlp.c_fc", F, D, kInitStd);
+    add_linear(out, h + ".mlp.c_proj", D, F, proj_std);
     if (shard.size > 1) {
       const size_t n = out.size();
-      shard_rows(out[n - 4], 4 * D, 1, shard);  // c_fc.weight
-      shard_rows(out[n - 3], 4 * D, 1, shard);  // c_fc.bias
-      shard_cols(out[n - 2], 4 * D, shard);     // c_proj.weight
+      shard_rows(out[n - 4], F, 1, shard);  // c_fc.weight
+      shard_rows(out[n - 3], F, 1, shard);  // c_fc.bias
+      shard_cols(out[n - 2], F, shard);     // c_proj.weight
     }
   }
   if (range.has_head) {

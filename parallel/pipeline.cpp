@@ -49,7 +49,12 @@ plan::ModelShape shape_of(const model::ModelConfig& cfg) {
   const ModelType type = cfg.kind == model::ModelKind::gpt     ? ModelType::gpt
                          : cfg.kind == model::ModelKind::llama ? ModelType::llama
                                                                : ModelType::mlp;
-  return {type, cfg.n_layer, cfg.d_model, cfg.vocab_size, cfg.seq_len};
+  plan::ModelShape m{type, cfg.n_layer, cfg.d_model, cfg.vocab_size, cfg.seq_len};
+  m.n_heads = cfg.kind != model::ModelKind::mlp ? cfg.n_head : 0;
+  m.n_kv_heads = cfg.kv_heads();
+  m.ffn_hidden = static_cast<int>(cfg.ffn());
+  m.tie_embeddings = cfg.tied_head();
+  return m;
 }
 
 std::vector<std::unique_ptr<model::Stage>> make_rank_stages(

@@ -7,9 +7,20 @@
 
 namespace troupe::plan {
 
+int64_t ModelShape::ffn() const {
+  if (ffn_hidden > 0 && type != ModelType::mlp) return ffn_hidden;
+  if (type == ModelType::llama) return (int64_t{8} * d_model / 3 + 63) / 64 * 64;
+  return 4 * int64_t{d_model};
+}
+
 ModelShape model_shape(const JobSpec& spec) {
-  return {spec.model.type, spec.model.n_layers, spec.model.d_model, spec.model.vocab_size,
-          spec.model.seq_len};
+  ModelShape m{spec.model.type, spec.model.n_layers, spec.model.d_model, spec.model.vocab_size,
+               spec.model.seq_len};
+  m.n_heads = spec.model.n_heads;
+  m.n_kv_heads = spec.model.n_kv_heads;
+  m.ffn_hidden = spec.model.ffn_hidden;
+  m.tie_embeddings = spec.model.type != ModelType::llama || spec.model.tie_embeddings;
+  return m;
 }
 
 StageCosts stage_costs(const ModelShape& m) {
@@ -49,13 +60,23 @@ Partition partition_layers(int n_layers, int pp, int virtual_stages, const Stage
     if (k == S - 1) c += costs.head;
     return c;
   };
+  // No chunk of an optimal split costs more than the bottleneck of the even split (blocks
+  // L/S each, earlier chunks one more), so no chunk holds more than nmax blocks: the loops
+  // below stay near L/S blocks a chunk instead of running over all L.
+  double even = 0;
+  for (int k = 0, j = 0; k < S; ++k) {
+    const int n = n_layers / S + (k < n_layers % S ? 1 : 0);
+    even = std::max(even, chunk_cost(k, n));
+    j += n;
+  }
+  const int nmax = costs.block > 0 ? std::min(n_layers, int(even / costs.block * (1 + 1e-9)) + 1) : n_layers;
   // Pass 1, best[k][j]: the least bottleneck for chunks k..S-1 over blocks j..L-1.
   const double inf = std::numeric_limits<double>::infinity();
   std::vector<std::vector<double>> best(S + 1, std::vector<double>(n_layers + 1, inf));
   best[S][n_layers] = 0.0;
   for (int k = S - 1; k >= 0; --k)
     for (int j = 0; j <= n_layers; ++j)
-      for (int n = 1; j + n <= n_layers; ++n)
+      for (int n = 1; n <= nmax && j + n <= n_layers; ++n)
         best[k][j] = std::min(best[k][j], std::max(chunk_cost(k, n), best[k + 1][j + n]));
   const double bottleneck = best[0][0];
   TROUPE_CHECK(bottleneck < inf, "partition: no split of ", n_layers, " layers into ", S, " chunks");
@@ -66,7 +87,7 @@ Partition partition_layers(int n_layers, int pp, int virtual_stages, const Stage
   sq[S][n_layers] = 0.0;
   for (int k = S - 1; k >= 0; --k)
     for (int j = 0; j <= n_layers; ++j)
-      for (int n = 1; j + n <= n_layers; ++n) {
+      for (int n = 1; n <= nmax && j + n <= n_layers; ++n) {
         const double c = chunk_cost(k, n);
         if (c <= cap) sq[k][j] = std::min(sq[k][j], c * c + sq[k + 1][j + n]);
       }
@@ -77,7 +98,7 @@ Partition partition_layers(int n_layers, int pp, int virtual_stages, const Stage
   for (int k = 0; k < S; ++k) {
     // The largest block count that reaches the optimum.
     int take = 0;
-    for (int n = n_layers - j; n >= 1; --n) {
+    for (int n = std::min(nmax, n_layers - j); n >= 1; --n) {
       const double c = chunk_cost(k, n);
       if (c <= cap && c * c + sq[k + 1][j + n] <= sq[k][j] * (1 + 1e-12)) {
         take = n;

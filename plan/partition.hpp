@@ -11,6 +11,8 @@
 // interleaving), so the chunks of one rank are spread along the depth.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "core/spec.hpp"
@@ -37,6 +39,16 @@ struct ModelShape {
   int d_model = 1;
   int vocab_size = 1;
   int seq_len = 1;
+  // The rest is read by the cost model (plan/cost_model.hpp); 0 = the model type's default.
+  int n_heads = 0;             // 0: one head per 64 channels
+  int n_kv_heads = 0;          // 0: n_heads
+  int ffn_hidden = 0;          // 0: 4 d_model (gpt, mlp), 64 * ceil(8 d_model / 3 / 64) (llama)
+  bool tie_embeddings = true;  // the LM head reads wte (gpt and mlp always)
+
+  int heads() const { return n_heads > 0 ? n_heads : std::max(1, d_model / 64); }
+  int kv_heads() const { return type == ModelType::llama && n_kv_heads > 0 ? n_kv_heads : heads(); }
+  int64_t ffn() const;
+  bool tied() const { return type != ModelType::llama || tie_embeddings; }
 };
 ModelShape model_shape(const JobSpec& spec);
 

@@ -298,8 +298,17 @@ std::vector<ProgramStep> rank_program(const Schedule& s, int rank, Pairing pairi
 
 namespace {
 
+// A rank's program as the simulation reads it (owned by the Simulator, shared by its runs).
+struct ProgView {
+  const std::vector<ProgramStep>* v = nullptr;
+  const ProgramStep& operator[](size_t i) const { return (*v)[i]; }
+  size_t size() const { return v->size(); }
+  std::vector<ProgramStep>::const_iterator begin() const { return v->begin(); }
+  std::vector<ProgramStep>::const_iterator end() const { return v->end(); }
+};
+
 struct SimRank {
-  std::vector<ProgramStep> prog;
+  ProgView prog;
   size_t at = 0;
   double clock = 0.0;
   bool arrived = false;  // at prog[at], a batch, posted
@@ -422,14 +431,30 @@ void check_matching(const Schedule& s, const std::vector<SimRank>& ranks) {
 
 }  // namespace
 
+Simulator::Simulator(const Schedule& s, Pairing pairing) : s_(s), pairing_(pairing) {
+  check_table(s_);
+  std::vector<SimRank> ranks(s_.pp);
+  progs_.resize(size_t(s_.pp));
+  for (int p = 0; p < s_.pp; ++p) {
+    progs_[size_t(p)] = rank_program(s_, p, pairing_);
+    ranks[size_t(p)].prog.v = &progs_[size_t(p)];
+  }
+  check_matching(s_, ranks);
+}
+
 CheckResult check_schedule(const Schedule& s, const CheckOptions& opt) {
-  check_table(s);
+  return Simulator(s, opt.pairing).run(opt);
+}
+
+CheckResult Simulator::run(const CheckOptions& opt) const {
+  const Schedule& s = s_;
+  if (opt.pairing != pairing_)
+    throw ScheduleError("the simulator was built for another pairing of sends and receives");
   if (s.split_backward() && !(opt.t_weight >= 0.0 && opt.t_weight <= opt.t_backward))
     throw ScheduleError("t_weight " + std::to_string(opt.t_weight) + " must be in [0, t_backward = " +
                         std::to_string(opt.t_backward) + "]: W is part of the backward");
   std::vector<SimRank> ranks(s.pp);
-  for (int p = 0; p < s.pp; ++p) ranks[p].prog = rank_program(s, p, opt.pairing);
-  check_matching(s, ranks);
+  for (int p = 0; p < s.pp; ++p) ranks[p].prog.v = &progs_[size_t(p)];
 
   CheckResult res;
   res.peak_in_flight.assign(s.pp, std::vector<int>(s.v, 0));
@@ -458,14 +483,38 @@ CheckResult check_schedule(const Schedule& s, const CheckOptions& opt) {
   // Runs the compute step ranks[p] is at (accounting its slots) and returns its
   // duration; the caller moves the clock.
   const bool split = s.split_backward();
+  const bool per_chunk = !opt.chunk_forward.empty();
+  if (per_chunk) {
+    auto sized = [&](const std::vector<std::vector<double>>& t, const char* what, bool needed) {
+      if (!needed) return;
+      bool ok = static_cast<int>(t.size()) == s.pp;
+      for (size_t p = 0; ok && p < t.size(); ++p) ok = static_cast<int>(t[p].size()) == s.v;
+      if (!ok)
+        throw ScheduleError(std::string(what) + " needs [pipeline " + std::to_string(s.pp) + "][virtual " +
+                            std::to_string(s.v) + "] durations");
+    };
+    sized(opt.chunk_forward, "chunk_forward", true);
+    sized(opt.chunk_backward, "chunk_backward", true);
+    sized(opt.chunk_weight, "chunk_weight", split);
+  }
+  auto duration = [&](int p, const Op& op) {
+    if (per_chunk) {
+      const size_t c = static_cast<size_t>(op.chunk);
+      if (op.pass == Pass::F) return opt.chunk_forward[p][c];
+      if (op.pass == Pass::W) return opt.chunk_weight[p][c];
+      return split ? opt.chunk_backward[p][c] - opt.chunk_weight[p][c] : opt.chunk_backward[p][c];
+    }
+    return (op.pass == Pass::F   ? opt.t_forward
+            : op.pass == Pass::W ? opt.t_weight
+            : split              ? opt.t_backward - opt.t_weight
+                                 : opt.t_backward) /
+           s.v;
+  };
+  res.transfer.assign(s.pp, 0.0);
   auto run_compute = [&](int p) {
     SimRank& r = ranks[p];
     const Op& op = r.prog[r.at].op;
-    const double t = (op.pass == Pass::F   ? opt.t_forward
-                      : op.pass == Pass::W ? opt.t_weight
-                      : split              ? opt.t_backward - opt.t_weight
-                                           : opt.t_backward) /
-                     s.v;
+    const double t = duration(p, op);
     res.busy[p] += t;
     int& l = live[p][op.chunk];
     if (op.pass == Pass::F) {
@@ -545,6 +594,14 @@ CheckResult check_schedule(const Schedule& s, const CheckOptions& opt) {
       }
       if (std::all_of(r.matched.begin(), r.matched.end(), [](char c) { return c != 0; })) {
         r.clock = std::max(r.post_time, *std::max_element(r.match_time.begin(), r.match_time.end()));
+        if (opt.t_transfer > 0.0) {
+          const auto sends =
+              std::count_if(batch.begin(), batch.end(), [](const Transfer& x) { return x.send; });
+          const double moving =
+              opt.t_transfer * double(std::max<size_t>(size_t(sends), batch.size() - sends));
+          r.clock += moving;
+          res.transfer[p] += moving;
+        }
         r.arrived = false;
         ++r.at;
         ++res.comm_batches;
@@ -599,7 +656,8 @@ CheckResult check_schedule(const Schedule& s, const CheckOptions& opt) {
 
   for (const auto& r : ranks) res.makespan = std::max(res.makespan, r.clock);
   double idle = 0.0;
-  for (int p = 0; p < s.pp; ++p) idle += res.makespan > 0 ? (res.makespan - res.busy[p]) / res.makespan : 0.0;
+  for (int p = 0; p < s.pp; ++p)
+    idle += res.makespan > 0 ? (res.makespan - res.busy[p] - res.transfer[p]) / res.makespan : 0.0;
   res.bubble = idle / s.pp;
   return res;
 }

@@ -149,6 +149,15 @@ struct CheckOptions {
   // what the executor runs (the batch on a thread of its own). Off: the W's wait
   // for the batch, and ZB-H1's step takes as long as 1F1B's.
   bool overlap_weights = true;
+  // Durations of one op of local chunk c on pipeline rank p, [p][c], in place of t_forward /
+  // t_backward / t_weight (which are a whole rank's and split evenly over its v chunks): the
+  // planner's costs, where the embedding and the head make chunks unequal. Empty: uniform.
+  // chunk_weight is read only where the backward is split (there B takes backward - weight).
+  std::vector<std::vector<double>> chunk_forward, chunk_backward, chunk_weight;
+  // What one transfer takes once both sides have posted it (latency + bytes / bandwidth); a
+  // batch completes that long after its last match, times the most transfers it has in one
+  // direction (sends and receives run at once, each direction one after the other).
+  double t_transfer = 0.0;
 };
 
 // A micro-batch holds an activation slot from its F until the batch after its B
@@ -159,7 +168,9 @@ struct CheckResult {
   std::vector<int> peak_per_rank;                // [rank]: the most live micro-batches at once
   double makespan = 0.0;                         // simulated step time
   std::vector<double> busy;                      // [rank] simulated compute time
-  double bubble = 0.0;                           // mean over ranks of idle / makespan
+  std::vector<double> transfer;                  // [rank] simulated time moving data (t_transfer)
+  double bubble = 0.0;                           // mean over ranks of idle / makespan (idle: neither
+                                                 // computing nor transferring)
   int comm_batches = 0;                          // batches executed (all ranks)
 };
 
@@ -169,6 +180,22 @@ struct CheckResult {
 // B, a W where the backward is not split, a send nobody receives (or a receive
 // nobody sends), a wait cycle (crossed order), more live micro-batches than slots.
 CheckResult check_schedule(const Schedule& s, const CheckOptions& opt = {});
+
+// check_schedule in two halves: the table's checks and its programs once (a planner prices
+// thousands of timings of one table), then a simulation per set of durations.
+class Simulator {
+ public:
+  // Throws ScheduleError for a table that is inconsistent or whose sends do not match.
+  explicit Simulator(const Schedule& s, Pairing pairing = Pairing::paired);
+  // check_schedule(s, opt) with opt.pairing the constructor's.
+  CheckResult run(const CheckOptions& opt) const;
+  const Schedule& schedule() const { return s_; }
+
+ private:
+  Schedule s_;
+  Pairing pairing_;
+  std::vector<std::vector<ProgramStep>> progs_;
+};
 
 // Activation slots local chunk c of pipeline rank p needs under a checked schedule of pp
 // ranks (at least 1); 1 without a pipeline (pp == 1, an empty check).

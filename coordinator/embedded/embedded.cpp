@@ -43,9 +43,9 @@ int run_job_embedded(const JobSpec& spec, const RunOptions& o) {
     ~Restore() { pthread_sigmask(SIG_SETMASK, &mask, nullptr); }
   } restore{old};
 
-  coord::JobRequest req = coord::job_request(spec);
   std::vector<std::string> devices;
   try {
+    const coord::JobRequest req = coord::job_request(spec, o.hardware);
     devices = worker::expand_devices(
         o.devices.empty() ? req.device_kind + ":" + std::to_string(req.layout.world()) : o.devices);
   } catch (const std::exception& e) {
@@ -67,6 +67,7 @@ int run_job_embedded(const JobSpec& spec, const RunOptions& o) {
   caf::actor_system sys{cfg};
   coord::CoordinatorActorOptions copt;
   copt.runs_dir = o.runs_dir;
+  copt.default_hardware = o.hardware;
   copt.on_event = [inbox, feed](const std::string& e) {
     feed->publish(e);
     std::lock_guard<std::mutex> lock(inbox->mu);
@@ -167,6 +168,7 @@ int run_job_embedded(const JobSpec& spec, const RunOptions& o) {
     for (const auto& e : events) {
       if (e.value("job", "") != job) continue;
       const std::string kind = e.value("event", "");
+      if (kind == "plan" && o.on_plan) o.on_plan(e);
       if (kind == "step" && o.on_step) {
         o.on_step(e["metrics"]);
       } else if (kind == "step" && !o.quiet) {

@@ -17,6 +17,9 @@ struct RunOptions {
   bool quiet = false;       // no per-step lines on stdout
   std::string resume_from;  // checkpoint directory to resume every rank from ("" = fresh)
   std::string http;         // serve the dashboard and /metrics at HOST:PORT ("" = none)
+  std::string hardware;     // an auto job's hardware profile (YAML) when its spec names none ("" = default)
+  // Called with each "plan" event of the job (an auto job's layout chosen at a launch).
+  std::function<void(const nlohmann::json&)> on_plan;
   // Called with each step's metrics line (as in metrics.jsonl) instead of printing it.
   std::function<void(const nlohmann::json&)> on_step;
   // Called once with the job id and run directory after the job is accepted.

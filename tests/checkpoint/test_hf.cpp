@@ -325,7 +325,7 @@ TEST_CASE("hf: every disagreement of config.json with the job's model is refused
       {g, "n_layer", 3, "n_layer is 3, the job's model.n_layers is 2"},
       {g, "n_head", 2, "n_head is 2, the job's model.n_heads is 4"},
       {g, "n_positions", 8, "n_positions is 8, shorter than the job's model.seq_len 12"},
-      {g, "n_inner", 60, "n_inner is 60, troupe's gpt MLP has 4 * model.d_model = 64"},
+      {g, "n_inner", 60, "n_inner is 60, the spec's model.ffn_hidden is 64"},
       {g, "activation_function", "gelu", "activation_function is \"gelu\""},
       {g, "layer_norm_epsilon", 1e-6, "layer_norm_epsilon is 1e-06, troupe's gpt LayerNorm uses 1e-05"},
       {g, "tie_word_embeddings", false, "tie_word_embeddings is false"},

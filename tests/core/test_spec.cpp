@@ -17,10 +17,13 @@ namespace {
 
 const char* kMinimal = troupe::testing::kMinimalSpec;
 
+// The shipped job specs: every .yaml under configs/ but the hardware profiles (configs/hardware/).
 std::vector<fs::path> config_files() {
   std::vector<fs::path> out;
+  const fs::path hardware = fs::path(TROUPE_SOURCE_DIR) / "configs" / "hardware";
   for (const auto& e : fs::recursive_directory_iterator(fs::path(TROUPE_SOURCE_DIR) / "configs"))
-    if (e.is_regular_file() && e.path().extension() == ".yaml") out.push_back(e.path());
+    if (e.is_regular_file() && e.path().extension() == ".yaml" && e.path().parent_path() != hardware)
+      out.push_back(e.path());
   std::sort(out.begin(), out.end());
   return out;
 }
@@ -237,7 +240,7 @@ elastic: {min_devices: 6, max_devices: 24}
   CHECK(s.train.min_lr == 6e-5);
   CHECK(s.train.grad_clip == 0.0);
   CHECK(s.train.precision == troupe::Precision::bf16);
-  CHECK(s.train.recompute == troupe::Recompute::block);
+  CHECK(s.train.recompute == troupe::Recompute::full);  // "block": the older spelling of full
   CHECK(s.train.seed == UINT64_MAX);
   CHECK(s.train.eval_batches == 2);
   CHECK(s.train.log_every == 5);
@@ -270,7 +273,8 @@ TEST_CASE("enum names are the YAML spellings", "[core][spec]") {
   CHECK(std::string(to_string(troupe::ModelType::mlp)) == "mlp");
   CHECK(std::string(to_string(troupe::DataSource::synthetic)) == "synthetic");
   CHECK(std::string(to_string(troupe::Precision::bf16)) == "bf16");
-  CHECK(std::string(to_string(troupe::Recompute::block)) == "block");
+  CHECK(std::string(to_string(troupe::Recompute::full)) == "full");
+  CHECK(std::string(to_string(troupe::Recompute::auto_)) == "auto");
   CHECK(std::string(to_string(troupe::DeviceKind::cuda)) == "cuda");
   CHECK(std::string(to_string(troupe::LrSchedule::constant)) == "constant");
 }

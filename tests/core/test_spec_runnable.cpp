@@ -63,7 +63,7 @@ TEST_CASE("runnable: fp32 on cpu, and every shipped config, has no issues", "[co
   CHECK_NOTHROW(troupe::require_runnable(s));
   CHECK(troupe::runnable_issues(parse_spec(kSpec, "b.yaml")).empty());
   for (const auto& e : fs::recursive_directory_iterator(fs::path(TROUPE_SOURCE_DIR) / "configs"))
-    if (e.path().extension() == ".yaml") {
+    if (e.path().extension() == ".yaml" && e.path().parent_path().filename() != "hardware") {  // job specs
       INFO(e.path().string());
       CHECK(troupe::runnable_issues(troupe::load_spec(e.path().string())).empty());
     }

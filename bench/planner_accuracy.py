@@ -1,0 +1,176 @@
+#!/usr/bin/env python3
+"""The planner's cost model against this machine: predicted vs measured step time.
+
+Calibrates this machine at the shapes of GPT configs A and B (`troupe plan --calibrate`), then
+runs every layout of A and B that this machine holds (data x pipeline x tensor with at most one
+worker per core, every micro-batch size and recompute mode the engine runs) through
+`troupe run` with real worker processes, and prints per run the step time `troupe plan`
+predicted beside the median measured one. Then, per config and over all: the mean absolute
+percentage error (MAPE), Spearman's rank correlation, and the regret of the planner's first
+choice for each device count (its measured step time over the best measured one).
+
+  bench/planner_accuracy.py [--build build] [--steps 8] [--configs A,B] [--profile FILE]
+                            [--devices N] [--micro-batches all|pow2]
+
+Config A: 4 layers, d_model 256, 4 heads, seq 128, batch 16. Config B: 8 layers, d_model 512,
+8 heads, seq 256, batch 8 (bench/train_throughput.cpp's). Data: the fortunes text, as the
+quickstart. The measured step time is the median of metrics.jsonl's step_ms over the steps after
+the first two (start-up). --profile skips the calibration and uses that profile.
+"""
+import argparse
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+CONFIGS = {
+    "A": dict(n_layers=4, d_model=256, n_heads=4, seq_len=128, batch=16),
+    "B": dict(n_layers=8, d_model=512, n_heads=8, seq_len=256, batch=8),
+}
+
+
+def spec_text(name, c, steps, layout=None, micro_batch=None, recompute=None):
+    dp, pp, tp = layout if layout else ("auto", "auto", "auto")
+    mb = micro_batch if micro_batch else "auto"
+    rc = recompute if recompute else "auto"
+    return (
+        f"name: {name}\n"
+        f"model: {{type: gpt, seq_len: {c['seq_len']}, d_model: {c['d_model']}, n_layers: {c['n_layers']}, "
+        f"n_heads: {c['n_heads']}}}\n"
+        "data: {path: /usr/share/games/fortunes}\n"
+        f"train: {{steps: {steps}, global_batch: {c['batch']}, micro_batch: {mb}, recompute: {rc}, seed: 0, "
+        "optimizer: {lr: 0.003}}\n"
+        f"parallel: {{data: {dp}, pipeline: {pp}, tensor: {tp}, schedule: 1f1b}}\n"
+    )
+
+
+def divisors(n):
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def spearman(xs, ys):
+    def ranks(v):
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2.0
+            i = j + 1
+        return r
+
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = statistics.mean(rx), statistics.mean(ry)
+    num = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    den = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
+    return num / den if den else float("nan")
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, capture_output=True, text=True, **kw)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--configs", default="A,B")
+    ap.add_argument("--profile", default="")
+    ap.add_argument("--devices", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--micro-batches", default="all", choices=["all", "pow2"])
+    a = ap.parse_args()
+    troupe = os.path.abspath(os.path.join(a.build, "troupe"))
+    work = tempfile.mkdtemp(prefix="troupe-planner-accuracy-")
+    configs = [c.strip() for c in a.configs.split(",") if c.strip()]
+
+    specs = {}
+    for name in configs:
+        p = os.path.join(work, f"{name}-auto.yaml")
+        with open(p, "w") as f:
+            f.write(spec_text(f"acc-{name}", CONFIGS[name], a.steps))
+        specs[name] = p
+    profile = a.profile
+    if not profile:
+        profile = os.path.join(work, "cpu.yaml")
+        r = run([troupe, "plan", "--calibrate", *specs.values(), "--devices", str(a.devices), "--out", profile])
+        print(r.stdout.strip())
+        if r.returncode != 0:
+            print(r.stderr, file=sys.stderr)
+            return 1
+    print(f"profile: {profile}; {a.devices} cores; load {os.getloadavg()[0]:.2f}; steps {a.steps} per run")
+
+    rows = []  # (config, candidate string, devices, predicted, measured)
+    for name in configs:
+        c = CONFIGS[name]
+        for world in range(1, a.devices + 1):
+            for dp, pp, tp in itertools.product(divisors(world), repeat=3):
+                if dp * pp * tp != world or c["batch"] % dp or pp > c["n_layers"] or c["n_heads"] % tp:
+                    continue
+                mbs = divisors(c["batch"] // dp)
+                if a.micro_batches == "pow2":
+                    mbs = [m for m in mbs if m & (m - 1) == 0]
+                for mb, rc in itertools.product(mbs, ["none", "full"]):
+                    tag = f"{name}-{dp}x{pp}x{tp}-mb{mb}-{rc}"
+                    p = os.path.join(work, tag + ".yaml")
+                    with open(p, "w") as f:
+                        f.write(spec_text(tag, c, a.steps, (dp, pp, tp), mb, rc))
+                    plan = run([troupe, "plan", p, "--json", "--hardware", profile])
+                    if plan.returncode != 0:
+                        print(f"{tag}: troupe plan failed: {plan.stderr.strip()}")
+                        continue
+                    predicted = json.loads(plan.stdout)["chosen"]["step_time_s"]
+                    runs = os.path.join(work, "runs-" + tag)
+                    r = run([troupe, "run", "-q", p, "--runs-dir", runs])
+                    if r.returncode != 0:
+                        print(f"{tag}: troupe run failed:\n{r.stdout}{r.stderr}")
+                        return 1
+                    (d,) = os.listdir(runs)
+                    lines = [json.loads(x) for x in open(os.path.join(runs, d, "metrics.jsonl")) if '"step"' in x]
+                    measured = statistics.median(x["step_ms"] for x in lines[2:]) / 1000.0
+                    rows.append((name, f"{dp}x{pp}x{tp} mb{mb} {rc}", world, predicted, measured))
+                    print(f"{name}  {dp}x{pp}x{tp}  mb {mb:3d}  {rc:5s}  predicted {predicted * 1000:8.1f} ms"
+                          f"  measured {measured * 1000:8.1f} ms  error {100 * (predicted / measured - 1):+6.1f}%",
+                          flush=True)
+
+    def summary(label, sel):
+        pred = [r[3] for r in sel]
+        meas = [r[4] for r in sel]
+        mape = 100 * statistics.mean(abs(p / m - 1) for p, m in zip(pred, meas))
+        rho = spearman(pred, meas)
+        print(f"{label:8s} runs {len(sel):3d}  MAPE {mape:5.1f}%  Spearman rho {rho:+.3f}")
+
+    print()
+    for name in configs:
+        summary(name, [r for r in rows if r[0] == name])
+    summary("all", rows)
+
+    # Regret: the planner's own choice for each device count, measured, against the best measured.
+    print()
+    for name in configs:
+        for world in range(1, a.devices + 1):
+            plan = run([troupe, "plan", specs[name], "--json", "--hardware", profile, "--devices", str(world)])
+            if plan.returncode != 0:
+                continue
+            ch = json.loads(plan.stdout)["chosen"]
+            cand = f"{ch['data']}x{ch['pipeline']}x{ch['tensor']} mb{ch['micro_batch']} {ch['recompute']}"
+            sel = [r for r in rows if r[0] == name and r[2] == world]
+            if not sel:
+                continue
+            best = min(sel, key=lambda r: r[4])
+            mine = [r for r in sel if r[1] == cand]
+            if not mine:
+                print(f"{name} on {world}: the planner chose {cand}, which was not measured")
+                continue
+            print(f"{name} on {world} device(s): planner's choice {cand} measured {mine[0][4] * 1000:.1f} ms; "
+                  f"best measured {best[1]} {best[4] * 1000:.1f} ms; regret {100 * (mine[0][4] / best[4] - 1):.1f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
