@@ -167,9 +167,16 @@ std::vector<Shape> grid_shapes() {
 struct ComputeFigures {
   std::vector<double> gemm_rate;  // by shape
   double peak_f32 = 0, peak_bf16 = 0, peak_f16 = 0, small_f32 = 0;
-  double memcpy_bw = 0;       // bytes read + written per second
-  double elementwise_bw = 0;  // bytes the cost model counts for norms and GELU, per second
-  double attention_flops = 0;
+  // Bytes per second as the cost model counts them: AdamW over buffers larger than the caches
+  // (the memory's bandwidth), and at the spec's activation sizes a residual add, a LayerNorm
+  // forward + backward, a GELU forward + backward.
+  double stream_bw = 0, elementwise_bw = 0, norm_bw = 0, activation_bw = 0;
+  double attention_flops = 0;  // the causal attention core, forward + backward
+  // The scalar figures in one order, for the pipe from a measuring process.
+  std::vector<double*> scalars() {
+    return {&peak_f32,       &peak_bf16, &peak_f16,      &small_f32,      &stream_bw,
+            &elementwise_bw, &norm_bw,   &activation_bw, &attention_flops};
+  }
 };
 
 ComputeFigures measure_kernels(const JobSpec* spec);
@@ -180,10 +187,9 @@ ComputeFigures measure_compute(const std::vector<Shape>& shapes, const std::vect
   std::vector<ComputeFigures> k;
   if (specs.empty()) k.push_back(measure_kernels(nullptr));
   for (const JobSpec& s : specs) k.push_back(measure_kernels(&s));
-  for (const ComputeFigures& x : k) {
-    f.memcpy_bw += x.memcpy_bw / double(k.size());
-    f.elementwise_bw += x.elementwise_bw / double(k.size());
-    f.attention_flops += x.attention_flops / double(k.size());
+  for (ComputeFigures& x : k) {
+    const auto from = x.scalars(), to = f.scalars();
+    for (size_t i = 0; i < from.size(); ++i) *to[i] += *from[i] / double(k.size());
   }
   for (const Shape& s : shapes) f.gemm_rate.push_back(2.0 * s.m * s.n * s.k / time_gemm(s));
   auto probe = [](int n, DType dt) { return 2.0 * n * n * n / time_gemm({n, n, n, plan::GemmOp::nt, dt}); };
@@ -194,37 +200,44 @@ ComputeFigures measure_compute(const std::vector<Shape>& shapes, const std::vect
   return f;
 }
 
-// The memory, norm/GELU and attention figures at one spec's shapes.
+// The memory-bound kernels' and the attention core's rates at one spec's shapes (a 4 x 1024 x
+// 768 GPT-2 block when there is no spec).
 ComputeFigures measure_kernels(const JobSpec* spec) {
   ComputeFigures f;
+  const kernels::Kernels& k = kernels::cpu_kernels();
   {
-    const size_t n = size_t(64) << 20;
-    std::vector<char> a(n, 1), b(n, 2);
-    f.memcpy_bw = 2.0 * n / time_median([&] { std::memcpy(b.data(), a.data(), n); }, 0.2);
+    const size_t n = size_t(8) << 20;  // 8 Mi parameters: 128 MiB of p, g, m, v
+    std::vector<float> p = random_floats(n), g = random_floats(n), m(n), v(n);
+    int64_t t = 0;
+    f.stream_bw =
+        28.0 * n /
+        time_median(
+            [&] {
+              k.adamw_update(p.data(), g.data(), m.data(), v.data(), n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, ++t);
+            },
+            0.3);
   }
-  // The norms' and GELU's rate, and the attention core's, at the spec's shapes (a 4 x 1024
-  // x 768 GPT-2 block when there is no spec).
   const plan::ModelShape m =
       spec ? plan::model_shape(*spec) : plan::ModelShape{ModelType::gpt, 1, 768, 256, 1024, 12};
-  const int T = m.seq_len, D = m.d_model, H = int(m.ffn() / 1);
+  const int T = m.seq_len, D = m.d_model, H = int(m.ffn());
   const int B = std::max(1, std::min(8, 8192 / std::max(1, T)));
   const int N = B * T;
-  const kernels::Kernels& k = kernels::cpu_kernels();
   std::vector<float> x = random_floats(size_t(N) * D), y(size_t(N) * D), dx(size_t(N) * D), w(D, 1.f),
                      bias(D), mean(N), rstd(N), dw(D), db(D);
   std::vector<float> h = random_floats(size_t(N) * H), hy(size_t(N) * H);
-  double t = 0, bytes = 0;
-  t += time_median([&] {
+  f.elementwise_bw = double(N) * D * 12 /
+                     time_median([&] { k.residual_forward(y.data(), x.data(), dx.data(), size_t(N) * D); });
+  double t = time_median([&] {
     k.layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), bias.data(), N, D);
   });
   t += time_median([&] {
     k.layernorm_backward(dx.data(), dw.data(), db.data(), y.data(), x.data(), w.data(), mean.data(),
                          rstd.data(), N, D);
   });
-  t += time_median([&] { k.gelu_forward(hy.data(), h.data(), size_t(N) * H); });
+  f.norm_bw = double(N) * D * (8 + 16) / t;
+  t = time_median([&] { k.gelu_forward(hy.data(), h.data(), size_t(N) * H); });
   t += time_median([&] { k.gelu_backward(h.data(), hy.data(), hy.data(), size_t(N) * H); });
-  bytes = double(N) * D * (8 + 16) + double(N) * H * (12 + 12);
-  f.elementwise_bw = bytes / t;
+  f.activation_bw = double(N) * H * (12 + 12) / t;
   if (m.type != ModelType::mlp) {
     const int NH = m.heads(), HS = D / NH, NKV = m.kv_heads();
     const int BA = 1;
@@ -247,7 +260,8 @@ ComputeFigures measure_kernels(const JobSpec* spec) {
 // Runs measure_compute in n processes at once; returns each one's figures.
 std::vector<ComputeFigures> measure_compute_parallel(const std::vector<Shape>& shapes,
                                                      const std::vector<JobSpec>& specs, int n) {
-  const size_t per = shapes.size() + 8;
+  const size_t n_scalars = ComputeFigures{}.scalars().size();
+  const size_t per = shapes.size() + n_scalars;
   std::vector<int> fds;
   std::vector<pid_t> pids;
   for (int i = 0; i < n; ++i) {
@@ -261,8 +275,7 @@ std::vector<ComputeFigures> measure_compute_parallel(const std::vector<Shape>& s
       try {
         ComputeFigures f = measure_compute(shapes, specs);
         v = f.gemm_rate;
-        v.insert(v.end(), {f.peak_f32, f.peak_bf16, f.peak_f16, f.small_f32, f.memcpy_bw, f.elementwise_bw,
-                           f.attention_flops, 0.0});
+        for (double* x : f.scalars()) v.push_back(*x);
       } catch (...) {
         ::_exit(3);
       }
@@ -298,14 +311,8 @@ std::vector<ComputeFigures> measure_compute_parallel(const std::vector<Shape>& s
       throw Error("calibrate: a measuring process failed (exit status " + std::to_string(status) + ")");
     ComputeFigures f;
     f.gemm_rate.assign(v.begin(), v.begin() + long(shapes.size()));
-    const double* t = v.data() + shapes.size();
-    f.peak_f32 = t[0];
-    f.peak_bf16 = t[1];
-    f.peak_f16 = t[2];
-    f.small_f32 = t[3];
-    f.memcpy_bw = t[4];
-    f.elementwise_bw = t[5];
-    f.attention_flops = t[6];
+    const auto to = f.scalars();
+    for (size_t j = 0; j < n_scalars; ++j) *to[j] = v[shapes.size() + j];
     all.push_back(std::move(f));
   }
   return all;
@@ -317,21 +324,32 @@ struct Sample {
   double bytes, seconds;
 };
 
-// (latency, bandwidth) of time = steps * latency + factor * bytes / bandwidth, least squares.
+// (latency, bandwidth) of time = steps * latency + factor * bytes / bandwidth, by least squares
+// on the relative error (each size counts alike, the small ones that fix the latency too).
 plan::LinkCost fit(const std::vector<Sample>& s, double steps, double factor) {
-  double sx = 0, sy = 0, sxx = 0, sxy = 0;
-  const double n = double(s.size());
+  // Minimise sum ((a + c x_i) / t_i - 1)^2: weighted least squares with weights 1 / t_i^2.
+  double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
   for (const Sample& p : s) {
-    sx += p.bytes;
-    sy += p.seconds;
-    sxx += p.bytes * p.bytes;
-    sxy += p.bytes * p.seconds;
+    const double w = 1.0 / (p.seconds * p.seconds);
+    sw += w;
+    sx += w * p.bytes;
+    sy += w * p.seconds;
+    sxx += w * p.bytes * p.bytes;
+    sxy += w * p.bytes * p.seconds;
   }
-  const double slope = (n * sxy - sx * sy) / std::max(1e-300, n * sxx - sx * sx);
-  const double icpt = (sy - slope * sx) / n;
+  double slope = (sw * sxy - sx * sy) / std::max(1e-300, sw * sxx - sx * sx);
+  double icpt = (sy - slope * sx) / sw;
+  if (icpt < 0) {  // no latency to speak of: the bandwidth alone
+    icpt = 0;
+    slope = sxy / std::max(1e-300, sxx);
+  }
   plan::LinkCost l;
-  l.latency = std::max(0.0, icpt) / steps;
+  l.latency = icpt / steps;
   l.bandwidth = slope > 0 ? factor / slope : 1e12;
+  if (std::getenv("TROUPE_CALIBRATE_VERBOSE"))
+    for (const Sample& p : s)
+      std::fprintf(stderr, "  %10.0f bytes %10.1f us (fit %10.1f us)\n", p.bytes, p.seconds * 1e6,
+                   (icpt + slope * p.bytes) * 1e6);
   return l;
 }
 
@@ -358,12 +376,22 @@ void comm_child(int rank, const std::string& dir, int out_fd) {
   c.store = std::make_shared<comm::FileStore>(dir);
   auto world = comm::make_communicator(c);
   CommFigures f;
-  for (size_t bytes = 4096; bytes <= (size_t(16) << 20); bytes *= 4) {
+  for (size_t bytes = 4096; bytes <= (size_t(16) << 20); bytes *= 2) {
     const size_t n = bytes / 4;
     std::vector<float> a(n, 1.f), b(n, 0.f), half(n / 2);
+    // Both ranks run the same number of repetitions (a budget in time would differ between them).
+    const int reps = int(std::clamp<size_t>((size_t(64) << 20) / bytes, 5, 40));
     auto median = [&](auto&& op) {
       world->barrier();
-      return time_median([&] { op(); }, 0.1);
+      op();  // warm-up
+      std::vector<double> t;
+      for (int i = 0; i < reps; ++i) {
+        const auto t0 = Clock::now();
+        op();
+        t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      }
+      std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
+      return t[t.size() / 2];
     };
     f.p2p.push_back({double(bytes), median([&] {
                        // One message each way at once, as a pipeline batch sends and receives.
@@ -434,7 +462,7 @@ CommFigures measure_comm() {
     ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
   }
   std::filesystem::remove_all(dir);
-  const size_t sizes = 7;  // 4 KiB .. 16 MiB by 4
+  const size_t sizes = 13;  // 4 KiB .. 16 MiB by 2
   if (!ok || v.size() != 4 * sizes * 2 + 1)
     throw Error("calibrate: the comm measurement between two workers failed");
   CommFigures f;
@@ -473,13 +501,24 @@ uint64_t mem_total() {
   return 0;
 }
 
-double mean(const std::vector<ComputeFigures>& all, double ComputeFigures::*field) {
-  double s = 0;
-  for (const auto& f : all) s += f.*field;
-  return s / double(all.size());
+// The slowest process's figure: workers that step in lockstep go at the pace of the slowest
+// (the cores of a shared host differ, and a core's speed drifts).
+double slowest(const std::vector<ComputeFigures>& all, double ComputeFigures::*field) {
+  double s = all.front().*field;
+  for (const auto& f : all) s = std::min(s, f.*field);
+  return s;
 }
 
 }  // namespace
+
+int run_probe() {
+  const Shape s{512, 512, 512, plan::GemmOp::nt, DType::f32};
+  std::vector<double> rates;
+  for (int i = 0; i < 3; ++i) rates.push_back(2.0 * 512 * 512 * 512 / time_gemm(s));
+  std::sort(rates.begin(), rates.end());
+  std::printf("%.3f\n", rates[1] / 1e9);
+  return kOk;
+}
 
 int run_calibrate(const std::vector<std::string>& spec_paths, int devices, const std::string& out_arg) {
   std::vector<JobSpec> specs;
@@ -524,6 +563,20 @@ int run_calibrate(const std::vector<std::string>& spec_paths, int devices, const
                 shapes.size(), procs, procs == 1 ? "" : "es", kc::gemm_backend());
     std::fflush(stdout);
     const std::vector<ComputeFigures> all = measure_compute_parallel(shapes, specs, procs);
+    // The same alone: how much faster one worker computes when the others are idle.
+    double solo = 1.0;
+    if (procs > 1) {
+      std::printf("troupe plan --calibrate: the same shapes in one process alone\n");
+      std::fflush(stdout);
+      const ComputeFigures one = measure_compute_parallel(shapes, specs, 1).front();
+      double log_sum = 0;
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        double loaded = all.front().gemm_rate[i];
+        for (const auto& f : all) loaded = std::min(loaded, f.gemm_rate[i]);
+        log_sum += std::log(one.gemm_rate[i] / loaded);
+      }
+      solo = shapes.empty() ? 1.0 : std::clamp(std::exp(log_sum / double(shapes.size())), 1.0, 16.0);
+    }
     std::printf("troupe plan --calibrate: comm between two worker processes (gloo)\n");
     std::fflush(stdout);
     const CommFigures comm = measure_comm();
@@ -542,30 +595,42 @@ int run_calibrate(const std::vector<std::string>& spec_paths, int devices, const
     p.device = DeviceKind::cpu;
     p.devices_per_node = cores;
     p.memory = mem_total() / uint64_t(cores);
-    p.memory_bandwidth = mean(all, &ComputeFigures::memcpy_bw);
-    p.peak_f32 = mean(all, &ComputeFigures::peak_f32);
-    p.peak_bf16 = mean(all, &ComputeFigures::peak_bf16);
-    p.peak_f16 = mean(all, &ComputeFigures::peak_f16);
+    p.memory_bandwidth = slowest(all, &ComputeFigures::stream_bw);
+    p.peak_f32 = slowest(all, &ComputeFigures::peak_f32);
+    p.peak_bf16 = slowest(all, &ComputeFigures::peak_bf16);
+    p.peak_f16 = slowest(all, &ComputeFigures::peak_f16);
     for (size_t i = 0; i < shapes.size(); ++i) {
-      plan::GemmPoint g{shapes[i].m, shapes[i].n, shapes[i].k, shapes[i].op, shapes[i].dt, 0};
-      for (const auto& f : all) g.flops_per_s += f.gemm_rate[i] / double(all.size());
+      plan::GemmPoint g{shapes[i].m,  shapes[i].n,  shapes[i].k,
+                        shapes[i].op, shapes[i].dt, all.front().gemm_rate[i]};
+      for (const auto& f : all) g.flops_per_s = std::min(g.flops_per_s, f.gemm_rate[i]);
       if (g.dtype == DType::f32) p.peak_f32 = std::max(p.peak_f32, g.flops_per_s);
       if (g.dtype == DType::bf16) p.peak_bf16 = std::max(p.peak_bf16, g.flops_per_s);
       if (g.dtype == DType::f16) p.peak_f16 = std::max(p.peak_f16, g.flops_per_s);
       p.gemm_table.push_back(g);
     }
     p.gemm_efficiency = 1.0;  // the peaks are measured rates
-    const double small = mean(all, &ComputeFigures::small_f32), f128 = 2.0 * 128 * 128 * 128;
+    const double small = slowest(all, &ComputeFigures::small_f32), f128 = 2.0 * 128 * 128 * 128;
     p.gemm_half_flops = small < p.peak_f32 ? f128 * (p.peak_f32 / small - 1) : 0;
-    p.elementwise_efficiency =
-        std::clamp(mean(all, &ComputeFigures::elementwise_bw) / p.memory_bandwidth, 1e-3, 100.0);
-    const double att = mean(all, &ComputeFigures::attention_flops);
+    auto efficiency = [&](double ComputeFigures::*field) {
+      return std::clamp(slowest(all, field) / p.memory_bandwidth, 1e-3, 100.0);
+    };
+    p.elementwise_efficiency = efficiency(&ComputeFigures::elementwise_bw);
+    p.norm_efficiency = efficiency(&ComputeFigures::norm_bw);
+    p.activation_efficiency = efficiency(&ComputeFigures::activation_bw);
+    const double att = slowest(all, &ComputeFigures::attention_flops);
     if (att > 0) p.attention_efficiency = std::clamp(att / p.peak_f32, 1e-4, 1.0);
     p.comm_overlap = 0.0;
-    p.intra_node.link = fit(comm.p2p, 1, 1);
-    p.intra_node.allreduce = fit(comm.allreduce, 2, 1);    // n = 2: 2 steps, 2(n-1)/n = 1
-    p.intra_node.allgather = fit(comm.allgather, 1, 0.5);  // 1 step, (n-1)/n = 1/2
-    p.intra_node.reduce_scatter = fit(comm.reduce_scatter, 1, 0.5);
+    p.solo_speedup = solo;
+    // Fits, and the measured tables, which price the sizes they cover.
+    auto with_table = [](plan::LinkCost l, const std::vector<Sample>& samples) {
+      for (const Sample& x : samples) l.table.emplace_back(x.bytes, x.seconds);
+      return l;
+    };
+    p.intra_node.link = with_table(fit(comm.p2p, 1, 1), comm.p2p);
+    // Two ranks: an all-reduce is 2 steps of 2(n-1)/n = 1 buffer, the others 1 step of 1/2.
+    p.intra_node.allreduce = with_table(fit(comm.allreduce, 2, 1), comm.allreduce);
+    p.intra_node.allgather = with_table(fit(comm.allgather, 1, 0.5), comm.allgather);
+    p.intra_node.reduce_scatter = with_table(fit(comm.reduce_scatter, 1, 0.5), comm.reduce_scatter);
     p.inter_node = plan::builtin_hardware("cpu").inter_node;  // one host measured: another's link is not
     if (ckpt > 0) p.checkpoint_bandwidth = ckpt;
     p.process_memory = uint64_t(comm.rss_bytes);
@@ -580,15 +645,15 @@ int run_calibrate(const std::vector<std::string>& spec_paths, int devices, const
     }
     std::filesystem::rename(tmp, out);
     std::printf(
-        "troupe plan --calibrate: fp32 %.1f GFLOP/s, bf16 %.1f, fp16 %.1f per core; memory %.1f GB/s; "
-        "attention "
-        "%.0f%% of fp32 peak; elementwise %.2fx memcpy; allreduce %.1f us + %.2f GB/s, p2p %.1f us + %.2f "
-        "GB/s; "
-        "checkpoint %.0f MB/s\nwrote %s\n",
+        "troupe plan --calibrate: per core fp32 %.1f GFLOP/s, bf16 %.1f, fp16 %.1f; memory %.1f GB/s; "
+        "attention %.0f%% of fp32 peak; elementwise %.2f, norms %.2f, activations %.2f of the memory's rate; "
+        "allreduce %.1f us + %.2f GB/s, p2p %.1f us + %.2f GB/s; checkpoint %.0f MB/s; one worker alone "
+        "%.2fx "
+        "as fast\nwrote %s\n",
         p.peak_f32 / 1e9, p.peak_bf16 / 1e9, p.peak_f16 / 1e9, p.memory_bandwidth / 1e9,
-        100 * p.attention_efficiency, p.elementwise_efficiency, p.intra_node.allreduce.latency * 1e6,
-        p.intra_node.allreduce.bandwidth / 1e9, p.intra_node.link.latency * 1e6,
-        p.intra_node.link.bandwidth / 1e9, ckpt / 1e6, out.c_str());
+        100 * p.attention_efficiency, p.elementwise_efficiency, p.norm_efficiency, p.activation_efficiency,
+        p.intra_node.allreduce.latency * 1e6, p.intra_node.allreduce.bandwidth / 1e9,
+        p.intra_node.link.latency * 1e6, p.intra_node.link.bandwidth / 1e9, ckpt / 1e6, solo, out.c_str());
   } catch (const std::exception& e) {
     std::cerr << "troupe plan --calibrate: " << e.what() << "\n";
     return kJobFailed;

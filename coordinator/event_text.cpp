@@ -25,6 +25,7 @@ std::string event_text(const nlohmann::json& e) {
     return "relaunch generation " + num("generation") + " as " + str("layout") + " (was " +
            str("from_layout") + ") " + (from.empty() ? "from scratch" : "from " + from);
   }
+  if (kind == "plan") return "plan for generation " + num("generation") + ": " + str("why");
   if (kind == "resize") return "resize to " + num("devices") + " devices after step " + num("after_step");
   if (kind == "log") return str("message");
   return "";

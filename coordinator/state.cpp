@@ -236,6 +236,7 @@ void CoordinatorState::launch(Job& job, const std::vector<DeviceRef>& devices, A
       if (job.first_devices == 0) job.first_devices = job.layout.world();
       nlohmann::json ev = c.event;
       ev["generation"] = job.generation;
+      job.planned = ev;
       out->events.push_back(std::move(ev));
     } else {
       job.plan = plan::make_plan(job.request.plan, job.layout);

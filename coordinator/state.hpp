@@ -107,6 +107,7 @@ struct Job {
   int target_devices = 0;
   int first_devices = 0;
   int grow_checked_free = -1;  // the free devices grow() last planned for
+  nlohmann::json planned;      // the current generation's "plan" event (status shows it)
   double predicted_step_s = 0;
   struct Choice {
     std::string spec_yaml;

@@ -32,26 +32,34 @@ nlohmann::json CoordinatorState::job_json(const Job& j) const {
                              {"place", place.str()}});
     }
   }
-  nlohmann::json out = {{"id", j.id},
-                        {"name", j.request.name},
-                        {"state", to_string(j.state)},
-                        {"reason", j.reason},
-                        {"failure", j.failure ? to_string(*j.failure) : ""},
-                        {"layout", j.layout.str()},
-                        {"planned_layout", j.request.layout.str()},
-                        {"world", j.layout.world()},
-                        {"restarts", j.restarts},
-                        {"max_restarts", j.request.max_restarts},
-                        {"resume_from", j.resume_from},
-                        {"failures", j.failures},
-                        {"device_kind", j.request.device_kind},
-                        {"generation", j.generation},
-                        {"run_dir", j.run_dir},
-                        {"steps_done", j.last_step + 1},
-                        {"total_steps", j.request.total_steps},
-                        {"control_messages", j.control_messages},
-                        {"workers", workers}};
+  nlohmann::json out = {
+      {"id", j.id},
+      {"name", j.request.name},
+      {"state", to_string(j.state)},
+      {"reason", j.reason},
+      {"failure", j.failure ? to_string(*j.failure) : ""},
+      {"layout", j.layout.str()},
+      {"planned_layout", j.request.auto_plan ? std::string("auto") : j.request.layout.str()},
+      {"world", j.layout.world()},
+      {"restarts", j.restarts},
+      {"max_restarts", j.request.max_restarts},
+      {"resume_from", j.resume_from},
+      {"failures", j.failures},
+      {"device_kind", j.request.device_kind},
+      {"generation", j.generation},
+      {"run_dir", j.run_dir},
+      {"steps_done", j.last_step + 1},
+      {"total_steps", j.request.total_steps},
+      {"control_messages", j.control_messages},
+      {"workers", workers}};
   if (j.last_step >= 0) out["loss"] = j.last_loss;
+  if (j.planned.is_object()) {
+    // What the planner chose for this generation, and why.
+    nlohmann::json p = j.planned;
+    p.erase("event");
+    p.erase("job");
+    out["plan"] = p;
+  }
   if (j.first_step_ms > 0) out["first_step_latency_ms"] = j.first_step_ms - j.submitted_ms;
   if (j.finished_ms > 0) out["duration_ms"] = j.finished_ms - j.submitted_ms;
   return out;

@@ -44,7 +44,7 @@ double head_dim(const ModelShape& m) { return double(m.d_model) / m.heads(); }
 
 double block_params(const ModelShape& m, int tp) {
   const double D = m.d_model, F = double(m.ffn()), t = tp;
-  if (m.type == ModelType::mlp) return (2 * F * D + F) / t + 4 * D;  // ln_2, c_fc, c_proj
+  if (m.type == ModelType::mlp) return (2 * F * D + F) / t + 3 * D;  // c_fc, c_proj; ln_2 and its bias whole
   if (is_llama(m)) {
     const double kvw = m.kv_heads() * head_dim(m);
     return (2 * D * D + 2 * kvw * D + 3 * F * D) / t + 2 * D;
@@ -53,17 +53,18 @@ double block_params(const ModelShape& m, int tp) {
   return (4 * D * D + 2 * F * D + 3 * D + F) / t + 6 * D;
 }
 
-double embedding_params(const ModelShape& m, int tp) {
-  const double D = m.d_model, V = m.vocab_size;
-  if (is_llama(m)) return V * D / tp;  // vocabulary rows split over the shards
-  return V * D + (m.type == ModelType::gpt ? double(m.seq_len) * D : 0.0);  // wte (+ wpe), whole
+bool vocab_parallel(const ModelShape& m, EngineKind e) { return is_llama(m) || e == EngineKind::megatron; }
+
+double embedding_params(const ModelShape& m, int tp, EngineKind e) {
+  const double D = m.d_model, V = vocab_parallel(m, e) ? double(m.vocab_size) / tp : m.vocab_size;
+  return V * D + (m.type == ModelType::gpt ? double(m.seq_len) * D : 0.0);  // wte (+ wpe, whole)
 }
 
-double head_params(const ModelShape& m, int tp, bool with_embedding) {
-  const double D = m.d_model, V = m.vocab_size;
+double head_params(const ModelShape& m, int tp, bool with_embedding, EngineKind e) {
+  const double D = m.d_model, V = vocab_parallel(m, e) ? double(m.vocab_size) / tp : m.vocab_size;
   const double norm = is_llama(m) ? D : 2 * D;
-  if (with_embedding && m.tied()) return norm;       // the head reads the chunk's own wte
-  return norm + (is_llama(m) ? V * D / tp : V * D);  // lm_head, or wte's tied copy
+  if (with_embedding && m.tied()) return norm;  // the head reads the chunk's own wte
+  return norm + V * D;                          // lm_head, or wte's tied copy
 }
 
 double model_params(const ModelShape& m) {
@@ -183,7 +184,11 @@ namespace {
 
 class Pricer {
  public:
-  Pricer(const HardwareProfile& hw) : hw_(hw) {}
+  // busy: the devices of the busiest node this job keeps busy (hardware.hpp: solo_speedup).
+  Pricer(const HardwareProfile& hw, int busy = 0) : hw_(hw) {
+    const int n = std::max(1, hw.devices_per_node);
+    if (busy > 0 && busy < n && n > 1) speed_ = 1 + (hw.solo_speedup - 1) * double(n - busy) / double(n - 1);
+  }
 
   // y(m,n) = op(A) op(B) with inner dimension k, in `dt`.
   double gemm(double m, double n, double k, GemmOp op, DType dt) const {
@@ -192,16 +197,27 @@ class Pricer {
     double rate = table_rate(m, n, k, op, dt, flops);
     if (rate <= 0) rate = curve_rate(flops, dt);
     const double bytes = (m * k + n * k + m * n) * double(dtype_size(dt));
-    return std::max(flops / rate, bytes / hw_.memory_bandwidth) + hw_.kernel_overhead;
+    return std::max(flops / rate, bytes / hw_.memory_bandwidth) / speed_ + hw_.kernel_overhead;
   }
   // The attention core's products (and, fused, its softmax).
   double attention(double flops, DType dt) const {
     if (flops <= 0) return 0;
-    return flops / (hw_.peak(dt) * hw_.attention_efficiency) + hw_.kernel_overhead;
+    return flops / (hw_.peak(dt) * hw_.attention_efficiency) / speed_ + hw_.kernel_overhead;
   }
-  double memory(double bytes, int kernels = 1) const {
+  // Memory-bound kernels over activations, by kind (hardware.hpp: the efficiencies).
+  enum class Mem { stream, norm, activation };
+  double memory(double bytes, int kernels = 1, Mem kind = Mem::stream) const {
     if (bytes <= 0) return 0;
-    return bytes / (hw_.memory_bandwidth * hw_.elementwise_efficiency) + kernels * hw_.kernel_overhead;
+    const double eff = kind == Mem::norm         ? hw_.norm_efficiency
+                       : kind == Mem::activation ? hw_.activation_efficiency
+                                                 : hw_.elementwise_efficiency;
+    return bytes / (hw_.memory_bandwidth * eff) / speed_ + kernels * hw_.kernel_overhead;
+  }
+  // A sweep over parameter-sized buffers (the optimizer, zeroing gradients): at the memory's
+  // bandwidth.
+  double sweep(double bytes, int kernels = 1) const {
+    if (bytes <= 0) return 0;
+    return bytes / hw_.memory_bandwidth / speed_ + kernels * hw_.kernel_overhead;
   }
 
  private:
@@ -230,29 +246,42 @@ class Pricer {
   static double sq(double x) { return x * x; }
 
   const HardwareProfile& hw_;
+  double speed_ = 1.0;
 };
 
 // ---------------------------------------------------------------- collectives and placement
 
 enum class Coll { allreduce, allgather, reduce_scatter, p2p };
 
-double collective(const HardwareProfile& hw, Coll c, double bytes, int n, bool inter) {
+// `members` of the group share a node: across nodes NCCL runs a ring per NIC (a channel
+// each), so the group's inter-node traffic has every member's NIC, up to the node's own links.
+double collective(const HardwareProfile& hw, Coll c, double bytes, int n, bool inter, int members = 1) {
   if (n <= 1 || bytes <= 0) return 0;
   const NetworkTier& tier = inter ? hw.inter_node : hw.intra_node;
   const LinkCost* fit = c == Coll::allreduce        ? &tier.allreduce
                         : c == Coll::allgather      ? &tier.allgather
                         : c == Coll::reduce_scatter ? &tier.reduce_scatter
                                                     : &tier.link;
+  LinkCost wide;
+  if (inter && members > 1 && !fit->given() && tier.link.table.empty()) {
+    wide = tier.link;
+    wide.bandwidth = std::min(hw.intra_node.link.bandwidth, members * tier.link.bandwidth);
+    fit = &wide;
+  }
   const LinkCost& l = fit->given() ? *fit : tier.link;
   const double nn = n;
+  // A collective's own fit or table is of two ranks; n ranks take n-1 times its steps of the
+  // same size. The p2p link's fit prices one step, a ring's 2(n-1) or (n-1) of them.
   switch (c) {
     case Coll::allreduce:
-      return 2 * (nn - 1) * l.latency + 2 * (nn - 1) / nn * bytes / l.bandwidth;
+      if (fit->given()) return (nn - 1) * l.two_ranks(2 * bytes / nn, 2, 1);
+      return 2 * (nn - 1) * l.two_ranks(bytes / nn, 1, 1);
     case Coll::allgather:
     case Coll::reduce_scatter:
-      return (nn - 1) * l.latency + (nn - 1) / nn * bytes / l.bandwidth;
+      if (fit->given()) return (nn - 1) * l.two_ranks(2 * bytes / nn, 1, 0.5);
+      return (nn - 1) * l.two_ranks(bytes / nn, 1, 1);
     case Coll::p2p:
-      return l.latency + bytes / l.bandwidth;
+      return l.two_ranks(bytes, 1, 1);
   }
   return 0;
 }
@@ -270,8 +299,12 @@ struct Placement {
     return false;
   }
   bool dp_inter(int p) const { return L.dp > 1 && node(rank(0, p, 0)) != node(rank(L.dp - 1, p, 0)); }
+  // Members of a data-parallel group on one node (its ranks are pipeline x tensor apart).
+  int dp_members() const { return std::max(1, std::min(L.dp, per_node / (L.pp * L.tp))); }
   bool embed_inter() const { return node(rank(0, 0, 0)) != node(rank(0, L.pp - 1, 0)); }
   bool world_inter() const { return node(0) != node(L.world() - 1); }
+  // Devices busy on the fullest node (ranks fill nodes in order).
+  int busy() const { return std::min(L.world(), per_node); }
 };
 
 // ---------------------------------------------------------------- one chunk's times
@@ -287,7 +320,7 @@ struct ChunkTime {
 class ChunkCoster {
  public:
   ChunkCoster(const Workload& w, const Candidate& c, const HardwareProfile& hw, const Placement& place)
-      : w_(w), c_(c), hw_(hw), price_(hw), tp_inter_(place.tp_inter()) {
+      : w_(w), c_(c), hw_(hw), price_(hw, place.busy()), tp_inter_(place.tp_inter()) {
     const ModelShape& m = w.model;
     b_ = c.micro_batch;
     s_ = m.seq_len;
@@ -349,16 +382,41 @@ class ChunkCoster {
     l.f = price_.gemm(N_, out, in, GemmOp::nt, dt_);
     l.bx = price_.gemm(N_, in, out, GemmOp::nn, dt_);
     l.bw = price_.gemm(out, in, N_, GemmOp::tn, dt_);
-    if (dt_ != DType::f32) l.bx += price_.memory(N_ * out * (4 + e_.kept));  // dy rounded to 16 bits
-    if (bias) {
-      l.f += price_.memory(N_ * out * 8);
-      l.bx += price_.memory(N_ * out * 4);  // db: a column sum of dy
-    }
+    // troupe rounds each product's f32 dy to 16 bits (Megatron's dy is 16-bit already).
+    if (dt_ != DType::f32 && w_.engine == EngineKind::troupe) l.bx += price_.memory(N_ * out * (4 + e_.kept));
+    // A bias is added in the forward product's pass over its output (gemm_bias; Megatron fuses
+    // it with the activation or the dropout); its gradient is a column sum of dy.
+    if (bias) l.bx += price_.memory(N_ * out * e_.stream);
     return l;
   }
-  double norm_fwd() const { return price_.memory(N_ * D_ * (4 + e_.kept) / (sp_ ? t_ : 1)); }
-  double norm_bwd() const { return price_.memory(N_ * D_ * 16 / (sp_ ? t_ : 1)); }
-  double residual() const { return price_.memory(N_ * D_ * 12 / (sp_ ? t_ : 1)); }
+  // Bytes moved per element, in the engine's dtypes (troupe: an f32 residual stream).
+  double norm_fwd() const {
+    return price_.memory(N_ * D_ * (e_.stream + e_.kept) / (sp_ ? t_ : 1), 1, Pricer::Mem::norm);
+  }
+  double norm_bwd() const {
+    return price_.memory(N_ * D_ * 4 * e_.stream / (sp_ ? t_ : 1), 1, Pricer::Mem::norm);
+  }
+  // x + branch: troupe's residual add; Megatron's fused bias-dropout-add (and its 1-byte mask).
+  double residual_fwd() const {
+    const double per = w_.engine == EngineKind::megatron ? 3 * e_.stream + 1 : 3 * e_.stream;
+    return price_.memory(N_ * D_ * per / (sp_ ? t_ : 1));
+  }
+  double residual_bwd() const {
+    const double per = w_.engine == EngineKind::megatron ? 2 * e_.stream + 1 : 2 * e_.stream;
+    return price_.memory(N_ * D_ * per / (sp_ ? t_ : 1));
+  }
+  // The MLP's activation over H (gelu) or 2H -> H (SwiGLU): troupe stages f32 pre-activations
+  // and keeps the output in the compute dtype; Megatron fuses it with the bias in 16 bits.
+  double act_fwd(bool swiglu) const {
+    const double per = swiglu ? (w_.engine == EngineKind::megatron ? 3 * e_.stream : 2 * 4 + e_.kept)
+                              : (w_.engine == EngineKind::megatron ? 2 * e_.stream : 8 + e_.kept);
+    return price_.memory(N_ * H_ * per, 1, Pricer::Mem::activation);
+  }
+  double act_bwd(bool swiglu) const {
+    const double per = swiglu ? (w_.engine == EngineKind::megatron ? 5 * e_.stream : 4 + 4 + 8 + 2 * 4)
+                              : 3 * (w_.engine == EngineKind::megatron ? e_.stream : 4);
+    return price_.memory(N_ * H_ * per, 1, Pricer::Mem::activation);
+  }
   // The attention core over the shard's heads: products (causal share) and softmax.
   double attention_fwd() const {
     const ModelShape& m = w_.model;
@@ -383,16 +441,12 @@ class ChunkCoster {
     }
     return t;
   }
-  double dropout(double elements) const {
-    return w_.engine == EngineKind::megatron ? price_.memory(elements * (2 * e_.kept + 1)) : 0.0;
-  }
 
   // One block: recompute adds its forward (full) or the attention core's (selective) to B.
   ChunkTime block(Recompute r) const {
     const ModelShape& m = w_.model;
     ChunkTime t;
     double f = 0, bx = 0, bw = 0;
-    const double rep = sp_ ? double(t_) : 1.0;
     auto lin = [&](double in, double out, bool bias) {
       const Lin l = linear(in, out, bias);
       f += l.f;
@@ -403,13 +457,13 @@ class ChunkCoster {
       f += norm_fwd();
       bx += norm_bwd();
       lin(D_, H_, true);
-      f += price_.memory(N_ * H_ * (8 + e_.kept));
-      bx += price_.memory(N_ * H_ * 12);
+      f += act_fwd(false);
+      bx += act_bwd(false);
       lin(H_, D_, true);
       t.f_tp = tp_allreduce(N_ * D_);
       t.b_tp = tp_allreduce(N_ * D_);
-      f += residual();
-      bx += price_.memory(N_ * D_ * 8);
+      f += residual_fwd();
+      bx += residual_bwd();
     } else {
       const bool llama = is_llama(m);
       const double hd = head_dim(m), ah = m.heads() / double(t_), akv = m.kv_heads() / double(t_);
@@ -419,30 +473,23 @@ class ChunkCoster {
       bx += norm_bwd();
       lin(D_, qkv, !llama);
       if (llama) {
-        f += price_.memory(N_ * (ah + akv) * hd * 8);  // rope on q and k
-        bx += price_.memory(N_ * (ah + akv) * hd * 8);
+        f += price_.memory(N_ * (ah + akv) * hd * 2 * e_.stream);  // rope on q and k
+        bx += price_.memory(N_ * (ah + akv) * hd * 2 * e_.stream);
       }
       f += attention_fwd();
       bx += attention_bwd();
       lin(ah * hd, D_, !llama);
-      f += dropout(N_ * D_ / rep) + residual();
-      bx += dropout(N_ * D_ / rep) + price_.memory(N_ * D_ * 8 / rep);
+      f += residual_fwd();
+      bx += residual_bwd();
       // MLP sublayer.
       f += norm_fwd();
       bx += norm_bwd();
-      if (llama) {
-        lin(D_, 2 * H_, false);
-        f += price_.memory(N_ * 2 * H_ * 4 + N_ * H_ * e_.kept);  // silu(gate) * up
-        bx += price_.memory(N_ * H_ * (4 + 4 + 8) + N_ * 2 * H_ * 4);
-        lin(H_, D_, false);
-      } else {
-        lin(D_, H_, true);
-        f += price_.memory(N_ * H_ * (8 + e_.kept));  // gelu
-        bx += price_.memory(N_ * H_ * 12);
-        lin(H_, D_, true);
-      }
-      f += dropout(N_ * D_ / rep) + residual();
-      bx += dropout(N_ * D_ / rep) + price_.memory(N_ * D_ * 8 / rep);
+      lin(D_, llama ? 2 * H_ : H_, !llama);
+      f += act_fwd(llama);
+      bx += act_bwd(llama);
+      lin(H_, D_, !llama);
+      f += residual_fwd();
+      bx += residual_bwd();
       // Two all-reduces forward (after each row-parallel product), two backward (the input
       // gradients of the column-parallel ones).
       t.f_tp = 2 * tp_allreduce(N_ * D_);
@@ -464,13 +511,14 @@ class ChunkCoster {
     const ModelShape& m = w_.model;
     ChunkTime t;
     const double pos = m.type == ModelType::gpt ? 1.0 : 0.0;
-    t.f = price_.memory(N_ * D_ * (4 + 4 * pos + 4));  // gather rows (+ positions), write
-    t.b = price_.memory(N_ * D_ * (4 + 8 + 8 * pos));  // scatter-add into wte (and wpe)
-    if (is_llama(m) && t_ > 1) {
+    const double e = e_.stream;
+    t.f = price_.memory(N_ * D_ * (e + e * pos + e));          // gather rows (+ positions), write
+    t.b = price_.memory(N_ * D_ * (e + 2 * e + 2 * e * pos));  // scatter-add into wte (and wpe)
+    if (vocab_parallel(m, w_.engine) && t_ > 1) {
       t.f_tp = tp_allreduce(N_ * D_);  // each shard holds V/tp rows: the lookups are summed
       t.f += t.f_tp;
     }
-    t.f += dropout(N_ * D_);
+    if (w_.engine == EngineKind::megatron) t.f += price_.memory(N_ * D_ * (2 * e_.stream + 1));  // dropout
     return t;
   }
 
@@ -478,14 +526,14 @@ class ChunkCoster {
     const ModelShape& m = w_.model;
     ChunkTime t;
     // GPT's head is whole on every shard; llama's is split by vocabulary.
-    const double V = is_llama(m) ? double(m.vocab_size) / t_ : m.vocab_size;
+    const double V = vocab_parallel(m, w_.engine) ? double(m.vocab_size) / t_ : m.vocab_size;
     const Lin l = linear(D_, V, false);
     const double ce_f = price_.memory(N_ * V * 4 * 3, 2);  // max, sum of exponentials, loss
     const double ce_b = price_.memory(N_ * V * 4 * 2);     // dlogits
     t.f = norm_fwd() + l.f + ce_f;
     t.w = l.bw + (w_.schedule == ScheduleKind::zb_h1 ? ce_b : 0.0);  // W recomputes dlogits
     t.b = norm_bwd() + ce_b + l.bx + t.w;
-    if (is_llama(m) && t_ > 1) {
+    if (vocab_parallel(m, w_.engine) && t_ > 1) {
       // One all-reduce of every shard's row max, sum of exponentials and target logit.
       t.f_tp = tp_allreduce(N_ * (2.0 * t_ + 1) / (e_.wire / 4));
       t.f += t.f_tp;
@@ -643,8 +691,8 @@ Estimate estimate(const Workload& w, const Candidate& c, const HardwareProfile& 
     for (int ci = 0; ci < v; ++ci) {
       const LayerRange& r = part.of(p, ci);
       rank_params[p] += r.n_blocks() * block_params(m, L.tp) +
-                        (r.has_embedding ? embedding_params(m, L.tp) : 0) +
-                        (r.has_head ? head_params(m, L.tp, r.has_embedding) : 0);
+                        (r.has_embedding ? embedding_params(m, L.tp, w.engine) : 0) +
+                        (r.has_head ? head_params(m, L.tp, r.has_embedding, w.engine) : 0);
     }
   // Peak in-flight micro-batches per [p][chunk]: the schedule's (1 without a pipeline).
   const std::vector<int> one(size_t(L.pp) * v, 1);
@@ -675,21 +723,23 @@ Estimate estimate(const Workload& w, const Candidate& c, const HardwareProfile& 
         mem.params = mem.params / L.dp + 2 * block_params(m, L.tp) * (4 + (w.compute != DType::f32 ? 2 : 0));
     }
     double act = 0;
+    bool recomputes = false;
     for (int ci = 0; ci < v; ++ci) {
       const LayerRange& r = part.of(p, ci);
       const int n_slots = slots[size_t(p) * v + ci];
       if (w.engine == EngineKind::megatron) {
         act += n_slots * r.n_blocks() * block_activation_bytes(w, c.micro_batch, L.tp, c.recompute);
-        if (r.has_embedding)
-          act += n_slots * N * D * (1 + 2) / (est.sequence_parallel ? L.tp : 1);  // dropout
-        if (r.has_head) act += N * m.vocab_size / L.tp * 4;                       // fp32 logits for the loss
-        if (c.recompute == Recompute::full && r.n_blocks() > 0)  // one block recomputed at a time
-          act += block_activation_bytes(w, c.micro_batch, L.tp, Recompute::none);
+        // The embedding's dropout mask (its output is the first block's input, counted there).
+        if (r.has_embedding) act += n_slots * N * D / (est.sequence_parallel ? L.tp : 1);
+        if (r.has_head) act += N * m.vocab_size / L.tp * 4;  // fp32 logits for the loss
+        recomputes = recomputes || (c.recompute == Recompute::full && r.n_blocks() > 0);
         continue;
       }
       act += stage_activation_bytes(w, r, n_slots, c.micro_batch, L.tp, c.recompute,
                                     est.schedule == ScheduleKind::zb_h1 && L.pp > 1);
     }
+    // Under full recomputation a rank rebuilds one block's activations at a time.
+    if (recomputes) act += block_activation_bytes(w, c.micro_batch, L.tp, Recompute::none);
     mem.activations = act;
     const double model_bytes = mem.params + mem.grads + mem.optimizer + mem.activations;
     mem.other = double(hw.process_memory) + model_bytes * hw.allocator_slack;
@@ -702,7 +752,7 @@ Estimate estimate(const Workload& w, const Candidate& c, const HardwareProfile& 
 
   // ---- time: every chunk's forward, backward and weight-gradient time
   std::vector<std::vector<double>> F(L.pp, std::vector<double>(v)), B = F, W = F;
-  std::vector<double> rank_tp(L.pp, 0.0), rank_compute(L.pp, 0.0);
+  std::vector<double> rank_tp(L.pp, 0.0), rank_compute(L.pp, 0.0), rank_f(L.pp, 0.0), rank_b(L.pp, 0.0);
   for (int p = 0; p < L.pp; ++p)
     for (int ci = 0; ci < v; ++ci) {
       const LayerRange& r = part.of(p, ci);
@@ -711,6 +761,8 @@ Estimate estimate(const Workload& w, const Candidate& c, const HardwareProfile& 
       B[p][ci] = t.b;
       W[p][ci] = t.w;
       rank_tp[p] += est.n_micro * (t.f_tp + t.b_tp);
+      rank_f[p] += t.f;
+      rank_b[p] += t.b;
       rank_compute[p] += est.n_micro * (t.f + t.b - t.f_tp - t.b_tp);
     }
 
@@ -736,7 +788,7 @@ Estimate estimate(const Workload& w, const Candidate& c, const HardwareProfile& 
   }
 
   // ---- after the schedule: data parallelism, ZeRO, tied embeddings, scalars, optimizer
-  Pricer price(hw);
+  Pricer price(hw, place.busy());
   double post = 0, dp_exposed_max = 0, opt_max = 0, tied_max = 0;
   for (int p = 0; p < L.pp; ++p) {
     const double P = rank_params[p];
@@ -746,30 +798,34 @@ Estimate estimate(const Workload& w, const Candidate& c, const HardwareProfile& 
     if (L.dp > 1) {
       // What one micro-batch's backward can hide (without a pipeline the reduction runs beside
       // the last backward, or under ZeRO 2 beside each one).
-      const double hidden = L.pp == 1 ? hw.comm_overlap * B[0][0] : 0.0;
+      // Megatron-LM of 2021-22 reduced the gradients after the backward ("we do not use any
+      // overlapping of gradient all-reduces with back-propagation", Korthikanti et al. §6).
+      const double overlap = w.engine == EngineKind::megatron ? 0.0 : hw.comm_overlap;
+      const double hidden = L.pp == 1 ? overlap * B[0][0] : 0.0;
       if (w.zero >= 2) {
-        const double rs = collective(hw, Coll::reduce_scatter, grad_bytes, L.dp, inter);
+        const double rs = collective(hw, Coll::reduce_scatter, grad_bytes, L.dp, inter, place.dp_members());
         dp += L.pp == 1 ? est.n_micro * std::max(0.0, rs - hidden) : rs;
       } else {
-        const double ar = collective(hw, Coll::allreduce, grad_bytes, L.dp, inter);
+        const double ar = collective(hw, Coll::allreduce, grad_bytes, L.dp, inter, place.dp_members());
         dp += std::max(0.0, ar - hidden);
       }
       if (w.zero >= 1)  // the updated parameters (troupe gathers its f32 masters)
-        dp +=
-            collective(hw, Coll::allgather, P * (w.engine == EngineKind::troupe ? 4 : eb.kept), L.dp, inter);
+        dp += collective(hw, Coll::allgather, P * (w.engine == EngineKind::troupe ? 4 : eb.kept), L.dp, inter,
+                         place.dp_members());
       if (w.zero == 3)  // each chunk's parameters gathered before its forward and its backward
-        dp += (1.0 - hw.comm_overlap) * 2 * collective(hw, Coll::allgather, P * eb.kept, L.dp, inter);
+        dp += (1.0 - hw.comm_overlap) * 2 *
+              collective(hw, Coll::allgather, P * eb.kept, L.dp, inter, place.dp_members());
     }
     double tied = 0;
     if (L.pp > 1 && m.tied() && (p == 0 || p == L.pp - 1))
-      tied = collective(hw, Coll::allreduce, embedding_params(m, L.tp) * 4, 2, place.embed_inter());
+      tied = collective(hw, Coll::allreduce, embedding_params(m, L.tp, w.engine) * 4, 2, place.embed_inter());
     // The optimizer over this rank's (ZeRO: owned) parameters: AdamW, the norm, clipping;
     // zeroing the gradients; the 16-bit copy; fp16's inf check and unscale.
     const double owned = w.zero >= 1 ? P / L.dp : P;
     double opt_bytes = owned * (28 + 4 + 8) + P * 4;
     if (w.compute != DType::f32) opt_bytes += P * 6;
     if (w.compute == DType::f16) opt_bytes += P * 12;
-    const double optimizer = price.memory(opt_bytes, 4);
+    const double optimizer = price.sweep(opt_bytes, 4);
     dp_exposed_max = std::max(dp_exposed_max, dp);
     tied_max = std::max(tied_max, tied);
     opt_max = std::max(opt_max, optimizer);
@@ -786,6 +842,8 @@ Estimate estimate(const Workload& w, const Candidate& c, const HardwareProfile& 
     if (rank_compute[p] + rank_tp[p] > rank_compute[busiest] + rank_tp[busiest]) busiest = p;
   TimeEstimate& T = est.time;
   T.compute = rank_compute[busiest];
+  T.forward = rank_f[busiest];
+  T.backward = rank_b[busiest];
   T.tp_comm = rank_tp[busiest];
   T.pp_comm = transfer[busiest];
   T.bubble = std::max(0.0, makespan - T.compute - T.tp_comm - T.pp_comm);

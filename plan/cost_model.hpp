@@ -82,16 +82,17 @@ struct MemoryEstimate {
 };
 
 struct TimeEstimate {
-  double step = 0;             // s per optimizer step
-  double compute = 0;          // the busiest rank's kernels (forward, backward, recomputation)
-  double tp_comm = 0;          // its tensor-parallel collectives
-  double pp_comm = 0;          // its point-to-point transfers
-  double bubble = 0;           // its idle time in the schedule
-  double dp_comm = 0;          // the data-parallel reduction and ZeRO gathers, as far as not hidden
-  double optimizer = 0;        // AdamW, clipping, the 16-bit copy
-  double other = 0;            // tied-embedding sum, scalar reductions, per-step overhead
-  double bubble_fraction = 0;  // the schedule's idle share (simulated; 0 without a pipeline)
-  double comm_share = 0;       // (tp + pp + dp + tied + scalar comm) / step
+  double step = 0;                   // s per optimizer step
+  double compute = 0;                // the busiest rank's kernels (forward, backward, recomputation)
+  double tp_comm = 0;                // its tensor-parallel collectives
+  double pp_comm = 0;                // its point-to-point transfers
+  double bubble = 0;                 // its idle time in the schedule
+  double dp_comm = 0;                // the data-parallel reduction and ZeRO gathers, as far as not hidden
+  double optimizer = 0;              // AdamW, clipping, the 16-bit copy
+  double other = 0;                  // tied-embedding sum, scalar reductions, per-step overhead
+  double forward = 0, backward = 0;  // one micro-batch through the busiest rank's chunks
+  double bubble_fraction = 0;        // the schedule's idle share (simulated; 0 without a pipeline)
+  double comm_share = 0;             // (tp + pp + dp + tied + scalar comm) / step
 };
 
 struct Estimate {
@@ -138,10 +139,13 @@ Estimate estimate(const Workload& w, const Candidate& c, const HardwareProfile& 
 // ---- the pieces, for tests and for the benchmarks' reports
 
 // Parameters one tensor shard holds of one block, of the embedding (wte, and wpe for gpt),
-// and of the head (ln_f, plus lm_head when the head does not share the chunk's wte).
+// and of the head (ln_f, plus lm_head when the head does not share the chunk's wte). The
+// embedding and the LM head are split by vocabulary for llama in troupe, and for every
+// model in Megatron-LM (VocabParallelEmbedding); troupe's GPT keeps them whole on each shard.
+bool vocab_parallel(const ModelShape& m, EngineKind e);
 double block_params(const ModelShape& m, int tp);
-double embedding_params(const ModelShape& m, int tp);
-double head_params(const ModelShape& m, int tp, bool with_embedding);
+double embedding_params(const ModelShape& m, int tp, EngineKind e = EngineKind::troupe);
+double head_params(const ModelShape& m, int tp, bool with_embedding, EngineKind e = EngineKind::troupe);
 // The parameters of the whole model (tp 1, the tied head counted once).
 double model_params(const ModelShape& m);
 // Model FLOPs of one optimizer step: 3 x the forward's, attention at full s x s.

@@ -31,6 +31,18 @@ const char* gemm_op_name(GemmOp op) {
   return "?";
 }
 
+double LinkCost::two_ranks(double bytes, double steps, double factor) const {
+  if (table.empty()) return steps * latency + factor * bytes / bandwidth;
+  if (bytes <= table.front().first) return table.front().second;
+  if (bytes >= table.back().first) return table.back().second * bytes / table.back().first;
+  size_t i = 1;
+  while (table[i].first < bytes) ++i;
+  const auto& [x0, y0] = table[i - 1];
+  const auto& [x1, y1] = table[i];
+  const double a = std::log(bytes / x0) / std::log(x1 / x0);
+  return std::exp(std::log(y0) + a * std::log(y1 / y0));
+}
+
 double HardwareProfile::peak(DType dt) const {
   if (dt == DType::bf16) return peak_bf16;
   if (dt == DType::f16) return peak_f16;
@@ -191,16 +203,50 @@ const std::vector<std::pair<std::string, GemmOp>> kOps = {
 
 constexpr double kBig = 1e18;  // no device of this decade moves or computes more per second
 
+// [[bytes, seconds], ...], bytes ascending: a measured table of a link or collective.
+void read_table(Reader& r, const YAML::Node& n, const std::string& path, LinkCost& out) {
+  const YAML::Node t = n["table"];
+  if (!t.IsDefined() || t.IsNull()) return;
+  if (!t.IsSequence() || t.size() > 256) {
+    r.error(t, "'" + path + ".table' must be a list of at most 256 [bytes, seconds] pairs", "");
+    return;
+  }
+  for (size_t i = 0; i < t.size(); ++i) {
+    const YAML::Node e = t[i];
+    double bytes = -1, seconds = -1;
+    if (e.IsSequence() && e.size() == 2 && e[0].IsScalar() && e[1].IsScalar()) {
+      char* end = nullptr;
+      bytes = std::strtod(e[0].Scalar().c_str(), &end);
+      if (end != e[0].Scalar().c_str() + e[0].Scalar().size()) bytes = -1;
+      seconds = std::strtod(e[1].Scalar().c_str(), &end);
+      if (end != e[1].Scalar().c_str() + e[1].Scalar().size()) seconds = -1;
+    }
+    const bool ascending = out.table.empty() || bytes > out.table.back().first;
+    if (!(std::isfinite(bytes) && std::isfinite(seconds) && bytes >= 1 && bytes < kBig && seconds > 0 &&
+          seconds < 3600 && ascending)) {
+      r.error(e,
+              "'" + path + ".table[" + std::to_string(i) +
+                  "]' must be [bytes, seconds], bytes >= 1 and above the entry before, seconds > 0",
+              "e.g. [4096, 2.5e-5]");
+      return;
+    }
+    out.table.emplace_back(bytes, seconds);
+  }
+}
+
 void read_link(Reader& r, const YAML::Node& n, const std::string& path, LinkCost& out) {
-  if (!r.mapping(n, path, {"latency", "bandwidth"})) return;
+  if (!r.mapping(n, path, {"latency", "bandwidth", "table"})) return;
   r.number(n, path + ".", "latency", out.latency, 0, 10);
   r.number(n, path + ".", "bandwidth", out.bandwidth, 1, kBig, true);
+  read_table(r, n, path, out);
 }
 
 void read_tier(Reader& r, const YAML::Node& n, const std::string& path, NetworkTier& out) {
-  if (!r.mapping(n, path, {"latency", "bandwidth", "allreduce", "allgather", "reduce_scatter"})) return;
+  if (!r.mapping(n, path, {"latency", "bandwidth", "table", "allreduce", "allgather", "reduce_scatter"}))
+    return;
   r.number(n, path + ".", "latency", out.link.latency, 0, 10);
   r.number(n, path + ".", "bandwidth", out.link.bandwidth, 1, kBig, true);
+  read_table(r, n, path, out.link);
   if (n["allreduce"].IsDefined()) read_link(r, n["allreduce"], path + ".allreduce", out.allreduce);
   if (n["allgather"].IsDefined()) read_link(r, n["allgather"], path + ".allgather", out.allgather);
   if (n["reduce_scatter"].IsDefined())
@@ -229,14 +275,23 @@ std::string quoted(const std::string& s) {
   return out + "\"";
 }
 
+std::string table_text(const LinkCost& l) {
+  std::string s = "[";
+  for (const auto& [b, t] : l.table) s += (s.size() > 1 ? ", [" : "[") + num(b) + ", " + num(t) + "]";
+  return s + "]";
+}
+
 void write_link(std::ostringstream& y, const char* indent, const char* key, const LinkCost& l) {
-  y << indent << key << ": {latency: " << num(l.latency) << ", bandwidth: " << num(l.bandwidth) << "}\n";
+  y << indent << key << ": {latency: " << num(l.latency) << ", bandwidth: " << num(l.bandwidth);
+  if (!l.table.empty()) y << ", table: " << table_text(l);
+  y << "}\n";
 }
 
 void write_tier(std::ostringstream& y, const char* key, const NetworkTier& t) {
   y << "  " << key << ":\n";
   y << "    latency: " << num(t.link.latency) << "\n";
   y << "    bandwidth: " << num(t.link.bandwidth) << "\n";
+  if (!t.link.table.empty()) y << "    table: " << table_text(t.link) << "\n";
   if (t.allreduce.given()) write_link(y, "    ", "allreduce", t.allreduce);
   if (t.allgather.given()) write_link(y, "    ", "allgather", t.allgather);
   if (t.reduce_scatter.given()) write_link(y, "    ", "reduce_scatter", t.reduce_scatter);
@@ -264,9 +319,26 @@ HardwareProfile parse_hardware(const std::string& text, const std::string& filen
     throw SpecError(std::move(out));
   }
   r.mapping(root, "",
-            {"name", "description", "device", "devices_per_node", "memory", "memory_bandwidth", "peak_flops",
-             "gemm", "attention_efficiency", "elementwise_efficiency", "kernel_overhead", "comm_overlap",
-             "network", "checkpoint_bandwidth", "step_overhead", "process_memory", "allocator_slack"});
+            {"name",
+             "description",
+             "device",
+             "devices_per_node",
+             "memory",
+             "memory_bandwidth",
+             "peak_flops",
+             "gemm",
+             "attention_efficiency",
+             "elementwise_efficiency",
+             "norm_efficiency",
+             "activation_efficiency",
+             "kernel_overhead",
+             "solo_speedup",
+             "comm_overlap",
+             "network",
+             "checkpoint_bandwidth",
+             "step_overhead",
+             "process_memory",
+             "allocator_slack"});
   r.text(root, "", "name", p.name, true);
   if (!p.name.empty() && !valid_hardware_name(p.name))
     r.error(root["name"], "'name' must be 1 to 64 letters, digits, '.', '_' or '-', got '" + p.name + "'",
@@ -316,7 +388,10 @@ HardwareProfile parse_hardware(const std::string& text, const std::string& filen
   }
   r.number(root, "", "attention_efficiency", p.attention_efficiency, 1e-4, 1);
   r.number(root, "", "elementwise_efficiency", p.elementwise_efficiency, 1e-4, 100);
+  r.number(root, "", "norm_efficiency", p.norm_efficiency, 1e-4, 100);
+  r.number(root, "", "activation_efficiency", p.activation_efficiency, 1e-4, 100);
   r.number(root, "", "kernel_overhead", p.kernel_overhead, 0, 1);
+  r.number(root, "", "solo_speedup", p.solo_speedup, 1, 16);
   r.number(root, "", "comm_overlap", p.comm_overlap, 0, 1);
   if (const YAML::Node n = root["network"]; !n.IsDefined()) {
     r.error(root, "'network' is missing",
@@ -364,7 +439,10 @@ std::string to_yaml(const HardwareProfile& p) {
   }
   y << "attention_efficiency: " << num(p.attention_efficiency) << "\n";
   y << "elementwise_efficiency: " << num(p.elementwise_efficiency) << "\n";
+  y << "norm_efficiency: " << num(p.norm_efficiency) << "\n";
+  y << "activation_efficiency: " << num(p.activation_efficiency) << "\n";
   y << "kernel_overhead: " << num(p.kernel_overhead) << "\n";
+  y << "solo_speedup: " << num(p.solo_speedup) << "\n";
   y << "comm_overlap: " << num(p.comm_overlap) << "\n";
   y << "network:\n";
   write_tier(y, "intra_node", p.intra_node);

@@ -38,12 +38,19 @@ struct GemmPoint {
 struct LinkCost {
   double latency = 0;    // s
   double bandwidth = 0;  // bytes/s per device, one direction; 0 = not given
-  bool given() const { return bandwidth > 0; }
+  // Measured between two ranks (calibration): (bytes, seconds) with bytes ascending. Where it is
+  // given, a message is priced from it (log-log between its points, bandwidth-bound past the
+  // last): small messages on a CPU host cost a scheduling wake-up more than any fit says.
+  std::vector<std::pair<double, double>> table;
+  bool given() const { return bandwidth > 0 || !table.empty(); }
+  // Seconds for a message of `bytes` between two ranks: the table, else the fit.
+  double two_ranks(double bytes, double steps, double factor) const;
 };
 
 // Devices that talk within a node, or across nodes. Collectives over a group follow the
-// ring formulas on `link` unless the profile gives a fit of its own (calibration measures
-// each collective between worker processes):
+// ring formulas on `link` unless the profile gives a fit or a table of its own (calibration
+// measures each collective between two worker processes; n ranks then take (n-1) times two
+// ranks' time for a buffer of 2 bytes / n, the same steps of the same size):
 //   all-reduce      2(n-1) latency + 2(n-1)/n bytes / bandwidth
 //   reduce-scatter,
 //   all-gather       (n-1) latency +  (n-1)/n bytes / bandwidth   (bytes: the whole buffer)
@@ -72,10 +79,20 @@ struct HardwareProfile {
   // The attention core's rate as a fraction of the compute dtype's peak (the products of
   // scores and values with their softmax); a fused kernel reaches more than batched GEMMs.
   double attention_efficiency = 0.5;
-  // Memory-bound kernels (norms, activations, residual adds, softmax, the optimizer) move
-  // their bytes at memory_bandwidth x this.
+  // Memory-bound kernels over activations move their bytes at memory_bandwidth x these:
+  // residual adds, bias gradients, casts, the embedding, the loss's passes (elementwise); the
+  // norms; the activation functions (GELU, SwiGLU). The optimizer's sweeps over parameters run
+  // at memory_bandwidth itself. On a CPU whose activations sit in cache the efficiencies may
+  // exceed 1; its transcendental functions may keep them far below.
   double elementwise_efficiency = 0.7;
+  double norm_efficiency = 0.7;
+  double activation_efficiency = 0.7;
   double kernel_overhead = 0;  // s per kernel launch
+  // How much faster a device computes when it is the only busy one of its node: the rates
+  // above are measured with every device of the node busy (what a job that fills the node
+  // sees); with fewer busy, shared caches, memory bandwidth and clock boost give each more,
+  // interpolated linearly to this factor for one. 1 for devices that share nothing (GPUs).
+  double solo_speedup = 1.0;
   // The share of the data-parallel reduction that runs while the backward computes (a
   // GPU's communication stream: 1; CPU workers that each own their core: little).
   double comm_overlap = 1.0;

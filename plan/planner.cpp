@@ -111,6 +111,7 @@ std::vector<Layout> layouts_of(const PlanRequest& r, int n) {
 PlanResult search(const PlanRequest& req, const HardwareProfile& hw) {
   const auto t0 = std::chrono::steady_clock::now();
   PlanResult res;
+  res.memory_limit = req.memory_limit > 0 ? req.memory_limit : double(hw.memory);
   const Workload& w = req.work;
   const bool fixed = req.data > 0 && req.pipeline > 0 && req.tensor > 0;
   std::vector<Recompute> modes;
@@ -214,7 +215,7 @@ std::string PlanResult::explain(const HardwareProfile& hw) const {
         "nothing fits in %s per device: the smallest plan, %s, needs %s (pipeline rank %d); give the "
         "job more devices or devices with more memory, or lower the memory: recompute full, zero 1 "
         "or 2, a smaller micro_batch or seq_len",
-        gib(double(hw.memory)).c_str(), smallest->candidate.str().c_str(),
+        gib(memory_limit > 0 ? memory_limit : double(hw.memory)).c_str(), smallest->candidate.str().c_str(),
         gib(smallest->memory.total).c_str(), smallest->memory.pipeline_rank);
     return buf;
   }

@@ -49,6 +49,7 @@ struct PlanResult {
   int devices = 0;                 // devices the plans use
   size_t candidates = 0;           // examined
   double seconds = 0;              // the search took
+  double memory_limit = 0;         // bytes per device the plans were held to
   // The fastest plan that fits and that troupe runs, or nullptr.
   const Estimate* best() const;
   // The fastest plan that fits, whether troupe runs it or not (a GPU job today), or nullptr.

@@ -199,6 +199,64 @@ TEST_CASE("an agent SIGKILLed with its workers: the job continues on a smaller d
   WARN("4x1x1 -> 2x1x1 from step " << first << drift_text(d, first));
 }
 
+TEST_CASE("an auto job that loses an agent is planned again: pipeline and tensor change, the curve holds",
+          "[fault][elastic][planner][multiprocess]") {
+  ::setenv("TROUPE_HARDWARE_DIR", "/nonexistent/troupe-hardware", 1);  // the built-in cpu profile
+  Cluster c;
+  REQUIRE(c.ready());
+  c.add_agent("cpu:2");
+  Proc& second = c.add_agent("cpu:2");
+  REQUIRE(c.wait_devices(4));
+  // A batch of one sequence: no data parallelism, so four devices go to pipeline stages or
+  // tensor shards, and two devices to fewer of them.
+  auto spec = [](const std::string& name, const std::string& parallel) {
+    return "name: " + name +
+           "\nmodel: {type: gpt, vocab_size: 256, seq_len: 32, d_model: 64, n_layers: 4, n_heads: 4}\n"
+           "data: {source: synthetic}\n"
+           "train: {steps: " +
+           std::to_string(kEndlessSteps) +
+           ", global_batch: 1, micro_batch: 1, recompute: auto, seed: 0}\n"
+           "parallel: " +
+           parallel + "\ncheckpoint: {every: 5, keep: 3}\nfault: {max_restarts: 2}\n";
+  };
+  std::string job = c.call(
+      {{"op", "submit"}, {"spec", spec("autoloss", "{data: auto, pipeline: auto, tensor: auto}")}})["job"];
+  PidLog pids;
+  REQUIRE(wait_steps(c, job, 8, pids, 0));
+  auto before = c.status(job);
+  CHECK(before["planned_layout"] == "auto");
+  const std::string first_layout = before["layout"];
+  CHECK(before["world"] == 4);
+  CHECK(first_layout.rfind("1x", 0) == 0);
+  CHECK(before["plan"]["why"].get<std::string>().find("s/step predicted") != std::string::npos);
+  second.signal(SIGKILL);
+  int64_t first = -1;
+  REQUIRE(wait_running(c, job, -1, pids, [&](const json& s) {
+    if (s["generation"] == 0 || s["world"] != 2) return false;
+    first = resume_step(s);
+    return s["steps_done"].get<int64_t>() >= first + kSameSteps + kWindow;
+  }));
+  auto st = c.status(job);
+  const std::string layout = st["layout"];
+  CHECK(layout.rfind("1x", 0) == 0);  // still no data parallelism: pipeline x tensor went 4 -> 2
+  CHECK(layout != first_layout);
+  CHECK(st["plan"]["generation"] == st["generation"]);
+  CHECK(st["plan"]["layout"] == layout);
+  REQUIRE(st["failures"].size() >= 1);
+  CHECK(st["failures"][0]["cause"] == "agent_lost");
+  const std::string run_dir = st["run_dir"];
+  cancel(c, job, pids);
+  auto curve = whole_curve(run_dir);
+  check_no_tmp_loaded(run_dir);
+  std::string events = read_file(run_dir + "/events.log");
+  CHECK(events.find("plan for generation 0: " + first_layout) != std::string::npos);
+  CHECK(events.find("plan for generation 1: " + layout) != std::string::npos);
+  // Every layout trains the one-device curve: the reference is a single worker.
+  auto ref = reference(c, spec("ref", "{data: 1, pipeline: 1, tensor: 1}"), curve.size());
+  Drift d = check_resized_curve(curve, ref, first);
+  WARN(first_layout << " -> " << layout << " from step " << first << drift_text(d, first));
+}
+
 TEST_CASE("a SIGSTOPped worker is detected by heartbeat loss and reported with its rank and op",
           "[fault][multiprocess]") {
   Cluster c;

@@ -1,0 +1,153 @@
+// The planner's memory accounting (plan/cost_model.hpp) against the engine it plans for: for
+// GPT, llama and the MLP, every tensor degree, recompute mode, precision, stage range and
+// number of in-flight micro-batches, the parameters a model::Stage holds and the bytes it asks
+// of its allocator are exactly the planner's formulas.
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "model/stage.hpp"
+#include "plan/cost_model.hpp"
+
+using namespace troupe;
+using namespace troupe::model;
+
+namespace {
+
+// Counts what is asked of it and hands it to the CPU allocator.
+class CountingAllocator : public Allocator {
+ public:
+  Device device() const override { return Device::cpu; }
+  const char* name() const override { return "counting"; }
+  void* allocate(size_t bytes) override {
+    asked += bytes;
+    return cpu_allocator().allocate(bytes);
+  }
+  void deallocate(void* p) noexcept override { cpu_allocator().deallocate(p); }
+  void zero(void* p, size_t bytes) override { cpu_allocator().zero(p, bytes); }
+  void copy(void* d, const void* s, size_t bytes) override { cpu_allocator().copy(d, s, bytes); }
+  std::atomic<size_t> asked{0};
+};
+
+ModelConfig config(ModelKind kind) {
+  ModelConfig c;
+  c.kind = kind;
+  c.vocab_size = 64;
+  c.seq_len = 8;
+  c.d_model = 16;
+  c.n_layer = 4;
+  c.n_head = 4;
+  if (kind == ModelKind::llama) {
+    c.n_kv_head = 2;
+    c.ffn_hidden = 24;
+  }
+  if (kind == ModelKind::gpt) c.ffn_hidden = 40;  // not 4 d_model: the width the spec gives
+  return c;
+}
+
+plan::Workload workload_of(const ModelConfig& c, DType dt) {
+  plan::Workload w;
+  w.model.type = c.kind == ModelKind::gpt     ? ModelType::gpt
+                 : c.kind == ModelKind::llama ? ModelType::llama
+                                              : ModelType::mlp;
+  w.model.n_layers = c.n_layer;
+  w.model.d_model = c.d_model;
+  w.model.vocab_size = c.vocab_size;
+  w.model.seq_len = c.seq_len;
+  w.model.n_heads = c.kind != ModelKind::mlp ? c.n_head : 0;
+  w.model.n_kv_heads = c.kv_heads();
+  w.model.ffn_hidden = int(c.ffn());
+  w.model.tie_embeddings = c.tied_head();
+  w.compute = dt;
+  return w;
+}
+
+// tp shards of a stage built at once (threads of a local communicator group), each with its
+// own counting allocator.
+struct Shards {
+  std::vector<std::unique_ptr<comm::Communicator>> comms;
+  std::vector<std::unique_ptr<CountingAllocator>> allocs;
+  std::vector<std::unique_ptr<Stage>> stages;
+  Shards(const ModelConfig& c, int tp, const StageRange& r, int slots, int mb, DType dt)
+      : comms(size_t(tp)), allocs(size_t(tp)), stages(size_t(tp)) {
+    auto world = comm::make_local_world(tp);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < tp; ++t)
+      threads.emplace_back([&, t] {
+        comm::CommConfig cc;
+        cc.backend = "local";
+        cc.rank = t;
+        cc.size = tp;
+        cc.group = "tp";
+        cc.local_world = world;
+        comms[size_t(t)] = comm::make_communicator(cc);
+        allocs[size_t(t)] = std::make_unique<CountingAllocator>();
+        DeviceContext ctx = DeviceContext::cpu();
+        ctx.alloc = allocs[size_t(t)].get();
+        ctx.compute_dtype = dt;
+        stages[size_t(t)] =
+            std::make_unique<Stage>(c, r, slots, mb, TensorShard{t, tp}, comms[size_t(t)].get(), ctx);
+      });
+    for (auto& th : threads) th.join();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("planner memory: a stage's parameters and allocations are the planner's formulas",
+          "[model][plan][memory]") {
+  for (ModelKind kind : {ModelKind::gpt, ModelKind::llama, ModelKind::mlp})
+    for (int tp : {1, 2})
+      for (DType dt : {DType::f32, DType::bf16})
+        for (bool full : {false, true})
+          for (const StageRange& r :
+               {StageRange{0, 4, true, true}, StageRange{0, 2, true, false}, StageRange{1, 3, false, false},
+                StageRange{2, 4, false, true}, StageRange{4, 4, false, true}}) {
+            ModelConfig c = config(kind);
+            c.recompute = full;
+            const int slots = 3, mb = 2;
+            INFO(model_kind_name(kind)
+                 << " tp " << tp << " " << dtype_name(dt) << (full ? " full" : " none") << " blocks ["
+                 << r.first << "," << r.last << ")" << (r.has_embedding ? " +embedding" : "")
+                 << (r.has_head ? " +head" : ""));
+            Shards s(c, tp, r, slots, mb, dt);
+            const plan::Workload w = workload_of(c, dt);
+            // Parameters: every shard holds the planner's count.
+            const double expect_params = r.n_blocks() * plan::block_params(w.model, tp) +
+                                         (r.has_embedding ? plan::embedding_params(w.model, tp) : 0) +
+                                         (r.has_head ? plan::head_params(w.model, tp, r.has_embedding) : 0);
+            const plan::LayerRange lr{r.first, r.last, r.has_embedding, r.has_head};
+            const double expect_bytes = plan::stage_activation_bytes(
+                w, lr, slots, mb, tp, full ? Recompute::full : Recompute::none, /*split_backward=*/false);
+            for (int t = 0; t < tp; ++t) {
+              double params = 0;
+              for (const Param& p : s.stages[size_t(t)]->params()) params += double(p.data.numel());
+              CHECK(params == expect_params);
+              CHECK(double(s.allocs[size_t(t)]->asked.load()) == expect_bytes);
+            }
+          }
+}
+
+TEST_CASE("planner memory: a split backward's kept output gradients are the planner's",
+          "[model][plan][memory]") {
+  for (ModelKind kind : {ModelKind::gpt, ModelKind::llama, ModelKind::mlp}) {
+    const ModelConfig c = config(kind);
+    const StageRange r{0, 2, true, false};  // the first stage of a pipeline: the embedding, no head
+    const int slots = 2, mb = 2, N = mb * c.seq_len;
+    INFO(model_kind_name(kind));
+    Shards s(c, 1, r, slots, mb, DType::f32);
+    Stage& st = *s.stages[0];
+    std::vector<int32_t> tokens(size_t(N), 3);
+    std::vector<float> dout(size_t(N) * c.d_model, 0.01f);
+    for (int slot = 0; slot < slots; ++slot) {
+      st.forward(slot, tokens.data(), nullptr, nullptr, mb, c.seq_len);
+      st.backward_input(slot, dout.data(), 0.0f);
+    }
+    const plan::LayerRange lr{r.first, r.last, r.has_embedding, r.has_head};
+    CHECK(double(s.allocs[0]->asked.load()) ==
+          plan::stage_activation_bytes(workload_of(c, DType::f32), lr, slots, mb, 1, Recompute::none, true));
+  }
+}
