@@ -24,6 +24,12 @@ Sources (facts and figures, quoted in docs/planner.md):
        FLOP count 96 B s l h^2 (1 + s/6h + V/16lh) over GPUs x teraFLOP/s. The paper gives no
        micro-batch size or chunk count per row: the planner chooses both (micro_batch and
        virtual_stages auto), so these rows are the model's best case for the published layout.
+  BLOOM  BigScience's BLOOM-176B (Megatron-DeepSpeed): bigscience-workshop/bigscience
+       train/tr11-176B-ml/README.md (hidden 14336, 70 layers, 112 heads, vocabulary 250880,
+       sequence 2048, tensor 4, pipeline 12, data 8, micro-batch 2, bf16, its ZeRO-1 optimizer,
+       activation checkpointing) and the BigScience page: "one copy of the model takes 48 GPUs
+       (using 60 GB of memory on each GPU)". The one per-GPU memory figure of these runs given
+       as text; its interconnect (Omni-Path) is not the profile's, so only its memory is compared.
 """
 import argparse
 import json
@@ -111,12 +117,37 @@ def main():
               f"{rc:9s} {n:5d} {published:11.2f} {c['step_time_s']:11.2f} {100 * err:+6.1f}% "
               f"{c['memory_bytes']['total'] / 2**30:8.1f} {100 * c['bubble_fraction']:5.1f}%")
     print()
-    for label, sel in [("K22 + MLM (published configurations)", [x for x in out if x["source"] != "N21 t1"]),
-                       ("N21 (micro-batch and chunks chosen by the planner)", [x for x in out if x["source"] == "N21 t1"]),
+    # The a100-80gb profile's GEMM efficiency was fitted on K22's full-recomputation runs; the
+    # others validate the model.
+    calibration = [x for x in out if x["source"] == "K22 t5" and x["run"].endswith("full")]
+    validation = [x for x in out if x not in calibration]
+    for label, sel in [("calibration (K22 full recompute: the profile's GEMM efficiency was fitted on these)", calibration),
+                       ("validation (the other runs)", validation),
+                       ("  of which K22 + MLM (published configurations)", [x for x in validation if x["source"] != "N21 t1"]),
+                       ("  of which N21 (micro-batch and chunks chosen by the planner)", [x for x in validation if x["source"] == "N21 t1"]),
                        ("all", out)]:
         errs = [abs(x["error"]) for x in sel]
         print(f"{label}: {len(sel)} runs, mean |error| {100 * statistics.mean(errs):.1f}%, "
               f"max {100 * max(errs):.1f}%, mean error {100 * statistics.mean(x['error'] for x in sel):+.1f}%")
+    # Memory: BLOOM-176B's "60 GB of memory on each GPU".
+    bloom = ("name: bloom\n"
+             "model: {type: gpt, vocab_size: 250880, seq_len: 2048, d_model: 14336, n_layers: 70, n_heads: 112}\n"
+             "data: {source: tokens, path: /nonexistent.bin}\n"
+             "train: {steps: 10, global_batch: 2048, micro_batch: 2, recompute: full, precision: bf16, zero: 1}\n"
+             "parallel: {data: 8, pipeline: 12, tensor: 4, schedule: 1f1b}\n"
+             "resources: {device: cuda}\n")
+    path = os.path.join(work, "bloom.yaml")
+    with open(path, "w") as f:
+        f.write(bloom)
+    r = subprocess.run([troupe, "plan", path, "--json", "--hardware", a.hardware], capture_output=True, text=True)
+    if r.returncode == 0:
+        c = json.loads(r.stdout)["chosen"]
+        m = c["memory_bytes"]
+        gb = m["total"] / 1e9
+        print(f"\nmemory: BLOOM-176B 8x12x4 mb2 full, ZeRO 1: published about 60 GB per GPU, predicted {gb:.1f} GB "
+              f"({100 * (gb / 60 - 1):+.0f}%): params {m['params'] / 1e9:.1f}, grads {m['grads'] / 1e9:.1f}, "
+              f"optimizer {m['optimizer'] / 1e9:.1f}, activations {m['activations'] / 1e9:.1f}, "
+              f"other {m['other'] / 1e9:.1f} GB (pipeline rank {c['memory_pipeline_rank']})")
     if a.json:
         print(json.dumps(out, indent=1))
     return 0

@@ -125,10 +125,6 @@ std::vector<Diagnostic> runnable_issues(const JobSpec& spec) {
     issue("parallel.sequence_parallel",
           "parallel.sequence_parallel is planned (troupe plan prices it) but not implemented in this engine",
           "set sequence_parallel: false to run the job");
-  if (spec.train.recompute == Recompute::selective)
-    issue("train.recompute",
-          "train.recompute: selective is planned (troupe plan prices it) but not implemented in this engine",
-          "use recompute: full (each block's forward again in the backward) or none, or auto");
   if (spec.train.zero == 3)
     issue("train.zero",
           "train.zero: 3 (sharded parameters, gathered per layer) is not implemented in this engine",

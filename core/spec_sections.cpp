@@ -488,12 +488,12 @@ void parallel_rules(Section& s, JobSpec& j) {
     ctx.error(ctx.loc("parallel.schedule"), "schedule interleaved needs parallel.pipeline of 2 or more",
               "interleaving spreads model chunks over pipeline ranks; set pipeline: 2 or use schedule: 1f1b");
   if (sched_ok && pp_ok && p.pipeline > 1 && p.schedule == Schedule::zb_h1 && ctx.ok("train.recompute") &&
-      t.recompute != Recompute::none && t.recompute != Recompute::auto_)
+      t.recompute == Recompute::full)
     ctx.error(ctx.loc("parallel.schedule"),
               "schedule zb-h1 runs each weight gradient after its input gradient, from every block's saved "
               "activations: train.recompute " +
                   std::string(to_string(t.recompute)) + " does not keep them",
-              "use train.recompute: none with zb-h1, or schedule: 1f1b with recompute");
+              "use train.recompute: none or selective with zb-h1, or schedule: 1f1b with recompute: full");
   if (sched_ok && vs_ok && p.schedule != Schedule::interleaved && p.virtual_stages != 1)
     ctx.error(ctx.loc("parallel.virtual_stages"),
               "parallel.virtual_stages " +

@@ -28,10 +28,15 @@ struct ModelConfig {
   double rope_theta = 10000.0;  // rotary base: channel pair i turns by position * theta^(-2i/HS)
   bool tie_embeddings = false;  // LM head reads wte (gpt: always tied)
   uint64_t seed = 0;            // parameter init: every element is a function of (seed, name, index)
-  // Activation recomputation per block (train.recompute: block): a stage keeps only each
+  // Activation recomputation per block (train.recompute: full): a stage keeps only each
   // block's input per micro-batch; the blocks share one set of internal activations and
   // each block's forward is re-run right before its backward. Same numbers, less memory.
   bool recompute = false;
+  // Selective recomputation (train.recompute: selective, Korthikanti et al. 2022): the
+  // attention probabilities (B, heads, T, T) are not kept per micro-batch; a block's
+  // backward runs the attention core's forward again from its saved q|k|v into one buffer
+  // the stage's blocks share. The same kernel on the same inputs: the same bits.
+  bool recompute_attention = false;
 
   void validate() const;  // throws troupe::Error with the offending field
   int head_dim() const { return d_model / n_head; }

@@ -130,6 +130,7 @@ Workspace::Workspace(const ModelConfig& cfg, int max_B, const TensorShard& shard
     qkv = int64_t{shard.n_head(cfg) + 2 * shard.n_kv_head(cfg)} * cfg.head_dim();
     dqkv = f32({N, qkv});
     datt = f32({int64_t{max_B}, shard.n_head(cfg), cfg.seq_len, cfg.seq_len});
+    if (cfg.recompute_attention) att = f32({int64_t{max_B}, shard.n_head(cfg), cfg.seq_len, cfg.seq_len});
   }
   if (cfg.kind == ModelKind::llama) {
     fc = 2 * H;
@@ -143,6 +144,10 @@ Workspace::Workspace(const ModelConfig& cfg, int max_B, const TensorShard& shard
 }
 
 namespace {
+
+// A slot's attention probabilities: its own, or under selective recomputation the stage's one
+// buffer (Workspace::att), written by the forward and written again before the backward.
+float* probabilities(Tensor& kept, Workspace& ws) { return kept.defined() ? kept.f32() : ws.att.f32(); }
 
 // Where a layer writes an output that a Linear reads again in backward: the saved
 // activation itself in f32; in mixed precision the f32 scratch ws.act, which keep()
@@ -288,7 +293,7 @@ GptBlock::GptBlock(ParamStore& ps, int layer, const ModelConfig& cfg, int n_slot
     a.mean = f32({N});
     a.rstd = f32({N});
     a.qkv = f32({N, 3 * A});
-    a.att = f32({int64_t{max_B}, NH_, T, T});
+    if (!cfg.recompute_attention) a.att = f32({int64_t{max_B}, NH_, T, T});  // else ws.att, recomputed
     a.atty = kept({N, A});
     a.mid = f32({N, D});
     acts_->push_back(std::move(a));
@@ -302,7 +307,7 @@ void GptBlock::forward(int slot, float* y, const float* x, int B, int T, Workspa
   copy_to_tensor_region_forward(tp_, a.ln);
   c_attn_.forward(a.qkv.f32(), a.ln, N);
   float* atty = staging(a.atty, ws);
-  k_->attention_forward(atty, a.att.f32(), a.qkv.f32(), B, T, NH_, HS_, NH_);
+  k_->attention_forward(atty, probabilities(a.att, ws), a.qkv.f32(), B, T, NH_, HS_, NH_);
   keep(*k_, a.atty, atty, sz(int64_t{N} * NH_ * HS_));
   row_parallel_forward(c_proj_, tp_, ws.tmp_d.f32(), a.atty, N);
   k_->residual_forward(a.mid.f32(), x, ws.tmp_d.f32(), sz(int64_t{N} * D_));
@@ -325,10 +330,13 @@ void GptBlock::backward_pass(int slot, float* dres, const float* x, int B, int T
   mlp_.backward(slot, dres, a.mid.f32(), N, ws, split);
   reduce_from_tensor_region_backward(tp_, dres, sz(nd));
   float* dtmp = ws.tmp_d.f32();
+  // Selective recomputation: the probabilities again, from the saved q|k|v (the output goes to
+  // scratch that the next product overwrites).
+  if (!a.att.defined()) k_->attention_forward(dtmp, ws.att.f32(), a.qkv.f32(), B, T, NH_, HS_, NH_);
   linear_backward(c_proj_, dtmp, dres, a.atty, N, ws, kept_at(dy, 0));  // datty (N, NH_*HS_)
   float* dqkv = ws.dqkv.f32();
-  k_->attention_backward(dqkv, ws.datt.f32(), dtmp, a.qkv.f32(), a.att.f32(), B, T, NH_, HS_, Out::overwrite,
-                         NH_);
+  k_->attention_backward(dqkv, ws.datt.f32(), dtmp, a.qkv.f32(), probabilities(a.att, ws), B, T, NH_, HS_,
+                         Out::overwrite, NH_);
   linear_backward(c_attn_, dtmp, dqkv, a.ln, N, ws, kept_at(dy, 1));  // dln_1
   // The key bias shifts every score of a query by the same amount, which softmax
   // ignores: its gradient is exactly zero. Computed, it is rounding noise that AdamW
@@ -414,7 +422,7 @@ LlamaBlock::LlamaBlock(ParamStore& ps, int layer, const ModelConfig& cfg, int n_
     a.ln1 = kept({N, D});
     a.rstd1 = f32({N});
     a.qkv = f32({N, QKV});
-    a.att = f32({int64_t{max_B}, NH_, T, T});
+    if (!cfg.recompute_attention) a.att = f32({int64_t{max_B}, NH_, T, T});  // else ws.att, recomputed
     a.atty = kept({N, A});
     a.mid = f32({N, D});
     a.ln2 = kept({N, D});
@@ -433,7 +441,7 @@ void LlamaBlock::forward(int slot, float* y, const float* x, int B, int T, Works
   c_attn_.forward(a.qkv.f32(), a.ln1, N);
   k_->rope_forward(a.qkv.f32(), B, T, NH_ + NKV_, HS_, ld, theta_);  // q and k heads lead each row
   float* atty = staging(a.atty, ws);
-  k_->attention_forward(atty, a.att.f32(), a.qkv.f32(), B, T, NH_, HS_, NKV_);
+  k_->attention_forward(atty, probabilities(a.att, ws), a.qkv.f32(), B, T, NH_, HS_, NKV_);
   keep(*k_, a.atty, atty, sz(int64_t{N} * NH_ * HS_));
   row_parallel_forward(c_proj_, tp_, ws.tmp_d.f32(), a.atty, N);
   k_->residual_forward(a.mid.f32(), x, ws.tmp_d.f32(), sz(int64_t{N} * D_));
@@ -471,10 +479,12 @@ void LlamaBlock::backward_pass(int slot, float* dres, const float* x, int B, int
   ln_2_.backward(dres, dtmp, a.mid.f32(), a.rstd2.f32(), N);
   // Attention: dres = dL/dmid on entry, dL/dx on return.
   reduce_from_tensor_region_backward(tp_, dres, nd);
-  linear_backward(c_proj_, dtmp, dres, a.atty, N, ws, kept_at(dy, 2));  // datty (N, NH_*HS)
+  if (!a.att.defined())
+    k_->attention_forward(dtmp, ws.att.f32(), a.qkv.f32(), B, T, NH_, HS_, NKV_);  // selective
+  linear_backward(c_proj_, dtmp, dres, a.atty, N, ws, kept_at(dy, 2));             // datty (N, NH_*HS)
   float* dqkv = ws.dqkv.f32();
-  k_->attention_backward(dqkv, ws.datt.f32(), dtmp, a.qkv.f32(), a.att.f32(), B, T, NH_, HS_, Out::overwrite,
-                         NKV_);
+  k_->attention_backward(dqkv, ws.datt.f32(), dtmp, a.qkv.f32(), probabilities(a.att, ws), B, T, NH_, HS_,
+                         Out::overwrite, NKV_);
   k_->rope_backward(dqkv, B, T, NH_ + NKV_, HS_, ld, theta_);
   linear_backward(c_attn_, dtmp, dqkv, a.ln1, N, ws, kept_at(dy, 3));  // dln_1
   copy_to_tensor_region_backward(tp_, dtmp, nd);

@@ -133,6 +133,7 @@ struct Workspace {
   Tensor dh;     // (B,T,H) gradient wrt the MLP hidden, after GELU, then (in place) before it
   Tensor dgu;    // (B,T,2H) llama: gradient wrt the fused gate|up projection's output
   Tensor datt;   // (B,NH/tp,T,T) attention backward scratch (gpt, llama)
+  Tensor att;    // (B,NH/tp,T,T) the probabilities under selective recomputation (one set for the stage)
   // Mixed precision only (compute dtype bf16 / f16; undefined in f32):
   Tensor dy_h;  // (B*T*max(q|k|v width, MLP projection width, D)) a linear's output gradient, compute dtype
   Tensor act;   // (B,T,max(D, H)) f32 output of a layer before it is kept in the compute dtype

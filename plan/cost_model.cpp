@@ -157,7 +157,7 @@ double stage_activation_bytes(const Workload& w, const LayerRange& r, int n_slot
     bytes += nb > 0 ? block_activation_bytes(w, b, tp, Recompute::none) : 0.0;
   else
     bytes += n_slots * nb * block_activation_bytes(w, b, tp, rc);
-  if (rc == Recompute::selective && attention && nb > 0)
+  if (rc == Recompute::selective && attention)
     bytes += double(b) * m.heads() / t * m.seq_len * m.seq_len * e.attn_dt;  // one shared set of scores
   // Per slot: tokens and targets, the residual stream at every block boundary, the head's
   // saved tensors, a later stage's input gradient; a split backward's kept dy (f32).
@@ -494,6 +494,9 @@ class ChunkCoster {
       // gradients of the column-parallel ones).
       t.f_tp = 2 * tp_allreduce(N_ * D_);
       t.b_tp = 2 * tp_allreduce(N_ * D_);
+      // Sequence parallelism gathers each column-parallel product's input again in the
+      // backward, for its weight gradient (Korthikanti et al. 2022, section 4.2.2).
+      if (sp_) t.b_tp += 2 * collective(hw_, Coll::allgather, N_ * D_ * e_.wire, t_, tp_inter_);
     }
     t.f = f + t.f_tp;
     t.w = bw;
@@ -638,9 +641,8 @@ std::string not_runnable(const Workload& w, const Candidate& c, ScheduleKind kin
   if (w.engine != EngineKind::troupe) return "priced as Megatron-LM runs it, not troupe's engine";
   if (w.sequence_parallel && c.layout.tp > 1) return "sequence parallelism is not implemented in the engine";
   if (w.zero == 3) return "ZeRO 3 is not implemented in the engine";
-  if (c.recompute == Recompute::selective) return "selective recomputation is not implemented in the engine";
-  if (kind == ScheduleKind::zb_h1 && c.layout.pp > 1 && c.recompute != Recompute::none)
-    return "zb-h1 keeps every block's activations for W: no recomputation with it";
+  if (kind == ScheduleKind::zb_h1 && c.layout.pp > 1 && c.recompute == Recompute::full)
+    return "zb-h1 keeps every block's activations for W: no full recomputation with it";
   return "";
 }
 

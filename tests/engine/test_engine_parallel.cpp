@@ -97,26 +97,34 @@ TEST_CASE("engine: every layout with data, pipeline, tensor in {1,2} gives the 1
   }
 }
 
-TEST_CASE("engine: activation recomputation gives the same losses, bit for bit",
+TEST_CASE("engine: activation recomputation, full or selective, gives the same losses, bit for bit",
           "[engine][parallel][recompute]") {
-  for (const char* par : {"", "parallel: {pipeline: 2, tensor: 2, schedule: 1f1b}\n"}) {
-    const bool pipelined = std::string(par).size() > 0;
-    INFO((pipelined ? "1x2x2" : "1x1x1"));
-    JobSpec off = spec_for(2, par);
-    JobSpec on = off;
-    on.train.recompute = Recompute::full;
-    std::vector<double> a, b, va, vb;
-    if (pipelined) {
-      a = run_layout(off, 1, 2, 2, &va);
-      b = run_layout(on, 1, 2, 2, &vb);
-    } else {
-      a = run_layout(off, 1, 1, 1, &va);
-      b = run_layout(on, 1, 1, 1, &vb);
+  for (Recompute mode : {Recompute::full, Recompute::selective})
+    for (const char* par : {"", "parallel: {pipeline: 2, tensor: 2, schedule: 1f1b}\n",
+                            "parallel: {pipeline: 2, schedule: zb-h1}\n"}) {
+      const bool pipelined = std::string(par).size() > 0;
+      if (mode == Recompute::full && std::string(par).find("zb-h1") != std::string::npos)
+        continue;  // refused
+      const bool zb = std::string(par).find("zb-h1") != std::string::npos;
+      INFO(to_string(mode) << " " << (zb ? "1x2x1 zb-h1" : pipelined ? "1x2x2" : "1x1x1"));
+      JobSpec off = spec_for(2, par);
+      JobSpec on = off;
+      on.train.recompute = mode;
+      std::vector<double> a, b, va, vb;
+      if (zb) {
+        a = run_layout(off, 1, 2, 1, &va);
+        b = run_layout(on, 1, 2, 1, &vb);
+      } else if (pipelined) {
+        a = run_layout(off, 1, 2, 2, &va);
+        b = run_layout(on, 1, 2, 2, &vb);
+      } else {
+        a = run_layout(off, 1, 1, 1, &va);
+        b = run_layout(on, 1, 1, 1, &vb);
+      }
+      REQUIRE(a.size() == 6);
+      CHECK(a == b);
+      CHECK(va == vb);
     }
-    REQUIRE(a.size() == 6);
-    CHECK(a == b);
-    CHECK(va == vb);
-  }
 }
 
 TEST_CASE("stage: backward reports each flat-gradient range once it is final, tail first",

@@ -102,16 +102,17 @@ TEST_CASE("planner memory: a stage's parameters and allocations are the planner'
   for (ModelKind kind : {ModelKind::gpt, ModelKind::llama, ModelKind::mlp})
     for (int tp : {1, 2})
       for (DType dt : {DType::f32, DType::bf16})
-        for (bool full : {false, true})
+        for (Recompute mode : {Recompute::none, Recompute::selective, Recompute::full})
           for (const StageRange& r :
                {StageRange{0, 4, true, true}, StageRange{0, 2, true, false}, StageRange{1, 3, false, false},
                 StageRange{2, 4, false, true}, StageRange{4, 4, false, true}}) {
             ModelConfig c = config(kind);
-            c.recompute = full;
+            c.recompute = mode == Recompute::full;
+            c.recompute_attention = mode == Recompute::selective;
             const int slots = 3, mb = 2;
             INFO(model_kind_name(kind)
-                 << " tp " << tp << " " << dtype_name(dt) << (full ? " full" : " none") << " blocks ["
-                 << r.first << "," << r.last << ")" << (r.has_embedding ? " +embedding" : "")
+                 << " tp " << tp << " " << dtype_name(dt) << " " << to_string(mode) << " blocks [" << r.first
+                 << "," << r.last << ")" << (r.has_embedding ? " +embedding" : "")
                  << (r.has_head ? " +head" : ""));
             Shards s(c, tp, r, slots, mb, dt);
             const plan::Workload w = workload_of(c, dt);
@@ -120,8 +121,8 @@ TEST_CASE("planner memory: a stage's parameters and allocations are the planner'
                                          (r.has_embedding ? plan::embedding_params(w.model, tp) : 0) +
                                          (r.has_head ? plan::head_params(w.model, tp, r.has_embedding) : 0);
             const plan::LayerRange lr{r.first, r.last, r.has_embedding, r.has_head};
-            const double expect_bytes = plan::stage_activation_bytes(
-                w, lr, slots, mb, tp, full ? Recompute::full : Recompute::none, /*split_backward=*/false);
+            const double expect_bytes =
+                plan::stage_activation_bytes(w, lr, slots, mb, tp, mode, /*split_backward=*/false);
             for (int t = 0; t < tp; ++t) {
               double params = 0;
               for (const Param& p : s.stages[size_t(t)]->params()) params += double(p.data.numel());
