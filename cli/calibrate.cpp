@@ -6,12 +6,15 @@
 //                micro-batch and tensor degree the planner may choose, in the three operand
 //                layouts of forward, input gradient and weight gradient, in f32 and the
 //                spec's 16-bit dtype. Timed in `devices` processes at once, as a job's workers
-//                run (they share caches, memory bandwidth and the clock's turbo).
+//                run (they share caches, memory bandwidth and the clock's boost), keeping the
+//                slowest process's rate (workers step in lockstep); then in one process alone
+//                (solo_speedup).
 //   peaks        the best of those rates and of a 1024^3 probe, per dtype; the size curve's
 //                half point from a 128^3 probe.
 //   attention    attention_forward + attention_backward at the spec's heads and length.
-//   memory       memcpy of 64 MiB (bytes read + written per second), in every process; the
-//                norms' and GELU's bytes per second as the cost model counts them, over it.
+//   memory       AdamW over 8 Mi parameters (bytes per second); a residual add, LayerNorm and
+//                GELU forward + backward at the spec's sizes, as the cost model counts their
+//                bytes, over it.
 //   comm         two worker processes joined through gloo as a job's are (shared memory on
 //                one host), each collective at 4 KiB .. 16 MiB; latency and bandwidth fitted
 //                by least squares to the ring formulas of plan/hardware.hpp.
@@ -510,15 +513,6 @@ double slowest(const std::vector<ComputeFigures>& all, double ComputeFigures::*f
 }
 
 }  // namespace
-
-int run_probe() {
-  const Shape s{512, 512, 512, plan::GemmOp::nt, DType::f32};
-  std::vector<double> rates;
-  for (int i = 0; i < 3; ++i) rates.push_back(2.0 * 512 * 512 * 512 / time_gemm(s));
-  std::sort(rates.begin(), rates.end());
-  std::printf("%.3f\n", rates[1] / 1e9);
-  return kOk;
-}
 
 int run_calibrate(const std::vector<std::string>& spec_paths, int devices, const std::string& out_arg) {
   std::vector<JobSpec> specs;

@@ -12,9 +12,4 @@ namespace troupe::cli {
 // write ("" = <hardware_dir()>/cpu.yaml). Returns the exit code.
 int run_calibrate(const std::vector<std::string>& specs, int devices, const std::string& out);
 
-// `troupe plan --probe`: this core's f32 GEMM rate now (512^3, 0.3 s), one line of GFLOP/s. A
-// benchmark reads it around its runs to see how fast the machine is at that moment (a shared
-// host's cores drift by 10 % and more).
-int run_probe();
-
 }  // namespace troupe::cli

@@ -34,7 +34,6 @@ struct PlanArgs {
   int top = 0;
   bool json = false;
   bool calibrate = false;
-  bool probe = false;
   std::string out;
 };
 
@@ -248,15 +247,9 @@ void add_plan_command(CLI::App& app, int* exit_code) {
   cmd->add_flag("--calibrate", a.calibrate,
                 "Measure this machine (GEMM rates at the spec's shapes, the comm backend between worker "
                 "processes, memory and checkpoint bandwidth) and write a cpu hardware profile");
-  cmd->add_flag("--probe", a.probe, "Print this core's f32 GEMM rate now, in GFLOP/s (for benchmarks)")
-      ->group("");
   cmd->add_option("--out", a.out,
                   "With --calibrate: where to write the profile (default <hardware dir>/cpu.yaml)");
   cmd->callback([exit_code] {
-    if (a.probe) {
-      *exit_code = run_probe();
-      return;
-    }
     if (a.calibrate) {
       *exit_code = run_calibrate(a.specs, a.devices, a.out);
       return;

@@ -297,6 +297,9 @@ class CoordinatorState {
   void try_relaunch(Job& job, double now, Actions* out);
   // The same for an auto job: the planner chooses the layout for the devices there are.
   void relaunch_auto(Job& job, double now, Actions* out);
+  // A recovering job without the devices it needs: fails with no_devices past its deadline,
+  // else waits (a `waiting` event when the reason changes).
+  void wait_for_devices(Job& job, double now, const std::string& why, Actions* out);
   // Launches generation + 1 of `job` on `devices` from its newest verified checkpoint.
   void relaunch_from_checkpoint(Job& job, const Layout& from, const std::vector<DeviceRef>& devices,
                                 Actions* out);

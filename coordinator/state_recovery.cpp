@@ -58,6 +58,17 @@ void CoordinatorState::on_failure(Job& job, FailureCause cause, const std::strin
                  now_ms() + restart_backoff_ms(job.request.restart_backoff_ms, job.crash_streak), out);
 }
 
+void CoordinatorState::wait_for_devices(Job& job, double now, const std::string& why, Actions* out) {
+  if (now >= job.recovery_deadline_ms) {
+    fail(job, FailureCause::no_devices, why, out);
+    return;
+  }
+  if (why != job.reason) {
+    job.reason = why;
+    out->events.push_back({{"event", "waiting"}, {"job", job.id}, {"state", "recovering"}, {"reason", why}});
+  }
+}
+
 void CoordinatorState::try_relaunch(Job& job, double now, Actions* out) {
   if (job.state != JobState::recovering || now < job.relaunch_at_ms) return;
   if (job.request.auto_plan) return relaunch_auto(job, now, out);
@@ -65,21 +76,13 @@ void CoordinatorState::try_relaunch(Job& job, double now, Actions* out) {
   int want = job.target_dp > 0 ? job.target_dp : job.layout.dp;
   int free_devices = registry_.free(job.request.device_kind);
   int d = fit_data_size(job, want, free_devices);
-  if (d == 0) {
-    std::string why = "waiting for devices: " + std::to_string(free_devices) + " " + job.request.device_kind +
-                      " free, the job needs " + std::to_string(min_devices(job)) +
-                      " (a multiple of pipeline x tensor = " + std::to_string(unit) + ")";
-    if (now >= job.recovery_deadline_ms) {
-      fail(job, FailureCause::no_devices, why, out);
-      return;
-    }
-    if (why != job.reason) {
-      job.reason = why;
-      out->events.push_back(
-          {{"event", "waiting"}, {"job", job.id}, {"state", "recovering"}, {"reason", why}});
-    }
-    return;
-  }
+  if (d == 0)
+    return wait_for_devices(job, now,
+                            "waiting for devices: " + std::to_string(free_devices) + " " +
+                                job.request.device_kind + " free, the job needs " +
+                                std::to_string(min_devices(job)) +
+                                " (a multiple of pipeline x tensor = " + std::to_string(unit) + ")",
+                            out);
   std::string why;
   auto devices = registry_.allocate(job.id, job.request.device_kind, d * unit, &why);
   if (!devices) return;
@@ -104,18 +107,7 @@ void CoordinatorState::relaunch_auto(Job& job, double now, Actions* out) {
     c = plan_auto(job, n, &why);
   std::optional<std::vector<DeviceRef>> devices;
   if (c) devices = registry_.allocate(job.id, job.request.device_kind, c->layout.world(), &why);
-  if (!devices) {
-    if (now >= job.recovery_deadline_ms) {
-      fail(job, FailureCause::no_devices, why, out);
-      return;
-    }
-    if (why != job.reason) {
-      job.reason = why;
-      out->events.push_back(
-          {{"event", "waiting"}, {"job", job.id}, {"state", "recovering"}, {"reason", why}});
-    }
-    return;
-  }
+  if (!devices) return wait_for_devices(job, now, why, out);
   const Layout from = job.layout;
   job.layout = c->layout;
   job.target_devices = 0;

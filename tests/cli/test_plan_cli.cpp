@@ -154,3 +154,32 @@ TEST_CASE("cli: an auto job trains through troupe run on the planned layout",
   CHECK(ev.find("plan for generation 0: " + layout) != std::string::npos);
   fs::remove_all(dir);
 }
+
+TEST_CASE("cli: plan --calibrate measures this machine into a profile that plans then read",
+          "[cli][planner][multiprocess]") {
+  const std::string dir = temp_dir("calibrate");
+  const std::string spec =
+      write(dir, "tiny.yaml",
+            "name: tiny\nmodel: {type: gpt, seq_len: 16, d_model: 32, n_layers: 2, n_heads: 2}\n"
+            "data: {source: synthetic}\ntrain: {steps: 2, global_batch: 4}\n"
+            "parallel: {data: auto, pipeline: auto, tensor: auto}\n");
+  const std::string out = dir + "/profiles/cpu.yaml";
+  CommandResult c = troupe_cmd("plan --calibrate " + spec + " --devices 2 --out " + out, dir);
+  INFO(c.out);
+  REQUIRE(c.code == 0);
+  CHECK(c.out.find("wrote " + out) != std::string::npos);
+  std::ifstream in(out);
+  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  CHECK(text.find("device: cpu") != std::string::npos);
+  CHECK(text.find("op: tn, dtype: fp32") != std::string::npos);   // the GEMM table, weight gradients too
+  CHECK(text.find("allreduce: {latency:") != std::string::npos);  // the comm fits and tables
+  CHECK(text.find("solo_speedup:") != std::string::npos);
+  // A plan reads it by path, and as the `cpu` profile of the calibrated profiles' directory.
+  CommandResult p = troupe_cmd("plan " + spec + " --hardware " + out, dir);
+  CHECK(p.code == 0);
+  CHECK(p.out.find("hardware cpu (" + out + ")") != std::string::npos);
+  CommandResult q = troupe::testing::run_troupe("plan " + spec, "TROUPE_HARDWARE_DIR=" + dir + "/profiles");
+  CHECK(q.code == 0);
+  CHECK(q.out.find("hardware cpu (" + out + ")") != std::string::npos);
+  fs::remove_all(dir);
+}

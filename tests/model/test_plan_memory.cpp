@@ -2,7 +2,6 @@
 // GPT, llama and the MLP, every tensor degree, recompute mode, precision, stage range and
 // number of in-flight micro-batches, the parameters a model::Stage holds and the bytes it asks
 // of its allocator are exactly the planner's formulas.
-#include <atomic>
 #include <catch2/catch.hpp>
 #include <memory>
 #include <thread>
@@ -11,26 +10,13 @@
 #include "comm/communicator.hpp"
 #include "model/stage.hpp"
 #include "plan/cost_model.hpp"
+#include "tests/model/model_test_util.hpp"
 
 using namespace troupe;
 using namespace troupe::model;
+using troupe::model::test::CountingAllocator;
 
 namespace {
-
-// Counts what is asked of it and hands it to the CPU allocator.
-class CountingAllocator : public Allocator {
- public:
-  Device device() const override { return Device::cpu; }
-  const char* name() const override { return "counting"; }
-  void* allocate(size_t bytes) override {
-    asked += bytes;
-    return cpu_allocator().allocate(bytes);
-  }
-  void deallocate(void* p) noexcept override { cpu_allocator().deallocate(p); }
-  void zero(void* p, size_t bytes) override { cpu_allocator().zero(p, bytes); }
-  void copy(void* d, const void* s, size_t bytes) override { cpu_allocator().copy(d, s, bytes); }
-  std::atomic<size_t> asked{0};
-};
 
 ModelConfig config(ModelKind kind) {
   ModelConfig c;
@@ -127,7 +113,7 @@ TEST_CASE("planner memory: a stage's parameters and allocations are the planner'
               double params = 0;
               for (const Param& p : s.stages[size_t(t)]->params()) params += double(p.data.numel());
               CHECK(params == expect_params);
-              CHECK(double(s.allocs[size_t(t)]->asked.load()) == expect_bytes);
+              CHECK(double(s.allocs[size_t(t)]->bytes) == expect_bytes);
             }
           }
 }
@@ -148,7 +134,7 @@ TEST_CASE("planner memory: a split backward's kept output gradients are the plan
       st.backward_input(slot, dout.data(), 0.0f);
     }
     const plan::LayerRange lr{r.first, r.last, r.has_embedding, r.has_head};
-    CHECK(double(s.allocs[0]->asked.load()) ==
+    CHECK(double(s.allocs[0]->bytes) ==
           plan::stage_activation_bytes(workload_of(c, DType::f32), lr, slots, mb, 1, Recompute::none, true));
   }
 }
