@@ -27,8 +27,9 @@ packages=(
 # Only the tests need these: the PyTorch reference forwards (tests/checkpoint/hf_reference.py),
 # the browser that Node drives through the dashboard (tests/browser/), and a one-host Slurm
 # (slurmctld, slurmd, munged) that runs docs/deploy.md's sbatch script (tests/slurm/), and
-# iproute2 (ip, tc) for the hosts made of network namespaces (tests/multihost/).
-test_packages=(python3-torch chromium nodejs slurm-wlm munge iproute2)
+# iproute2 (ip, tc) and nftables for the hosts made of network namespaces and their impaired
+# links (tests/multihost/).
+test_packages=(python3-torch chromium nodejs slurm-wlm munge iproute2 nftables)
 if [ "$mode" = test ]; then packages+=("${test_packages[@]}"); fi
 
 missing=()

@@ -18,9 +18,12 @@
 // namespace) reaches as a unix socket in the shared filesystem.
 //
 // Faults on the network are made from outside: `ip link set eth0 down|up` in a host
-// (run_in_host) cuts and heals it; Netns::netem delays or drops what a host sends.
+// (run_in_host) cuts and heals it; Netns::impair delays or drops what a host sends: with
+// netem (`tc ... netem`) where the kernel has sch_netem, else with nftables (random drops)
+// and a token bucket (`tc ... tbf`, a rate limit whose queue delays what exceeds it).
 #pragma once
 
+#include <optional>
 #include <regex>
 #include <set>
 
@@ -60,19 +63,63 @@ inline std::string netns_unavailable() {
   return r.code == 0 ? "" : "`" + enter + "` failed: " + r.out;
 }
 
-// Why links cannot be slowed with netem (iproute2's `tc`, the kernel's sch_netem), ""
-// when they can: a probe namespace (trp<pid>probe) takes a netem qdisc on its loopback.
-// Call it after netns_unavailable() found namespaces usable.
-inline std::string netem_unavailable() {
-  if (testing::run_command("command -v tc").code != 0) return "no `tc` command (iproute2) on the PATH";
+// How links are slowed and made lossy here (Netns::impair).
+enum class Shaper {
+  netem,    // tc netem: a fixed delay and random loss
+  nft_tbf,  // no sch_netem: nftables drops packets at random, tc tbf limits the rate
+};
+
+// The shaper this machine has, or nullopt with why in *why: a probe namespace
+// (trp<pid>probe) takes a netem qdisc on its loopback, else a tbf qdisc and an nftables
+// rule. Call it after netns_unavailable() found namespaces usable.
+inline std::optional<Shaper> link_shaper(std::string* why) {
+  if (testing::run_command("command -v tc").code != 0) {
+    *why = "no `tc` command (iproute2) on the PATH";
+    return std::nullopt;
+  }
   const std::string probe = "trp" + std::to_string(getpid()) + "probe";
   auto r = testing::run_command("ip netns add " + probe);
-  if (r.code != 0) return "`ip netns add " + probe + "` failed: " + r.out;
-  const std::string add = "ip netns exec " + probe + " tc qdisc add dev lo root netem delay 1ms";
-  r = testing::run_command(add);
+  if (r.code != 0) {
+    *why = "`ip netns add " + probe + "` failed: " + r.out;
+    return std::nullopt;
+  }
+  const std::string in = "ip netns exec " + probe + " ";
+  std::optional<Shaper> found;
+  const auto netem = testing::run_command(in + "tc qdisc add dev lo root netem delay 1ms");
+  if (netem.code == 0) {
+    found = Shaper::netem;
+  } else {
+    const auto tbf =
+        testing::run_command(in + "tc qdisc add dev lo root tbf rate 10mbit burst 32kbit latency 400ms");
+    const auto nft = testing::run_command(in + "nft add table inet troupe_probe");
+    if (tbf.code == 0 && nft.code == 0)
+      found = Shaper::nft_tbf;
+    else
+      *why = "no sch_netem (" + netem.out + "), and no tbf qdisc (" + tbf.out + ") or nftables (" + nft.out +
+             ")";
+  }
   testing::run_command("ip netns del " + probe);
-  return r.code == 0 ? "" : "`" + add + "` failed (no sch_netem module?): " + r.out;
+  return found;
 }
+
+// A link's impairment: netem's delay and loss, or (Shaper::nft_tbf) the same loss and, for
+// the delay, a rate limit.
+struct Impairment {
+  int delay_ms = 0;     // netem
+  double loss_pct = 0;  // both
+  std::string rate;     // nft_tbf: tbf's rate ("20mbit"), "" = none
+  std::string str(Shaper s) const {
+    std::string out;
+    if (s == Shaper::netem && delay_ms > 0) out += "delay " + std::to_string(delay_ms) + "ms";
+    if (s == Shaper::nft_tbf && !rate.empty()) out += "rate " + rate;
+    if (loss_pct > 0) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "loss %g%%", loss_pct);
+      out += (out.empty() ? "" : " ") + std::string(buf);
+    }
+    return out;
+  }
+};
 
 // Deletes the namespaces trp<pid>* of pids that are no longer alive.
 inline void remove_netns_leftovers() {
@@ -133,14 +180,30 @@ class Netns {
   std::string run_in_host(int i, const std::string& command) const {
     return must_run("ip netns exec " + host(i) + " " + command);
   }
-  // Shapes what host i sends out of its eth0 with netem (`tc ... netem <params>`:
-  // "delay 20ms loss 1%"), in place of an earlier setting; both directions of every
-  // connection of the host go through it (its packets out, the acks of what it gets).
-  void netem(int i, const std::string& params) const {
-    run_in_host(i, "tc qdisc replace dev eth0 root netem " + params);
+  // Impairs what host i sends out of its eth0, in place of an earlier setting; both
+  // directions of every connection of the host go through it (its packets out, the acks of
+  // what it gets). netem: `tc ... netem delay <d>ms loss <p>%`; nft_tbf: an nftables rule
+  // that drops <p>% of eth0's packets at random, and `tc ... tbf rate <rate>`.
+  void impair(int i, Shaper s, const Impairment& x) const {
+    clear_impairment(i);
+    if (s == Shaper::netem) {
+      run_in_host(i, "tc qdisc replace dev eth0 root netem " + x.str(s));
+      return;
+    }
+    if (!x.rate.empty())
+      run_in_host(i, "tc qdisc replace dev eth0 root tbf rate " + x.rate + " burst 64kbit latency 2s");
+    if (x.loss_pct > 0) {
+      run_in_host(i, "nft add table inet troupe_loss");
+      run_in_host(i, "nft add chain inet troupe_loss out '{ type filter hook output priority 0 ; }'");
+      run_in_host(i, "nft add rule inet troupe_loss out oifname eth0 numgen random mod 10000 '<' " +
+                         std::to_string(int(x.loss_pct * 100)) + " drop");
+    }
   }
-  // Takes host i's netem setting off again (its eth0 back to the default qdisc).
-  void clear_netem(int i) const { run_in_host(i, "tc qdisc del dev eth0 root"); }
+  // Takes host i's impairment off again (its eth0 back to the default qdisc, no rule).
+  void clear_impairment(int i) const {
+    testing::run_command("ip netns exec " + host(i) + " tc qdisc del dev eth0 root");
+    testing::run_command("ip netns exec " + host(i) + " nft delete table inet troupe_loss");
+  }
 
  private:
   std::string name(const std::string& suffix) const { return prefix_ + suffix; }

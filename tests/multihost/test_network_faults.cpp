@@ -1,6 +1,7 @@
 // Network faults on the namespace cluster (netns.hpp): a partition that heals after
-// the job recovered without the cut-off host, and links slowed or made lossy with
-// netem. Every wait is bounded as a failure guard; no test asserts a duration.
+// the job recovered without the cut-off host, and links slowed or made lossy (netem, or
+// where the kernel has no sch_netem, nftables and a tbf rate limit). Every wait is bounded
+// as a failure guard; no test asserts a duration.
 #include <signal.h>
 
 #include <catch2/catch.hpp>
@@ -245,20 +246,19 @@ void check_named_failure(const nlohmann::json& st) {
   CHECK(parse_failure_cause(cause).has_value());
 }
 
-// Exits 77 (skipped) with the reason when this machine has no netem. Before any cluster is
-// made: exiting runs no destructors.
-void require_netem() {
-  const std::string why = netem_unavailable();
-  if (why.empty()) return;
-  std::cout << "skipped: cannot shape links with netem: " << why << std::endl;
+// The shaper of this machine; exits 77 (skipped) with the reason when it has none. Before any
+// cluster is made: exiting runs no destructors.
+Shaper require_shaper() {
+  std::string why;
+  if (auto s = link_shaper(&why)) return *s;
+  std::cout << "skipped: cannot slow or drop on links: " << why << std::endl;
   std::exit(77);
 }
 
-// Submits `spec` on h1 + h2 (cpu:1 each), sets `params` on h2's link once the job has
-// trained `at` steps, and waits for the end; the status then.
-nlohmann::json run_under_netem(NetnsCluster& c, const std::string& spec, int64_t at,
-                               const std::string& params, std::chrono::milliseconds limit,
-                               int64_t* steps_after) {
+// Submits `spec` on h1 + h2 (cpu:1 each), impairs h2's link once the job has trained `at`
+// steps, and waits for the end; the status then.
+nlohmann::json run_impaired(NetnsCluster& c, const std::string& spec, int64_t at, Shaper shaper,
+                            const Impairment& how, std::chrono::milliseconds limit, int64_t* steps_after) {
   c.add_agent(1, "cpu:1");
   c.add_agent(2, "cpu:1");
   REQUIRE(c.wait_devices(2));
@@ -266,7 +266,7 @@ nlohmann::json run_under_netem(NetnsCluster& c, const std::string& spec, int64_t
   REQUIRE(c.wait_state(
       job, [&](const nlohmann::json& s) { return s["state"] == "running" && s["steps_done"] >= at; }, 120s));
   const int64_t set_at = c.status(job)["steps_done"];
-  c.net().netem(2, params);
+  c.net().impair(2, shaper, how);
   // Steps keep coming: the highest one seen grows past the setting.
   int64_t highest = set_at;
   const bool ended = c.wait_state(
@@ -278,27 +278,34 @@ nlohmann::json run_under_netem(NetnsCluster& c, const std::string& spec, int64_t
       limit);
   const auto st = c.status(job);
   INFO(st.dump(1));
-  c.net().clear_netem(2);
+  c.net().clear_impairment(2);
   if (!ended) {
     // A guard, not a measurement: cancel so that the cluster goes down cleanly.
     c.call({{"op", "cancel"}, {"job", job}});
-    FAIL("the job neither succeeded nor failed under netem " << params);
+    FAIL("the job neither succeeded nor failed under " << how.str(shaper));
   }
   *steps_after = highest - set_at;
+  WARN("h2's link " << how.str(shaper) << " from step " << set_at << ": the job "
+                    << st["state"].get<std::string>() << ", " << *steps_after << " steps under it");
   return st;
 }
 
-TEST_CASE("netem delay 20ms loss 1% on a host's link: the job trains the one-host loss curve",
+TEST_CASE("a lossy, slow link (1% loss; 20 ms delay, or a 20 Mbit/s rate): the job trains the one-host curve",
           "[multihost][fault][netem]") {
-  require_netem();
+  const Shaper shaper = require_shaper();
   constexpr int kSteps = 60;
-  const std::string spec = layout_spec("tiny_dp2_pp1_tp1", "netem", kSteps);
+  const std::string spec = layout_spec("tiny_dp2_pp1_tp1", "lossy", kSteps);
   const auto want = one_host_curve(spec, 2);
   NetnsCluster c;
   REQUIRE(c.ready());
   INFO("cluster dir " << c.dir());
+  Impairment how;
+  how.delay_ms = 20;
+  how.loss_pct = 1;
+  how.rate = "20mbit";
+  INFO("h2's link: " << how.str(shaper));
   int64_t steps_after = 0;
-  const auto st = run_under_netem(c, spec, 3, "delay 20ms loss 1%", 200s, &steps_after);
+  const auto st = run_impaired(c, spec, 3, shaper, how, 200s, &steps_after);
   INFO(st.dump(1));
   if (st["state"] == "failed") {
     check_named_failure(st);
@@ -308,15 +315,19 @@ TEST_CASE("netem delay 20ms loss 1% on a host's link: the job trains the one-hos
   check_same_curve(loss_curve(st["run_dir"]), want, kSteps);
 }
 
-TEST_CASE("netem delay 200ms on a host's link: the job succeeds or fails with a named cause",
+TEST_CASE("a very slow link (200 ms delay, or 2 Mbit/s): the job succeeds or fails with a named cause",
           "[multihost][fault][netem]") {
-  require_netem();
+  const Shaper shaper = require_shaper();
   NetnsCluster c;
   REQUIRE(c.ready());
   INFO("cluster dir " << c.dir());
+  Impairment how;
+  how.delay_ms = 200;
+  how.rate = "2mbit";
+  INFO("h2's link: " << how.str(shaper));
   int64_t steps_after = 0;
-  const auto st = run_under_netem(c, layout_spec("tiny_dp2_pp1_tp1", "netem-slow", 15), 2, "delay 200ms",
-                                  200s, &steps_after);
+  const auto st =
+      run_impaired(c, layout_spec("tiny_dp2_pp1_tp1", "slow", 15), 2, shaper, how, 200s, &steps_after);
   INFO(st.dump(1));
   if (st["state"] == "failed")
     check_named_failure(st);

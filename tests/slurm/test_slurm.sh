@@ -75,15 +75,60 @@ cleanup() {
     [ "$alive" = 0 ] && break
     sleep 0.1
   done
-  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  for p in $(ours); do kill -KILL "$p" 2>/dev/null; done
+  # What the daemons left (a job's slurmstepd outlives a killed slurmd), then $tmp.
+  [ -f "$tmp/sweep.sh" ] && bash "$tmp/sweep.sh" $$
   wait 2>/dev/null
   rm -rf "$tmp"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+# The sweep: kills every process of this test but the one given, the daemons (pids in
+# $tmp/daemons.pids) with all their descendants, whatever carries the marker (a job's
+# script, srun, troupe) and whatever holds a file in $tmp open (slurmstepd, which
+# daemonizes and drops the environment). A few rounds, for what was starting meanwhile.
+write_sweep() {
+  cat >"$tmp/sweep.sh" <<SWEEP
+#!/usr/bin/env bash
+spare=\$1
+pid_of() { local d; while read -r d; do d=\${d#/proc/}; echo "\${d%%/*}"; done; }
+children() { grep -l "^PPid:[[:space:]]*\$1\$" /proc/[0-9]*/status 2>/dev/null | pid_of; }
+tree() { local c; echo "\$1"; for c in \$(children "\$1"); do tree "\$c"; done; }
+victims=
+for p in \$(cat "$tmp/daemons.pids" 2>/dev/null); do victims="\$victims \$(tree "\$p")"; done
+for round in 1 2 3 4 5; do
+  victims="\$victims \$(grep -lzx "TROUPE_SLURM_TEST=$tmp" /proc/[0-9]*/environ 2>/dev/null | pid_of)"
+  victims="\$victims \$(find /proc/[0-9]*/fd -maxdepth 1 -lname "$tmp/*" 2>/dev/null | pid_of)"
+  for p in \$victims; do
+    # Not the caller, this sweep (which reads this file from \$tmp) nor its children.
+    case " \$spare \$\$ \$(children \$\$ | xargs) " in *" \$p "*) continue ;; esac
+    kill -KILL "\$p" 2>/dev/null
+  done
+  victims=
+  sleep 0.3
+done
+SWEEP
+}
+
+# A guard for what the trap cannot do: when this script is SIGKILLed (ctest's TIMEOUT), its
+# daemons and jobs would stay behind. In a session of its own, the guard waits for this
+# script to end; if $tmp is still there (no trap ran), it sweeps and removes it.
+guard() {
+  cat >"$tmp/guard.sh" <<GUARD
+#!/usr/bin/env bash
+while kill -0 $$ 2>/dev/null; do sleep 1; done
+[ -d "$tmp" ] || exit 0
+bash "$tmp/sweep.sh" \$\$
+rm -rf "$tmp"
+GUARD
+  # Started from a subshell that exits at once: the guard is no child of this script (whose
+  # trap waits for its children) nor of ctest (which kills the tree of its test on a timeout).
+  (setsid bash "$tmp/guard.sh" </dev/null >/dev/null 2>&1 &)
+}
+
 mkdir -p "$tmp"/{log,state,spool,munge,work}
+write_sweep
+guard
 
 # ---- munge, with a key of its own and its socket in $tmp
 chmod 700 "$tmp/munge"
@@ -95,6 +140,7 @@ munged --foreground --force --key-file="$tmp/munge/munge.key" --socket="$socket"
   --pid-file="$tmp/munge/munged.pid" --seed-file="$tmp/munge/munge.seed" \
   --log-file="$tmp/log/munged.log" >"$tmp/log/munged.out.log" 2>&1 &
 pids+=($!)
+echo "$!" >>"$tmp/daemons.pids"
 for _ in $(seq 50); do
   [ -S "$socket" ] && break
   sleep 0.1
@@ -140,8 +186,10 @@ export SLURM_CONF="$tmp/slurm.conf"
 
 slurmctld -D -i -f "$SLURM_CONF" >"$tmp/log/slurmctld.out.log" 2>&1 &
 pids+=($!)
+echo "$!" >>"$tmp/daemons.pids"
 slurmd -D -N localhost -f "$SLURM_CONF" >"$tmp/log/slurmd.out.log" 2>&1 &
 pids+=($!)
+echo "$!" >>"$tmp/daemons.pids"
 
 # Bounded: the node idle within 30 s, or this host cannot run Slurm (skip).
 up=0
