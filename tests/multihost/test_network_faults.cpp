@@ -290,8 +290,9 @@ nlohmann::json run_impaired(NetnsCluster& c, const std::string& spec, int64_t at
   return st;
 }
 
-TEST_CASE("a lossy, slow link (1% loss; 20 ms delay, or a 20 Mbit/s rate): the job trains the one-host curve",
-          "[multihost][fault][netem]") {
+TEST_CASE(
+    "a lossy, slow link (1% loss with 20 ms delay or a 20 Mbit/s rate): the job trains the one-host curve",
+    "[multihost][fault][netem]") {
   const Shaper shaper = require_shaper();
   constexpr int kSteps = 60;
   const std::string spec = layout_spec("tiny_dp2_pp1_tp1", "lossy", kSteps);

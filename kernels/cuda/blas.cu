@@ -1,0 +1,101 @@
+// The handles (one cuBLAS and one cuBLASLt handle per thread, created on first use and kept
+// for the thread's life) and the row-major wrappers of blas.cuh. A row-major matrix is the
+// column-major transpose of itself, so row-major C = op(A) op(B) is column-major
+// C^T = op(B)^T op(A)^T: the operands swap, the transposes stay.
+#include "kernels/cuda/blas.cuh"
+
+namespace troupe::kernels::cuda::detail {
+
+namespace {
+
+cublasHandle_t blas() {
+  thread_local cublasHandle_t h = nullptr;  // never destroyed: the runtime may be gone at thread exit
+  if (h == nullptr) TROUPE_CUBLAS_CHECK(cublasCreate(&h));
+  TROUPE_CUBLAS_CHECK(cublasSetStream(h, stream()));
+  TROUPE_CUBLAS_CHECK(cublasSetMathMode(h, tf32() ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  return h;
+}
+
+cublasLtHandle_t lt() {
+  thread_local cublasLtHandle_t h = nullptr;
+  if (h == nullptr) TROUPE_CUBLAS_CHECK(cublasLtCreate(&h));
+  return h;
+}
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::f32:
+      return CUDA_R_32F;
+    case DType::bf16:
+      return CUDA_R_16BF;
+    case DType::f16:
+      return CUDA_R_16F;
+    default:
+      TROUPE_CHECK(false, "matmul: operands of ", dtype_name(t), " are not supported (f32, bf16, f16)");
+  }
+  return CUDA_R_32F;
+}
+
+// Owns the cuBLASLt descriptors of one call.
+struct LtCall {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  ~LtCall() {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+constexpr size_t kLtWorkspace = size_t{32} << 20;  // what NVIDIA suggests for Hopper
+
+}  // namespace
+
+void gemm_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                  long long stride_a, const float* B, int ldb, long long stride_b, float beta, float* C,
+                  int ldc, long long stride_c, int batch) {
+  TROUPE_CHECK(M > 0 && N > 0 && K > 0 && batch > 0, "gemm: M=", M, " N=", N, " K=", K, " batch=", batch);
+  TROUPE_CUBLAS_CHECK(cublasSgemmStridedBatched(blas(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                                trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, ldb,
+                                                stride_b, A, lda, stride_a, &beta, C, ldc, stride_c, batch));
+}
+
+void matmul(DType ab, bool trans_a, bool trans_b, int M, int N, int K, const void* A, int lda, const void* B,
+            int ldb, float beta, float* C, int ldc) {
+  TROUPE_CHECK(M > 0 && N > 0 && K > 0, "matmul: M=", M, " N=", N, " K=", K);
+  const cudaDataType_t t = cuda_type(ab);
+  const cublasComputeType_t compute =
+      ab == DType::f32 && tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  // Column-major: C^T(N,M) = op(B)^T(N,K) op(A)^T(K,M); first operand B, second A.
+  const cublasOperation_t op_first = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_second = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  LtCall call;
+  TROUPE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&call.op, compute, CUDA_R_32F));
+  TROUPE_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(call.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof op_first));
+  TROUPE_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(call.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof op_second));
+  // Stored column-major shapes: B^T as stored is (trans_b ? K x N : N x K) rows x cols, ld ldb.
+  TROUPE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&call.a, t, trans_b ? K : N, trans_b ? N : K, ldb));
+  TROUPE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&call.b, t, trans_a ? M : K, trans_a ? K : M, lda));
+  TROUPE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&call.c, CUDA_R_32F, N, M, ldc));
+  TROUPE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&call.pref));
+  size_t ws = kLtWorkspace;
+  TROUPE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      call.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  TROUPE_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt(), call.op, call.a, call.b, call.c, call.c, call.pref,
+                                                     1, &result, &found));
+  TROUPE_CHECK(found > 0, "cuBLASLt has no algorithm for ", dtype_name(ab), " M=", M, " N=", N, " K=", K,
+               " lda=", lda, " ldb=", ldb, " ldc=", ldc);
+  Scratch workspace(result.workspaceSize > 0 ? result.workspaceSize : 1);
+  const float alpha = 1.0f;
+  TROUPE_CUBLAS_CHECK(cublasLtMatmul(lt(), call.op, &alpha, B, call.a, A, call.b, &beta, C, call.c, C, call.c,
+                                     &result.algo, workspace.as<void>(), result.workspaceSize, stream()));
+}
+
+}  // namespace troupe::kernels::cuda::detail
