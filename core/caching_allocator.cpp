@@ -42,7 +42,14 @@ void* CachingAllocator::allocate(size_t bytes) {
     ++stats_.backing_allocations;
     stats_.reserved_bytes += cls;
   }
-  live_.emplace(p, cls);
+  try {
+    live_.emplace(p, cls);
+  } catch (...) {  // no memory for the map node: the block goes back where it came from
+    backing_.deallocate(p);
+    ++stats_.backing_frees;
+    stats_.reserved_bytes -= cls;
+    throw;
+  }
   stats_.in_use_bytes += cls;
   stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
   return p;

@@ -96,6 +96,20 @@ struct Kernels {
   double (*sum_squares)(const float* x, size_t n) = nullptr;
 };
 
+// Every entry of Kernels, for code that treats them all alike (the tables' makers, the
+// declarations of the CUDA twins, the tests of completeness): X(name) once per entry.
+// clang-format off
+#define TROUPE_KERNEL_ENTRIES(X)                                                                     \
+  X(linear_forward) X(linear_backward) X(linear_forward_h) X(linear_backward_h) X(to_half)          \
+  X(embedding_forward) X(embedding_backward) X(layernorm_forward) X(layernorm_backward)             \
+  X(attention_forward) X(attention_backward) X(rmsnorm_forward) X(rmsnorm_backward)                 \
+  X(rope_forward) X(rope_backward) X(swiglu_forward) X(swiglu_backward)                             \
+  X(embedding_rows_forward) X(embedding_rows_backward) X(cross_entropy_stats)                       \
+  X(cross_entropy_shard_backward) X(gelu_forward) X(gelu_backward) X(gelu_backward_inplace)         \
+  X(residual_forward) X(add_inplace) X(scale_inplace) X(cross_entropy) X(adamw_update)              \
+  X(sum_squares)
+// clang-format on
+
 // The fp32 CPU kernels of kernels/cpu/ (defined there); lives for the whole process.
 const Kernels& cpu_kernels();
 

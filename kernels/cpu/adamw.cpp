@@ -28,19 +28,21 @@ TROUPE_VEC_CLONES void adamw_loop(float* __restrict__ p, const float* __restrict
 
 }  // namespace
 
-// param, grad, m, v are (n); m and v start at zero before step t = 1.
-void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
-                  float beta2, float eps, float weight_decay, int64_t t) {
+AdamWScalars adamw_scalars(float lr, float beta1, float beta2, float weight_decay, int64_t t) {
   TROUPE_CHECK(t >= 1, "step count t is 1-based, got ", t);
-  TROUPE_CHECK(n == 0 || (param && grad && m && v), "null tensor");
   TROUPE_CHECK(beta1 >= 0.0f && beta1 < 1.0f && beta2 >= 0.0f && beta2 < 1.0f, "beta1=", beta1,
                " beta2=", beta2);
   const double bc1 = 1.0 - std::pow(double(beta1), double(t));
   const double bc2 = 1.0 - std::pow(double(beta2), double(t));
-  const float decay = float(1.0 - double(lr) * double(weight_decay));
-  const float step_size = float(double(lr) / bc1);
-  const float bc2_sqrt = float(std::sqrt(bc2));
-  adamw_loop(param, grad, m, v, n, decay, beta1, beta2, step_size, bc2_sqrt, eps);
+  return {float(1.0 - double(lr) * double(weight_decay)), float(double(lr) / bc1), float(std::sqrt(bc2))};
+}
+
+// param, grad, m, v are (n); m and v start at zero before step t = 1.
+void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
+                  float beta2, float eps, float weight_decay, int64_t t) {
+  const AdamWScalars s = adamw_scalars(lr, beta1, beta2, weight_decay, t);
+  TROUPE_CHECK(n == 0 || (param && grad && m && v), "null tensor");
+  adamw_loop(param, grad, m, v, n, s.decay, beta1, beta2, s.step_size, s.bc2_sqrt, eps);
 }
 
 // sum of x(n)^2; lane-wise partial sums in double, combined in a fixed order.

@@ -19,14 +19,6 @@ namespace {
 
 constexpr int kBlock = 64;
 
-// Resolves NKV = 0 to NH.
-int check_shapes(int B, int T, int NH, int HS, int NKV) {
-  if (NKV == 0) NKV = NH;
-  TROUPE_CHECK(B > 0 && T > 0 && NH > 0 && HS > 0 && NKV > 0 && NH % NKV == 0, "B=", B, " T=", T, " NH=", NH,
-               " NKV=", NKV, " HS=", HS);
-  return NKV;
-}
-
 // row(T): scores of one query in [0,n), n = t+1; becomes probabilities, zero beyond n.
 TROUPE_VEC_CLONES void softmax_row(float* __restrict__ row, int n, int T) {
   const float mx = detail::lane_max(row, n);  // stable: the largest exponent is e^0
@@ -46,8 +38,15 @@ TROUPE_VEC_CLONES void softmax_row_backward(float* __restrict__ d, const float* 
 
 }  // namespace
 
+int attention_kv_heads(int B, int T, int NH, int HS, int NKV) {
+  if (NKV == 0) NKV = NH;
+  TROUPE_CHECK(B > 0 && T > 0 && NH > 0 && HS > 0 && NKV > 0 && NH % NKV == 0, "B=", B, " T=", T, " NH=", NH,
+               " NKV=", NKV, " HS=", HS);
+  return NKV;
+}
+
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int HS, int NKV) {
-  NKV = check_shapes(B, T, NH, HS, NKV);
+  NKV = attention_kv_heads(B, T, NH, HS, NKV);
   TROUPE_CHECK(out && att && qkv, "null tensor");
   const int C = NH * HS, CKV = NKV * HS, ld = C + 2 * CKV, group = NH / NKV;
   const float scale = 1.0f / std::sqrt(float(HS));
@@ -75,7 +74,7 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
 
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att,
                         int B, int T, int NH, int HS, Out mode, int NKV) {
-  NKV = check_shapes(B, T, NH, HS, NKV);
+  NKV = attention_kv_heads(B, T, NH, HS, NKV);
   TROUPE_CHECK(dqkv && scratch && dout && qkv && att, "null tensor");
   TROUPE_CHECK(scratch != att, "scratch must not alias att");
   const int C = NH * HS, CKV = NKV * HS, ld = C + 2 * CKV, group = NH / NKV;

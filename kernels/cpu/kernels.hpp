@@ -83,6 +83,9 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 // (GPT: qkv(B,T,3*NH*HS)). out(B,T,NH*HS); att(B,NH,T,T) saves the softmax
 // probabilities (upper triangle zero). scale = 1/sqrt(HS).
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int HS, int NKV = 0);
+// Checks attention's shapes (every size positive, NKV dividing NH) and returns NKV, with 0
+// resolved to NH. Every kernel set's attention starts with it.
+int attention_kv_heads(int B, int T, int NH, int HS, int NKV);
 // dqkv(B,T,(NH+2*NKV)*HS) += (= with Out::overwrite); scratch(B,NH,T,T) is workspace the
 // kernel may overwrite.
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att,
@@ -146,6 +149,14 @@ double cross_entropy(float* dlogits, const float* logits, const int32_t* targets
 // t is the 1-based step count. Pass weight_decay = 0 for parameters that are not decayed.
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
                   float beta2, float eps, float weight_decay, int64_t t);
+
+// adamw_update's scalar factors for step t (1-based), checked and formed in double, each
+// rounded once: decay = 1 - lr*weight_decay, step_size = lr / (1 - beta1^t), bc2_sqrt =
+// sqrt(1 - beta2^t). Every kernel set's AdamW uses these.
+struct AdamWScalars {
+  float decay, step_size, bc2_sqrt;
+};
+AdamWScalars adamw_scalars(float lr, float beta1, float beta2, float weight_decay, int64_t t);
 
 // Sum of squares of x(n), accumulated in double (for global-norm clipping).
 double sum_squares(const float* x, size_t n);

@@ -16,13 +16,6 @@ namespace {
 using detail::kThreads;
 using detail::stream;
 
-int check_shapes(int B, int T, int NH, int HS, int NKV) {
-  if (NKV == 0) NKV = NH;
-  TROUPE_CHECK(B > 0 && T > 0 && NH > 0 && HS > 0 && NKV > 0 && NH % NKV == 0, "B=", B, " T=", T, " NH=", NH,
-               " NKV=", NKV, " HS=", HS);
-  return NKV;
-}
-
 // rows of (T): row r's query position is r % T; entries past it become 0.
 __global__ void k_causal_softmax(float* att, int T) {
   __shared__ float shared[kThreads];
@@ -58,7 +51,7 @@ __global__ void k_causal_softmax_backward(float* d, const float* att, int T, flo
 }  // namespace
 
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int HS, int NKV) {
-  NKV = check_shapes(B, T, NH, HS, NKV);
+  NKV = cpu::attention_kv_heads(B, T, NH, HS, NKV);
   TROUPE_CHECK(out && att && qkv, "null tensor");
   const int C = NH * HS, CKV = NKV * HS, ld = C + 2 * CKV, group = NH / NKV;
   const float scale = 1.0f / std::sqrt(float(HS));
@@ -87,7 +80,7 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
 
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att,
                         int B, int T, int NH, int HS, Out mode, int NKV) {
-  NKV = check_shapes(B, T, NH, HS, NKV);
+  NKV = cpu::attention_kv_heads(B, T, NH, HS, NKV);
   TROUPE_CHECK(dqkv && scratch && dout && qkv && att, "null tensor");
   TROUPE_CHECK(scratch != att, "scratch must not alias att");
   const int C = NH * HS, CKV = NKV * HS, ld = C + 2 * CKV, group = NH / NKV;

@@ -2,6 +2,8 @@
 // for the thread's life) and the row-major wrappers of blas.cuh. A row-major matrix is the
 // column-major transpose of itself, so row-major C = op(A) op(B) is column-major
 // C^T = op(B)^T op(A)^T: the operands swap, the transposes stay.
+#include <initializer_list>
+
 #include "kernels/cuda/blas.cuh"
 
 namespace troupe::kernels::cuda::detail {
@@ -50,6 +52,14 @@ struct LtCall {
   }
 };
 
+// 16 when every operand is 16-byte aligned, else the smallest element size among them (C is
+// f32). The same answer for every buffer of the same alignment class.
+uint32_t operand_alignment(std::initializer_list<const void*> ptrs, DType ab) {
+  bool all16 = true;
+  for (const void* p : ptrs) all16 = all16 && reinterpret_cast<uintptr_t>(p) % 16 == 0;
+  return all16 ? 16u : uint32_t(std::min<size_t>(dtype_size(ab), 4));
+}
+
 constexpr size_t kLtWorkspace = size_t{32} << 20;  // what NVIDIA suggests for Hopper
 
 }  // namespace
@@ -86,6 +96,13 @@ void matmul(DType ab, bool trans_a, bool trans_b, int M, int N, int K, const voi
   size_t ws = kLtWorkspace;
   TROUPE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       call.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+  // The heuristic assumes 256-byte aligned operands unless told otherwise; weights and
+  // activations are slices of larger buffers. A fixed promise (16 bytes, else one element)
+  // keeps the algorithm, hence the bits, independent of where the allocator put a buffer.
+  const uint32_t align = operand_alignment({A, B, C}, ab);
+  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+    TROUPE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(call.pref, attr, &align, sizeof align));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   TROUPE_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt(), call.op, call.a, call.b, call.c, call.c, call.pref,

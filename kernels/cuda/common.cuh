@@ -37,6 +37,11 @@
 
 namespace troupe::kernels::cuda::detail {
 
+// for (size_t i ...) over [0, n) with every thread of the grid, each taking every
+// (gridDim.x * blockDim.x)-th index.
+#define TROUPE_GRID_STRIDE(i, n) \
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < (n); i += size_t(gridDim.x) * blockDim.x)
+
 constexpr int kThreads = 256;  // every block of these kernels; a power of two (block_reduce)
 
 cudaStream_t stream();
@@ -91,8 +96,9 @@ struct Max {
 };
 
 // Checks on the device that values(n) lie in [0, limit); throws on the host (after waiting
-// for the stream) naming the first one that does not: "what v at i outside [0,limit)".
-void check_range(const int32_t* values, size_t n, int limit, const char* what);
+// for the stream) naming the first one that does not, as the CPU twins do:
+// "<what> v<where>i outside [0,limit)" (what "token", where " at "; "target", " of row ").
+void check_range(const int32_t* values, size_t n, int limit, const char* what, const char* where);
 
 // Column sums: out(C) += sum over rows of x(N,C), each column in row order (as the CPU's).
 void add_column_sums(float* out, const float* x, int N, int C);

@@ -44,7 +44,9 @@ void set_tf32(bool on);
 
 // The device allocator: a CachingAllocator (core/caching_allocator.hpp) over cudaMalloc on
 // the current device; zero and copy run on the current stream and wait for it. install()
-// registers it for Device::cuda tensors (core/allocator.hpp).
+// registers it for Device::cuda tensors (core/allocator.hpp). Its cache knows neither
+// devices nor streams: a process uses one device (troupe runs a worker per device), and
+// a block freed while another stream may still use it is the caller's to fence.
 CachingAllocator& allocator();
 void install();
 

@@ -1,6 +1,8 @@
 // Element-wise kernels: GELU (tanh form), residual, add, scale, the 16-bit rounding of mixed
 // precision, SwiGLU, rotary embeddings, AdamW, and the sum of squares of gradient clipping.
-// Grid-stride loops over size_t indices; the arithmetic is the CPU twin's, in its order.
+// Grid-stride loops over size_t indices. The formulas are the CPU twin's, in its order, but not
+// bit for bit: nvcc fuses multiply-adds (the CPU build does not) and expf/tanhf are not the
+// CPU's vectorized approximations. The 16-bit rounding is the same bits.
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
@@ -13,9 +15,6 @@ namespace {
 using detail::grid_for;
 using detail::kThreads;
 using detail::stream;
-
-#define TROUPE_GRID_STRIDE(i, n) \
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < (n); i += size_t(gridDim.x) * blockDim.x)
 
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kCubic = 0.044715f;
@@ -251,19 +250,11 @@ void rope_backward(float* dx, int B, int T, int n_heads, int HS, int ld, double 
 
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
                   float beta2, float eps, float weight_decay, int64_t t) {
-  TROUPE_CHECK(t >= 1, "step count t is 1-based, got ", t);
+  const cpu::AdamWScalars s = cpu::adamw_scalars(lr, beta1, beta2, weight_decay, t);
   TROUPE_CHECK(n == 0 || (param && grad && m && v), "null tensor");
-  TROUPE_CHECK(beta1 >= 0.0f && beta1 < 1.0f && beta2 >= 0.0f && beta2 < 1.0f, "beta1=", beta1,
-               " beta2=", beta2);
   if (n == 0) return;
-  // The scalar factors in double, rounded once, as kernels/cpu/adamw.cpp forms them.
-  const double bc1 = 1.0 - std::pow(double(beta1), double(t));
-  const double bc2 = 1.0 - std::pow(double(beta2), double(t));
-  const float decay = float(1.0 - double(lr) * double(weight_decay));
-  const float step_size = float(double(lr) / bc1);
-  const float bc2_sqrt = float(std::sqrt(bc2));
-  k_adamw<<<grid_for(n), kThreads, 0, stream()>>>(param, grad, m, v, n, decay, beta1, beta2, step_size,
-                                                  bc2_sqrt, eps);
+  k_adamw<<<grid_for(n), kThreads, 0, stream()>>>(param, grad, m, v, n, s.decay, beta1, beta2, s.step_size,
+                                                  s.bc2_sqrt, eps);
   TROUPE_CUDA_LAUNCHED();
 }
 

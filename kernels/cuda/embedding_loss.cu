@@ -16,9 +16,6 @@ using detail::grid_for;
 using detail::kThreads;
 using detail::stream;
 
-#define TROUPE_GRID_STRIDE(i, n) \
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < (n); i += size_t(gridDim.x) * blockDim.x)
-
 __global__ void k_embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
                                     int T, int C, size_t n) {
   TROUPE_GRID_STRIDE(i, n) {
@@ -67,18 +64,26 @@ __global__ void k_embedding_rows_backward(float* dwte, const float* dout, const 
   }
 }
 
+// The block's row l(V): its max and the sum of e^(l - max), every thread getting both.
+struct RowStats {
+  float max, sum_exp;
+};
+__device__ RowStats row_stats(const float* l, int V, float* shared) {
+  float mx = -INFINITY;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, l[v]);
+  mx = detail::block_reduce(mx, shared, detail::Max{});
+  float se = 0.0f;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) se += expf(l[v] - mx);
+  return {mx, detail::block_reduce(se, shared, detail::Sum{})};
+}
+
 // One block per row: the row's loss into losses(N) (double), and dlogits += (softmax - onehot) * dloss.
 __global__ void k_cross_entropy(float* dlogits, double* losses, const float* logits, const int32_t* targets,
                                 int V, float dloss) {
   __shared__ float shared[kThreads];
   const size_t row = blockIdx.x;
   const float* l = logits + row * V;
-  float mx = -INFINITY;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, l[v]);
-  mx = detail::block_reduce(mx, shared, detail::Max{});
-  float se = 0.0f;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) se += expf(l[v] - mx);
-  se = detail::block_reduce(se, shared, detail::Sum{});
+  const auto [mx, se] = row_stats(l, V, shared);
   const int y = targets[row];
   if (threadIdx.x == 0) losses[row] = log(double(se)) + double(mx) - double(l[y]);
   if (dlogits) {
@@ -105,12 +110,7 @@ __global__ void k_cross_entropy_stats(float* row_max, float* row_sum_exp, float*
   __shared__ float shared[kThreads];
   const size_t row = blockIdx.x;
   const float* l = logits + row * Vl;
-  float mx = -INFINITY;
-  for (int v = threadIdx.x; v < Vl; v += blockDim.x) mx = fmaxf(mx, l[v]);
-  mx = detail::block_reduce(mx, shared, detail::Max{});
-  float se = 0.0f;
-  for (int v = threadIdx.x; v < Vl; v += blockDim.x) se += expf(l[v] - mx);
-  se = detail::block_reduce(se, shared, detail::Sum{});
+  const auto [mx, se] = row_stats(l, Vl, shared);
   if (threadIdx.x == 0) {
     row_max[row] = mx;
     row_sum_exp[row] = se;
@@ -138,7 +138,7 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, cons
                        int C, int V) {
   TROUPE_CHECK(B > 0 && T > 0 && C > 0 && V > 0, "B=", B, " T=", T, " C=", C, " V=", V);
   TROUPE_CHECK(out && tokens && wte, "null tensor");
-  detail::check_range(tokens, size_t(B) * T, V, "token");
+  detail::check_range(tokens, size_t(B) * T, V, "token", " at ");
   const size_t n = size_t(B) * T * C;
   k_embedding_forward<<<grid_for(n), kThreads, 0, stream()>>>(out, tokens, wte, wpe, T, C, n);
   TROUPE_CUDA_LAUNCHED();
@@ -148,7 +148,7 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
                         int C, int V) {
   TROUPE_CHECK(B > 0 && T > 0 && C > 0 && V > 0, "B=", B, " T=", T, " C=", C, " V=", V);
   TROUPE_CHECK(dwte && dout && tokens, "null tensor");
-  detail::check_range(tokens, size_t(B) * T, V, "token");
+  detail::check_range(tokens, size_t(B) * T, V, "token", " at ");
   k_embedding_backward_wte<<<column_blocks(C), kThreads, 0, stream()>>>(dwte, dout, tokens, size_t(B) * T, C);
   TROUPE_CUDA_LAUNCHED();
   if (dwpe) {
@@ -179,7 +179,7 @@ void embedding_rows_backward(float* dwte, const float* dout, const int32_t* toke
 double cross_entropy(float* dlogits, const float* logits, const int32_t* targets, int N, int V, float dloss) {
   TROUPE_CHECK(N > 0 && V > 0, "N=", N, " V=", V);
   TROUPE_CHECK(logits && targets, "null tensor");
-  detail::check_range(targets, size_t(N), V, "target");
+  detail::check_range(targets, size_t(N), V, "target", " of row ");
   detail::Scratch losses((size_t(N) + 1) * sizeof(double));
   double* l = losses.as<double>();
   k_cross_entropy<<<unsigned(N), kThreads, 0, stream()>>>(dlogits, l, logits, targets, V, dloss);

@@ -14,8 +14,8 @@ using detail::kThreads;
 using detail::stream;
 
 __global__ void k_fill_rows(float* out, const float* bias, int OC, size_t n) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    out[i] = bias[i % OC];
+  TROUPE_GRID_STRIDE(i, n)
+  out[i] = bias[i % OC];
 }
 
 void check(int N, int IC, int OC) {

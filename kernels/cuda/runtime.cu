@@ -43,8 +43,8 @@ class DeviceAllocator final : public Allocator {
 };
 
 __global__ void first_out_of_range(const int32_t* v, size_t n, int limit, unsigned long long* first) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    if (v[i] < 0 || v[i] >= limit) atomicMin(first, (unsigned long long)i);
+  TROUPE_GRID_STRIDE(i, n)
+  if (v[i] < 0 || v[i] >= limit) atomicMin(first, (unsigned long long)i);
 }
 
 __global__ void column_sums(float* out, const float* x, int N, int C) {
@@ -62,7 +62,7 @@ namespace detail {
 cudaStream_t stream() { return t_stream; }
 bool tf32() { return g_tf32.load(std::memory_order_relaxed); }
 
-void check_range(const int32_t* values, size_t n, int limit, const char* what) {
+void check_range(const int32_t* values, size_t n, int limit, const char* what, const char* where) {
   if (n == 0) return;
   Scratch first(sizeof(unsigned long long));
   auto* f = first.as<unsigned long long>();
@@ -75,7 +75,7 @@ void check_range(const int32_t* values, size_t n, int limit, const char* what) {
   if (at == ~0ull) return;
   int32_t bad = 0;
   TROUPE_CUDA_CHECK(cudaMemcpy(&bad, values + at, sizeof bad, cudaMemcpyDeviceToHost));
-  TROUPE_CHECK(false, what, " ", bad, " at ", at, " outside [0,", limit, ")");
+  TROUPE_CHECK(false, what, " ", bad, where, at, " outside [0,", limit, ")");
 }
 
 void add_column_sums(float* out, const float* x, int N, int C) {

@@ -512,6 +512,7 @@ TEST_CASE("nccl: allreduce and abort on GPUs", "[gpu]") {
 #if TROUPE_HAVE_NCCL
   const int devices = nccl_device_count();
   if (devices == 0) {
+    if (std::getenv("TROUPE_REQUIRE_GPU") != nullptr) FAIL("no CUDA device visible (cudaGetDeviceCount)");
     WARN("no CUDA device visible (cudaGetDeviceCount): NCCL test skipped");
     SUCCEED();
     return;

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# The GPU checks, for a GPU machine that has CUDA and PyTorch's wheels (cuBLAS, NCCL) but none
+# of the Debian libraries troupe links (CAF, gloo, yaml-cpp, ZeroMQ, OpenBLAS, oneDNN, ...).
+#
+#   bash scripts/gpu-check.sh bundle       on the build machine: build the GPU test binaries and
+#                                          pack them with their non-CUDA shared libraries into
+#                                          build-gpu/troupe-gpu.tar.xz (ignored by git: carry it)
+#   bash scripts/gpu-check.sh run [LOG]    on the GPU machine, in the repository root: unpack,
+#                                          point the loader at that machine's own CUDA libraries,
+#                                          run every [gpu] test; everything into LOG (default
+#                                          $OUT/gpu-check.log when $OUT is set, else
+#                                          gpu-check.log); exit 0 only when all passed
+#
+# The run stays within 8 minutes (a timeout per binary). The CUDA libraries are not carried
+# (libcublasLt and libnccl are hundreds of MB): the run looks for them in /usr/local/cuda and
+# in the site-packages of python3 (nvidia/*/lib, torch/lib), and says which it took.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+root=$(pwd)
+bundle_dir="$root/build-gpu"
+bundle="$bundle_dir/troupe-gpu.tar.xz"
+binaries=(tests/kernels/test_kernels_cuda tests/comm/test_comm)
+
+# Libraries the GPU machine has, of its own and newer: never carried.
+system_lib='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libcuda\.so|libcudart\.so|libcublas\.so|libcublasLt\.so|libnccl\.so|libnvidia)'
+
+do_bundle() {
+  local build="$root/build"
+  [ -f "$build/CMakeCache.txt" ] || { echo "gpu-check: configure first (bash scripts/setup.sh)" >&2; exit 2; }
+  grep -q '^TROUPE_CUDA:STRING=OFF' "$build/CMakeCache.txt" &&
+    { echo "gpu-check: build/ is configured with TROUPE_CUDA=OFF" >&2; exit 2; }
+  cmake --build "$build" -j "$(nproc)" --target test_kernels_cuda test_comm
+  local stage
+  stage=$(mktemp -d)
+  trap 'rm -rf "$stage"' RETURN
+  mkdir -p "$stage/bin" "$stage/lib"
+  for b in "${binaries[@]}"; do
+    [ -x "$build/$b" ] || { echo "gpu-check: $build/$b was not built (does this build have CUDA?)" >&2; exit 2; }
+    cp "$build/$b" "$stage/bin/"
+    # Each resolved dependency that is not the GPU machine's own: copied, links followed.
+    ldd "$build/$b" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | while read -r name path; do
+      if [[ ! $name =~ $system_lib ]]; then cp -L "$path" "$stage/lib/$name"; fi
+    done
+  done
+  mkdir -p "$bundle_dir"
+  tar -C "$stage" -cJf "$bundle" bin lib
+  echo "gpu-check: $bundle ($(du -h "$bundle" | cut -f1)): ${binaries[*]##*/} and $(ls "$stage/lib" | wc -l) libraries"
+  echo "gpu-check: on the GPU machine, carry build-gpu and run: bash scripts/gpu-check.sh run"
+}
+
+# The directories holding the CUDA libraries the binaries need, on this machine.
+cuda_lib_dirs() {
+  local d
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
+    [ -e "$d/libcublasLt.so.13" ] && echo "$d"
+  done
+  python3 - <<'EOF' 2>/dev/null || true
+import glob, os, site, sys
+roots = site.getsitepackages() + [site.getusersitepackages()]
+seen = set()
+for r in roots:
+    for pattern in ("nvidia/*/lib", "nvidia/*/*/lib", "torch/lib"):
+        for d in sorted(glob.glob(os.path.join(r, pattern))):
+            if d not in seen and glob.glob(os.path.join(d, "lib*.so*")):
+                seen.add(d)
+                print(d)
+EOF
+}
+
+do_run() {
+  local log="${1:-${OUT:+$OUT/gpu-check.log}}"
+  log="${log:-gpu-check.log}"
+  [ -f "$bundle" ] || { echo "gpu-check: no $bundle: run 'bash scripts/gpu-check.sh bundle' on the build machine and carry build-gpu" >&2; exit 2; }
+  exec > >(tee "$log") 2>&1
+  echo "== gpu-check $(date -u +%FT%TZ) on $(hostname)"
+  if command -v nvidia-smi >/dev/null; then nvidia-smi -L 2>&1 || true; else echo "(no nvidia-smi)"; fi
+  local dir
+  dir=$(mktemp -d)
+  tar -C "$dir" -xJf "$bundle"
+  local cuda_dirs
+  cuda_dirs=$(cuda_lib_dirs | paste -sd: -)
+  echo "== CUDA libraries from: ${cuda_dirs:-nowhere found}"
+  export LD_LIBRARY_PATH="$dir/lib${cuda_dirs:+:$cuda_dirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  local failed=0 b missing
+  for b in "$dir"/bin/*; do
+    missing=$(ldd "$b" | grep 'not found' || true)
+    if [ -n "$missing" ]; then
+      echo "== $(basename "$b"): libraries not found:"
+      echo "$missing"
+      failed=1
+      continue
+    fi
+    echo "== $(basename "$b") [gpu]"
+    # -d yes: each test case's time; the [gpu] tag: the cases that need the device, which
+    # fail instead of skipping when it is not there.
+    if ! TROUPE_REQUIRE_GPU=1 timeout 200 "$b" "[gpu]" -d yes; then failed=1; fi
+  done
+  rm -rf "$dir"
+  if [ "$failed" = 0 ]; then echo "== gpu-check: all passed"; else echo "== gpu-check: FAILED"; fi
+  return "$failed"
+}
+
+case "${1:-}" in
+  bundle) do_bundle ;;
+  run) shift; do_run "$@" ;;
+  *) sed -n '2,16p' "$0"; exit 2 ;;
+esac
