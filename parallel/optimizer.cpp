@@ -3,7 +3,6 @@
 #include <cmath>
 
 #include "core/error.hpp"
-#include "kernels/cpu/kernels.hpp"
 
 namespace troupe {
 
@@ -20,8 +19,8 @@ double lr_at(const TrainSpec& train, int64_t step) {
   return min_lr + 0.5 * (max_lr - min_lr) * (1.0 + std::cos(M_PI * progress));
 }
 
-AdamW::AdamW(const OptimizerSpec& spec, std::vector<ParamRef> params)
-    : spec_(spec), params_(std::move(params)) {
+AdamW::AdamW(const OptimizerSpec& spec, std::vector<ParamRef> params, const kernels::Kernels& k)
+    : spec_(spec), k_(&k), params_(std::move(params)) {
   m_.reserve(params_.size());
   v_.reserve(params_.size());
   for (const auto& p : params_) {
@@ -35,23 +34,23 @@ void AdamW::step(double lr, int64_t t) {
   TROUPE_CHECK(t >= 1, "AdamW step count is 1-based, got ", t);
   for (size_t i = 0; i < params_.size(); ++i) {
     const ParamRef& p = params_[i];
-    kernels::cpu::adamw_update(p.data, p.grad, m_[i].data(), v_[i].data(), p.numel, float(lr),
-                               float(spec_.beta1), float(spec_.beta2), float(spec_.eps),
-                               p.decay ? float(spec_.weight_decay) : 0.0f, t);
+    k_->adamw_update(p.data, p.grad, m_[i].data(), v_[i].data(), p.numel, float(lr), float(spec_.beta1),
+                     float(spec_.beta2), float(spec_.eps), p.decay ? float(spec_.weight_decay) : 0.0f, t);
   }
 }
 
-double grad_sum_squares(const std::vector<ParamRef>& params) {
+double grad_sum_squares(const std::vector<ParamRef>& params, const kernels::Kernels& k) {
   double s = 0.0;
-  for (const auto& p : params) s += kernels::cpu::sum_squares(p.grad, p.numel);
+  for (const auto& p : params) s += k.sum_squares(p.grad, p.numel);
   return s;
 }
 
-double clip_grads(const std::vector<ParamRef>& params, double norm, double max_norm) {
+double clip_grads(const std::vector<ParamRef>& params, double norm, double max_norm,
+                  const kernels::Kernels& k) {
   if (max_norm <= 0.0 || !(norm > max_norm)) return 1.0;
   // The same expression as torch.nn.utils.clip_grad_norm_: max_norm / (norm + 1e-6).
   const double scale = max_norm / (norm + 1e-6);
-  for (const auto& p : params) kernels::cpu::scale_inplace(p.grad, float(scale), p.numel);
+  for (const auto& p : params) k.scale_inplace(p.grad, float(scale), p.numel);
   return scale;
 }
 

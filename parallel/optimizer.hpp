@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/spec.hpp"
+#include "kernels/kernels.hpp"
 
 namespace troupe {
 
@@ -28,9 +29,12 @@ struct ParamRef {
 // train.min_lr at train.steps.
 double lr_at(const TrainSpec& train, int64_t step);
 
+// The update runs through a kernel table (the stage's: kernels/kernels.hpp), on the device
+// its parameters live on; the moments are host buffers today (the CPU table's).
 class AdamW {
  public:
-  AdamW(const OptimizerSpec& spec, std::vector<ParamRef> params);
+  AdamW(const OptimizerSpec& spec, std::vector<ParamRef> params,
+        const kernels::Kernels& k = kernels::cpu_kernels());
 
   // One update with learning rate lr; t is the 1-based count of updates so far
   // including this one (bias correction).
@@ -44,14 +48,17 @@ class AdamW {
 
  private:
   OptimizerSpec spec_;
+  const kernels::Kernels* k_;
   std::vector<ParamRef> params_;
   std::vector<std::vector<float>> m_, v_;
 };
 
 // Sum of squares of every gradient in params (in double, fixed order).
-double grad_sum_squares(const std::vector<ParamRef>& params);
+double grad_sum_squares(const std::vector<ParamRef>& params,
+                        const kernels::Kernels& k = kernels::cpu_kernels());
 // Scales all gradients by max_norm / norm when norm > max_norm (max_norm <= 0: no-op).
 // Returns the scale applied (1 when not clipped).
-double clip_grads(const std::vector<ParamRef>& params, double norm, double max_norm);
+double clip_grads(const std::vector<ParamRef>& params, double norm, double max_norm,
+                  const kernels::Kernels& k = kernels::cpu_kernels());
 
 }  // namespace troupe

@@ -196,7 +196,7 @@ struct Engine::Impl {
       for (auto* p : params)
         refs.push_back({p->name, p->data.f32(), p->grad.f32(), size_t(p->data.numel()), p->decay});
     }
-    opt = std::make_unique<AdamW>(s.train.optimizer, refs);
+    opt = std::make_unique<AdamW>(s.train.optimizer, refs, *ctx.kernels);
     const char* overlap = std::getenv("TROUPE_DP_OVERLAP");
     if (dp_group && !exec && !(overlap != nullptr && std::string(overlap) == "0"))
       reducer = std::make_unique<parallel::BucketReducer>(
@@ -598,7 +598,7 @@ struct Engine::Impl {
       {
         MaybeSpan sp;
         open(sp, "optimizer", [] { return std::string("optimizer"); });
-        clip_grads(refs, norm, spec.train.grad_clip);
+        clip_grads(refs, norm, spec.train.grad_clip, *ctx.kernels);
         // AdamW counts the updates it made: a skipped fp16 step is not one.
         opt->step(lr, s + 1 - scaler.state().skipped_steps);
       }
