@@ -116,6 +116,13 @@ int run_plan(const PlanArgs& a) {
     return kUsage;
   }
   const bool fixed = spec.parallel.data > 0 && spec.parallel.pipeline > 0 && spec.parallel.tensor > 0;
+  if (fixed && a.devices > 0 && a.devices != *layout_devices(spec.parallel)) {
+    std::cerr << "troupe plan: --devices " << a.devices << ": " << a.spec << " fixes every degree ("
+              << layout_of(spec.parallel).str()
+              << "); set parallel.data, pipeline or tensor to auto to plan for " << a.devices << " device"
+              << (a.devices == 1 ? "" : "s") << ", or leave --devices out\n";
+    return kUsage;
+  }
   int devices = a.devices;
   if (devices <= 0) {
     if (fixed)

@@ -101,6 +101,26 @@ TEST_CASE("cli: plan --json is one object: plans best first, rejected with reaso
   fs::remove_all(dir);
 }
 
+TEST_CASE("cli: plan holds a fixed layout, and refuses --devices that it does not have", "[cli][planner]") {
+  const std::string dir = temp_dir("fixed");
+  const std::string spec = write(dir, "fixed.yaml",
+                                 "name: fixed\n"
+                                 "model: {type: gpt, seq_len: 32, d_model: 64, n_layers: 4, n_heads: 2}\n"
+                                 "data: {source: synthetic}\n"
+                                 "train: {steps: 6, global_batch: 8, micro_batch: 2, seed: 0}\n"
+                                 "parallel: {data: 2, pipeline: 2, tensor: 1}\n");
+  CommandResult same = troupe_cmd("plan " + spec + " --devices 4", dir);
+  INFO(same.out);
+  CHECK(same.code == 0);
+  CHECK(same.out.find("on 4 devices") != std::string::npos);
+  CommandResult other = troupe_cmd("plan " + spec + " --devices 8", dir);
+  CHECK(other.code == 2);
+  CHECK(other.out.find("--devices 8") != std::string::npos);
+  CHECK(other.out.find("fixes every degree (2x2x1)") != std::string::npos);
+  CHECK(other.out.find("auto") != std::string::npos);
+  fs::remove_all(dir);
+}
+
 TEST_CASE("cli: plan refuses a job nothing fits, naming the smallest memory that would", "[cli][planner]") {
   const std::string dir = temp_dir("nofit");
   const std::string spec =
