@@ -28,7 +28,6 @@ void* CachingAllocator::allocate(size_t bytes) {
   if (auto it = cached_.find(cls); it != cached_.end()) {
     p = it->second;
     cached_.erase(it);
-    --stats_.cached_blocks;
     ++stats_.cache_hits;
   } else {
     try {
@@ -65,7 +64,6 @@ void CachingAllocator::deallocate(void* p) noexcept {
   stats_.in_use_bytes -= cls;
   try {
     cached_.emplace(cls, p);
-    ++stats_.cached_blocks;
   } catch (...) {  // no memory for the map node: return the block instead
     backing_.deallocate(p);
     ++stats_.backing_frees;
@@ -85,12 +83,13 @@ void CachingAllocator::release_cached_locked() noexcept {
     stats_.reserved_bytes -= cls;
   }
   cached_.clear();
-  stats_.cached_blocks = 0;
 }
 
 CachingAllocator::Stats CachingAllocator::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  Stats s = stats_;
+  s.cached_blocks = cached_.size();
+  return s;
 }
 
 void CachingAllocator::reset_peak() {

@@ -53,6 +53,9 @@ inline unsigned grid_for(size_t n) {
   return unsigned(std::max<size_t>(1, std::min<size_t>(blocks, size_t{1} << 16)));
 }
 
+// Blocks of kThreads with one thread per column of C columns.
+inline unsigned column_blocks(int C) { return unsigned((C + kThreads - 1) / kThreads); }
+
 // Device memory for the duration of one call, from the caching allocator.
 class Scratch {
  public:

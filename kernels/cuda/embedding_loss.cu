@@ -130,7 +130,10 @@ __global__ void k_cross_entropy_shard_backward(float* dlogits, const float* logi
   }
 }
 
-unsigned column_blocks(int C) { return unsigned((C + kThreads - 1) / kThreads); }
+void check_rows(int N, int C, int v0, int Vl) {
+  TROUPE_CHECK(N > 0 && C > 0 && v0 >= 0 && Vl > 0, "embedding rows: N=", N, " C=", C, " v0=", v0,
+               " Vl=", Vl);
+}
 
 }  // namespace
 
@@ -149,7 +152,8 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
   TROUPE_CHECK(B > 0 && T > 0 && C > 0 && V > 0, "B=", B, " T=", T, " C=", C, " V=", V);
   TROUPE_CHECK(dwte && dout && tokens, "null tensor");
   detail::check_range(tokens, size_t(B) * T, V, "token", " at ");
-  k_embedding_backward_wte<<<column_blocks(C), kThreads, 0, stream()>>>(dwte, dout, tokens, size_t(B) * T, C);
+  k_embedding_backward_wte<<<detail::column_blocks(C), kThreads, 0, stream()>>>(dwte, dout, tokens,
+                                                                                size_t(B) * T, C);
   TROUPE_CUDA_LAUNCHED();
   if (dwpe) {
     k_embedding_backward_wpe<<<grid_for(size_t(T) * C), kThreads, 0, stream()>>>(dwpe, dout, B, T, C);
@@ -159,8 +163,7 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
 
 void embedding_rows_forward(float* out, const int32_t* tokens, const float* wte, int N, int C, int v0,
                             int Vl) {
-  TROUPE_CHECK(N > 0 && C > 0 && v0 >= 0 && Vl > 0, "embedding rows: N=", N, " C=", C, " v0=", v0,
-               " Vl=", Vl);
+  check_rows(N, C, v0, Vl);
   TROUPE_CHECK(out && tokens && wte, "null tensor");
   const size_t n = size_t(N) * C;
   k_embedding_rows_forward<<<grid_for(n), kThreads, 0, stream()>>>(out, tokens, wte, C, v0, Vl, n);
@@ -169,10 +172,10 @@ void embedding_rows_forward(float* out, const int32_t* tokens, const float* wte,
 
 void embedding_rows_backward(float* dwte, const float* dout, const int32_t* tokens, int N, int C, int v0,
                              int Vl) {
-  TROUPE_CHECK(N > 0 && C > 0 && v0 >= 0 && Vl > 0, "embedding rows: N=", N, " C=", C, " v0=", v0,
-               " Vl=", Vl);
+  check_rows(N, C, v0, Vl);
   TROUPE_CHECK(dwte && dout && tokens, "null tensor");
-  k_embedding_rows_backward<<<column_blocks(C), kThreads, 0, stream()>>>(dwte, dout, tokens, N, C, v0, Vl);
+  k_embedding_rows_backward<<<detail::column_blocks(C), kThreads, 0, stream()>>>(dwte, dout, tokens, N, C, v0,
+                                                                                 Vl);
   TROUPE_CUDA_LAUNCHED();
 }
 

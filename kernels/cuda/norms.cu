@@ -110,8 +110,6 @@ __global__ void k_rmsnorm_backward_weight(float* dw, const float* dout, const fl
   dw[c] = acc;
 }
 
-unsigned column_blocks(int C) { return unsigned((C + kThreads - 1) / kThreads); }
-
 }  // namespace
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
@@ -132,8 +130,8 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
     TROUPE_CUDA_LAUNCHED();
   }
   if (dweight || dbias) {
-    k_layernorm_backward_params<<<column_blocks(C), kThreads, 0, stream()>>>(dweight, dbias, dout, inp, mean,
-                                                                             rstd, N, C);
+    k_layernorm_backward_params<<<detail::column_blocks(C), kThreads, 0, stream()>>>(dweight, dbias, dout,
+                                                                                     inp, mean, rstd, N, C);
     TROUPE_CUDA_LAUNCHED();
   }
 }
@@ -152,7 +150,8 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
   TROUPE_CHECK(dinp && dweight && dout && inp && weight && rstd, "null tensor");
   k_rmsnorm_backward_input<<<unsigned(N), kThreads, 0, stream()>>>(dinp, dout, inp, weight, rstd, C);
   TROUPE_CUDA_LAUNCHED();
-  k_rmsnorm_backward_weight<<<column_blocks(C), kThreads, 0, stream()>>>(dweight, dout, inp, rstd, N, C);
+  k_rmsnorm_backward_weight<<<detail::column_blocks(C), kThreads, 0, stream()>>>(dweight, dout, inp, rstd, N,
+                                                                                 C);
   TROUPE_CUDA_LAUNCHED();
 }
 

@@ -79,7 +79,7 @@ void check_range(const int32_t* values, size_t n, int limit, const char* what, c
 }
 
 void add_column_sums(float* out, const float* x, int N, int C) {
-  column_sums<<<unsigned((C + kThreads - 1) / kThreads), kThreads, 0, stream()>>>(out, x, N, C);
+  column_sums<<<column_blocks(C), kThreads, 0, stream()>>>(out, x, N, C);
   TROUPE_CUDA_LAUNCHED();
 }
 

@@ -126,6 +126,13 @@ GUARD
   (setsid bash "$tmp/guard.sh" </dev/null >/dev/null 2>&1 &)
 }
 
+# A daemon just started: stopped politely by cleanup, and swept (with its descendants) by
+# the sweep, also the guard's.
+daemon_started() {
+  pids+=("$1")
+  echo "$1" >>"$tmp/daemons.pids"
+}
+
 mkdir -p "$tmp"/{log,state,spool,munge,work}
 write_sweep
 guard
@@ -139,8 +146,7 @@ socket="$tmp/munge/munge.socket"
 munged --foreground --force --key-file="$tmp/munge/munge.key" --socket="$socket" \
   --pid-file="$tmp/munge/munged.pid" --seed-file="$tmp/munge/munge.seed" \
   --log-file="$tmp/log/munged.log" >"$tmp/log/munged.out.log" 2>&1 &
-pids+=($!)
-echo "$!" >>"$tmp/daemons.pids"
+daemon_started $!
 for _ in $(seq 50); do
   [ -S "$socket" ] && break
   sleep 0.1
@@ -185,11 +191,9 @@ EOF
 export SLURM_CONF="$tmp/slurm.conf"
 
 slurmctld -D -i -f "$SLURM_CONF" >"$tmp/log/slurmctld.out.log" 2>&1 &
-pids+=($!)
-echo "$!" >>"$tmp/daemons.pids"
+daemon_started $!
 slurmd -D -N localhost -f "$SLURM_CONF" >"$tmp/log/slurmd.out.log" 2>&1 &
-pids+=($!)
-echo "$!" >>"$tmp/daemons.pids"
+daemon_started $!
 
 # Bounded: the node idle within 30 s, or this host cannot run Slurm (skip).
 up=0
