@@ -21,9 +21,17 @@ train.precision: bf16).
 Without torch the script prints "unavailable=no torch: <reason>" and exits with 3,
 so that the benchmark can say why a column is missing.
 
+--device cuda (bench/gpu_throughput) trains on the GPU: --autocast bf16 then autocasts on
+"cuda", --sdpa runs attention as F.scaled_dot_product_attention(is_causal=True), --compile
+wraps the model in torch.compile, AdamW is the fused one, every timed step ends in
+torch.cuda.synchronize(), and the last line adds peak_device_bytes=<max_memory_allocated>.
+--vocab sets the vocabulary (256 unless given; a GPT-2 size is 50257).
+
 Configurations used in the reports:
     A: --layers 4 --d-model 256 --heads 4 --seq-len 128 --batch 16   (or --config A)
     B: --layers 8 --d-model 512 --heads 8 --seq-len 256 --batch 8    (or --config B)
+    124m: GPT-2 small, 12 x 768, 12 heads, seq 1024, vocab 50257, batch 16
+    1.3b: GPT-3 XL's shape, 24 x 2048, 16 heads, seq 1024, vocab 50257, batch 8
 """
 import argparse
 import math
@@ -59,13 +67,16 @@ except ImportError as e:
 CONFIGS = {
     "A": dict(layers=4, d_model=256, heads=4, seq_len=128, batch=16),
     "B": dict(layers=8, d_model=512, heads=8, seq_len=256, batch=8),
+    "124m": dict(layers=12, d_model=768, heads=12, seq_len=1024, batch=16, vocab=50257),
+    "1.3b": dict(layers=24, d_model=2048, heads=16, seq_len=1024, batch=8, vocab=50257),
 }
 
 
 class Block(nn.Module):
-    def __init__(self, d, n_head):
+    def __init__(self, d, n_head, sdpa=False):
         super().__init__()
         self.n_head = n_head
+        self.sdpa = sdpa
         self.ln_1 = nn.LayerNorm(d)
         self.c_attn = nn.Linear(d, 3 * d)  # rows q|k|v
         self.c_proj = nn.Linear(d, d)
@@ -81,6 +92,9 @@ class Block(nn.Module):
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)
         k = k.view(B, T, self.n_head, hs).transpose(1, 2)
         v = v.view(B, T, self.n_head, hs).transpose(1, 2)
+        if self.sdpa:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, NH, T, T)
         mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
         att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
@@ -94,11 +108,11 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, layers, d_model, heads, seq_len, vocab=256):
+    def __init__(self, layers, d_model, heads, seq_len, vocab=256, sdpa=False):
         super().__init__()
         self.wte = nn.Embedding(vocab, d_model)
         self.wpe = nn.Embedding(seq_len, d_model)
-        self.h = nn.ModuleList([Block(d_model, heads) for _ in range(layers)])
+        self.h = nn.ModuleList([Block(d_model, heads, sdpa) for _ in range(layers)])
         self.ln_f = nn.LayerNorm(d_model)
         for p in self.parameters():
             if p.dim() == 2:
@@ -189,7 +203,11 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--autocast", choices=["bf16"], help="forward and loss under CPU autocast in bf16")
+    ap.add_argument("--autocast", choices=["bf16"], help="forward and loss under autocast in bf16")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--vocab", type=int, help="vocabulary size (default 256, or the preset's)")
+    ap.add_argument("--sdpa", action="store_true", help="attention through F.scaled_dot_product_attention")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model")
     ap.add_argument("--mm", action="store_true", help="time torch.mm (fp32, bf16) instead of training")
     ap.add_argument("--mm-shapes", default=MM_SHAPES, help=f"MxNxK:OP,... (default {MM_SHAPES})")
     ap.add_argument("--mm-repeats", type=int, default=3)
@@ -201,29 +219,38 @@ def main():
         return
 
     cfg = dict(CONFIGS[args.config]) if args.config else dict(CONFIGS["A"])
-    for key in ("layers", "d_model", "heads", "seq_len", "batch"):
+    cfg.setdefault("vocab", 256)
+    for key in ("layers", "d_model", "heads", "seq_len", "batch", "vocab"):
         if getattr(args, key) is not None:
             cfg[key] = getattr(args, key)
 
     torch.manual_seed(args.seed)
-    model = GPT(cfg["layers"], cfg["d_model"], cfg["heads"], cfg["seq_len"])
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    dev = torch.device(args.device)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("unavailable=torch sees no CUDA device")
+        sys.exit(3)
+    V = cfg["vocab"]
+    model = GPT(cfg["layers"], cfg["d_model"], cfg["heads"], cfg["seq_len"], V, args.sdpa).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=args.device == "cuda")
     n_params = sum(p.numel() for p in model.parameters())
     n_no_wpe = n_params - model.wpe.weight.numel()
     B, T = cfg["batch"], cfg["seq_len"]
     use_autocast = args.autocast == "bf16"
+    forward = torch.compile(model) if args.compile else model
 
     def step():
-        idx = torch.randint(0, 256, (B, T + 1))
+        idx = torch.randint(0, V, (B, T + 1), device=dev)
         # Only forward and loss under autocast (PyTorch's recipe): backward runs each
         # op in the dtype its forward chose, and the gradients land in fp32 parameters.
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_autocast):
-            loss = model(idx[:, :-1], idx[:, 1:])
+        with torch.autocast(args.device, dtype=torch.bfloat16, enabled=use_autocast):
+            loss = forward(idx[:, :-1], idx[:, 1:])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         # troupe's default train.grad_clip (1.0), which the benchmark's job keeps.
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if args.device == "cuda":
+            torch.cuda.synchronize()
         return loss.item()
 
     for _ in range(args.warmup):
@@ -240,12 +267,14 @@ def main():
     tps_wall = B * T / statistics.median(wall)
     tps_cpu = B * T / statistics.median(cpu)
     print(f"torch {torch.__version__} threads={torch.get_num_threads()} config={cfg} params={n_params} "
-          f"autocast={args.autocast or 'off'}")
+          f"autocast={args.autocast or 'off'} device={args.device} sdpa={args.sdpa} compile={args.compile}")
     print(f"steps={args.steps} median_step_ms wall={statistics.median(wall) * 1e3:.1f} "
           f"cpu={statistics.median(cpu) * 1e3:.1f}  tokens/s wall={tps_wall:.0f} cpu={tps_cpu:.0f} "
           f"last_loss={loss:.3f}")
+    peak_dev = torch.cuda.max_memory_allocated() if args.device == "cuda" else 0
     print(f"tokens_per_s={tps_wall:.1f} tokens_per_cpu_s={tps_cpu:.1f} params={n_params} "
-          f"params_no_wpe={n_no_wpe} peak_rss_kib={peak_rss_kib()} last_loss={loss:.4f}")
+          f"params_no_wpe={n_no_wpe} peak_rss_kib={peak_rss_kib()} last_loss={loss:.4f} "
+          f"peak_device_bytes={peak_dev}")
     sys.stdout.flush()
 
 

@@ -24,6 +24,10 @@ class Allocator {
   // On memory of this allocator's device: zero-fill, and a copy (ranges may overlap).
   virtual void zero(void* p, size_t bytes) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  // Copies between host memory and this allocator's memory, finished when they return (a
+  // device's waits for its stream). For the CPU they are copy().
+  virtual void copy_from_host(void* dst, const void* host_src, size_t bytes) { copy(dst, host_src, bytes); }
+  virtual void copy_to_host(void* host_dst, const void* src, size_t bytes) { copy(host_dst, src, bytes); }
   // zero() that may also hand the whole memory pages inside [p, p + bytes) back to the
   // system until they are written again (the CPU allocator: madvise MADV_DONTNEED on
   // its private pages, which read back as zeros; the partial pages at the ends are

@@ -54,6 +54,12 @@ class CachingAllocator final : public Allocator {
   void deallocate(void* p) noexcept override;
   void zero(void* p, size_t bytes) override { backing_.zero(p, bytes); }
   void copy(void* dst, const void* src, size_t bytes) override { backing_.copy(dst, src, bytes); }
+  void copy_from_host(void* dst, const void* host_src, size_t bytes) override {
+    backing_.copy_from_host(dst, host_src, bytes);
+  }
+  void copy_to_host(void* host_dst, const void* src, size_t bytes) override {
+    backing_.copy_to_host(host_dst, src, bytes);
+  }
 
   // The size class a request of `bytes` is served from (0 bytes take the smallest class).
   static size_t size_class(size_t bytes);

@@ -213,6 +213,9 @@ JobSpec parse_spec(const std::string& yaml_text, const std::string& filename);
 // (troupe plan needs none, and the coordinator's host need not hold the workers' data): see
 // token_file_issues.
 std::vector<Diagnostic> runnable_issues(const JobSpec& spec);
+// Whether this build has the CUDA kernels (configured with nvcc and NCCL): resources.device:
+// cuda runs only then.
+bool build_has_cuda();
 // Throws SpecError with runnable_issues(spec) when there are any.
 void require_runnable(const JobSpec& spec);
 // The token files of data.source tokens that cannot be read as the spec says: a path that does

@@ -1,8 +1,8 @@
 // What a valid spec asks of this build that its engine cannot do. The schema (spec_sections.cpp)
 // says what a spec may say; this says what runs here, so that a job the workers would refuse at
 // start (and the coordinator would relaunch max_restarts times) is refused before it is launched:
-// a cuda device, token files that are missing or malformed (their headers and sizes are read;
-// troupe validate also scans the ids of small ones).
+// a cuda device in a build without CUDA kernels or over several GPUs, token files that are missing or
+// malformed (their headers and sizes are read; troupe validate also scans the ids of small ones).
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -111,16 +111,41 @@ std::vector<Diagnostic> token_file_issues(const JobSpec& spec, uint64_t scan_up_
   return out;
 }
 
+bool build_has_cuda() {
+#ifdef TROUPE_BUILD_HAS_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
 std::vector<Diagnostic> runnable_issues(const JobSpec& spec) {
+  auto degree = [](int d) { return d <= 0 ? std::string("auto") : std::to_string(d); };
   std::vector<Diagnostic> out;
   auto issue = [&](const std::string& path, std::string message, std::string hint) {
     const SourcePos at = position(spec, path);
     out.push_back(Diagnostic{file_of(spec), at.line, at.col, std::move(message), std::move(hint)});
   };
-  // The comm layer can use NCCL, but there are no CUDA kernels: a cuda job would train on the CPU.
-  if (spec.resources.device == DeviceKind::cuda)
-    issue("resources.device", "resources.device: cuda: this build's engine trains on CPU only",
-          "use device: cpu (or delete the key: cpu is the default)");
+  // cuda: the engine runs one GPU per job (docs/gpu.md); groups of GPUs need NCCL inside it.
+  if (spec.resources.device == DeviceKind::cuda && !build_has_cuda())
+    issue("resources.device",
+          "resources.device: cuda: this build has no CUDA kernels (it was configured without nvcc and NCCL)",
+          "build troupe where CUDA and NCCL are installed (docs/gpu.md), or use device: cpu");
+  const ParallelSpec& par = spec.parallel;
+  if (spec.resources.device == DeviceKind::cuda && build_has_cuda() &&
+      (par.data != 1 || par.pipeline != 1 || par.tensor != 1))
+    issue(par.data != 1       ? "parallel.data"
+          : par.pipeline != 1 ? "parallel.pipeline"
+                              : "parallel.tensor",
+          "resources.device: cuda trains on one GPU in this engine, not data " + degree(par.data) +
+              ", pipeline " + degree(par.pipeline) + ", tensor " + degree(par.tensor) +
+              ": groups of GPUs need NCCL inside the engine, which is not built yet",
+          "set parallel.data, parallel.pipeline and parallel.tensor to 1, or use device: cpu");
+  if (spec.resources.device == DeviceKind::cuda && build_has_cuda() && spec.elastic.max_devices > 1)
+    issue("elastic.max_devices",
+          "resources.device: cuda trains on one GPU in this engine: elastic.max_devices " +
+              std::to_string(spec.elastic.max_devices) + " would grow it to more",
+          "delete elastic.max_devices (or set it to 1), or use device: cpu");
   if (spec.parallel.sequence_parallel)
     issue("parallel.sequence_parallel",
           "parallel.sequence_parallel is planned (troupe plan prices it) but not implemented in this engine",

@@ -191,7 +191,8 @@ void linear_backward(const Linear& l, float* dx, const float* dy, const Tensor& 
     l.backward(dx, dy, x, N, ws.dy_h, Out::overwrite);
     return;
   }
-  std::memcpy(kept->data(), dy, sizeof(float) * sz(int64_t{N} * l.out));
+  kept->slice(0, N).copy_from(
+      Tensor::view_of(const_cast<float*>(dy), {N, l.out}, DType::f32, kept->device()));
   l.backward_input(dx, dy, x, N, ws.dy_h, Out::overwrite);
 }
 
@@ -342,7 +343,7 @@ void GptBlock::backward_pass(int slot, float* dres, const float* x, int B, int T
   // ignores: its gradient is exactly zero. Computed, it is rounding noise that AdamW
   // (dividing by its own running size) would turn into steps of size lr, different in
   // every layout. Keep it at its true value.
-  std::fill(c_attn_.db + na / N, c_attn_.db + 2 * (na / N), 0.0f);
+  Tensor::view_of(c_attn_.db + na / N, {na / N}, DType::f32, k_->device).zero_();
   copy_to_tensor_region_backward(tp_, dtmp, sz(nd));
   ln_1_.backward(dres, dtmp, x, a.mean.f32(), a.rstd.f32(), N);
 }

@@ -5,6 +5,7 @@
 #include "core/dtype_convert.hpp"
 #include "core/error.hpp"
 #include "core/rng.hpp"
+#include "kernels/kernels.hpp"
 
 namespace troupe::model {
 namespace {
@@ -228,7 +229,11 @@ void init_param(float* out, const ParamSpec& spec, uint64_t seed) {
       }
 }
 
-ParamStore::ParamStore(const std::vector<ParamSpec>& specs, uint64_t seed, DType compute_dtype) {
+ParamStore::ParamStore(const std::vector<ParamSpec>& specs, uint64_t seed, DType compute_dtype,
+                       Allocator& alloc, const kernels::Kernels* kernels)
+    : alloc_(&alloc), k_(kernels) {
+  TROUPE_CHECK(alloc.device() == Device::cpu || (kernels != nullptr && kernels->device == alloc.device()),
+               "a parameter store on ", device_name(alloc.device()), " needs that device's kernels");
   TROUPE_CHECK(compute_dtype == DType::f32 || compute_dtype == DType::bf16 || compute_dtype == DType::f16,
                "parameters compute in f32, bf16 or f16, not ", dtype_name(compute_dtype));
   std::vector<int64_t> offsets;
@@ -239,9 +244,10 @@ ParamStore::ParamStore(const std::vector<ParamSpec>& specs, uint64_t seed, DType
     num_params_ += n;
     total += (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
   }
-  flat_data_ = Tensor::zeros({total});
-  flat_grad_ = Tensor::zeros({total});
-  flat_compute_ = compute_dtype == DType::f32 ? flat_data_ : Tensor::zeros({total}, compute_dtype);
+  flat_data_ = Tensor::zeros({total}, DType::f32, alloc);
+  flat_grad_ = Tensor::zeros({total}, DType::f32, alloc);
+  flat_compute_ = compute_dtype == DType::f32 ? flat_data_ : Tensor::zeros({total}, compute_dtype, alloc);
+  std::vector<float> host;  // a device store's initial values, one parameter at a time
   for (size_t i = 0; i < specs.size(); ++i) {
     const ParamSpec& s = specs[i];
     TROUPE_CHECK(!contains(s.name), "duplicate parameter ", s.name);
@@ -259,7 +265,13 @@ ParamStore::ParamStore(const std::vector<ParamSpec>& specs, uint64_t seed, DType
     p.grad = flat_grad_.slice(offsets[i], offsets[i] + n).reshape(local);
     p.compute =
         compute_dtype == DType::f32 ? p.data : flat_compute_.slice(offsets[i], offsets[i] + n).reshape(local);
-    init_param(p.data.f32(), s, seed);
+    if (device() == Device::cpu) {
+      init_param(p.data.f32(), s, seed);
+    } else {
+      host.assign(static_cast<size_t>(n), 0.0f);
+      init_param(host.data(), s, seed);
+      upload(p.data, host.data());
+    }
     params_.push_back(std::move(p));
   }
   refresh_compute();
@@ -268,8 +280,24 @@ ParamStore::ParamStore(const std::vector<ParamSpec>& specs, uint64_t seed, DType
 void ParamStore::refresh_compute() {
   if (flat_compute_.data() == flat_data_.data()) return;  // f32: the compute copy is the master
   // One pass over the whole buffer: the zero padding converts to zero.
-  convert(DType::f32, flat_data_.data(), flat_compute_.dtype(), flat_compute_.data(),
-          static_cast<size_t>(flat_data_.numel()));
+  if (device() == Device::cpu)
+    convert(DType::f32, flat_data_.data(), flat_compute_.dtype(), flat_compute_.data(),
+            static_cast<size_t>(flat_data_.numel()));
+  else
+    k_->to_half(flat_compute_.dtype(), flat_compute_.h16(), flat_data_.f32(),
+                static_cast<size_t>(flat_data_.numel()));
+}
+
+void ParamStore::download(const Tensor& t, float* host) const {
+  TROUPE_CHECK(t.dtype() == DType::f32 && t.device() == device(), "download of a ", dtype_name(t.dtype()),
+               " tensor on ", device_name(t.device()), " from a store of f32 on ", device_name(device()));
+  alloc_->copy_to_host(host, t.data(), t.nbytes());
+}
+
+void ParamStore::upload(const Tensor& t, const float* host) {
+  TROUPE_CHECK(t.dtype() == DType::f32 && t.device() == device(), "upload into a ", dtype_name(t.dtype()),
+               " tensor on ", device_name(t.device()), " of a store of f32 on ", device_name(device()));
+  alloc_->copy_from_host(t.data(), host, t.nbytes());
 }
 
 bool ParamStore::contains(const std::string& name) const {

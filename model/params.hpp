@@ -15,8 +15,13 @@
 #include <string>
 #include <vector>
 
+#include "core/allocator.hpp"
 #include "core/tensor.hpp"
 #include "model/config.hpp"
+
+namespace troupe::kernels {
+struct Kernels;
+}
 
 namespace troupe::model {
 
@@ -110,10 +115,16 @@ void init_param(float* out, const ParamSpec& spec, uint64_t seed);
 // With compute dtype bf16 or f16 a third flat buffer of that dtype holds the weights
 // the layers read (Param::compute), each parameter at the same element offset as in
 // the master buffer; with f32 it is the master buffer itself.
+//
+// The buffers come from `alloc` (the CPU's unless given): on a device, init_param fills a
+// host buffer that is then copied over, and refresh_compute rounds with the kernel table's
+// to_half (`kernels`, which a non-CPU store needs). Host code reads and writes a parameter
+// through download / upload, whatever the device.
 class ParamStore {
  public:
   ParamStore() = default;
-  ParamStore(const std::vector<ParamSpec>& specs, uint64_t seed, DType compute_dtype = DType::f32);
+  ParamStore(const std::vector<ParamSpec>& specs, uint64_t seed, DType compute_dtype = DType::f32,
+             Allocator& alloc = cpu_allocator(), const kernels::Kernels* kernels = nullptr);
 
   std::vector<Param>& params() { return params_; }
   const std::vector<Param>& params() const { return params_; }
@@ -132,7 +143,14 @@ class ParamStore {
   // f32 there is nothing to copy. The constructor leaves the copy fresh.
   void refresh_compute();
 
+  Device device() const { return alloc_->device(); }
+  // Host copy of a tensor of this store (a parameter's data or grad), and back.
+  void download(const Tensor& t, float* host) const;
+  void upload(const Tensor& t, const float* host);
+
  private:
+  Allocator* alloc_ = &cpu_allocator();
+  const kernels::Kernels* k_ = nullptr;
   std::vector<Param> params_;
   Tensor flat_data_, flat_grad_, flat_compute_;
   int64_t num_params_ = 0;

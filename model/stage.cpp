@@ -10,13 +10,10 @@ namespace troupe::model {
 
 namespace {
 
-// The contexts a stage can run: CPU (its input and output copies are host memcpy),
-// computing in f32, or in bf16 / f16 with a table that has the 16-bit linear
-// kernels. A device context is refused here until its copies exist.
+// The contexts a stage can run: computing in f32, or in bf16 / f16 with a table that has
+// the 16-bit linear kernels.
 const DeviceContext& runnable(const DeviceContext& ctx) {
   ctx.validate();
-  TROUPE_CHECK(ctx.device == Device::cpu, "a stage on ", device_name(ctx.device),
-               " needs device copies of its inputs and outputs: this build runs stages on cpu only");
   TROUPE_CHECK(ctx.compute_dtype == DType::f32 ||
                    (ctx.kernels->linear_forward_h != nullptr && ctx.kernels->linear_backward_h != nullptr &&
                     ctx.kernels->to_half != nullptr),
@@ -39,7 +36,12 @@ Stage::Stage(const ModelConfig& cfg, const StageRange& range, int n_slots, int m
       k_(ctx_.kernels),
       tp_(shard, tp_group),
       max_B_(max_micro_batch),
-      store_(param_specs(cfg, range, shard), cfg.seed, ctx_.compute_dtype) {
+      store_(param_specs(cfg, range, shard), cfg.seed, ctx_.compute_dtype, *ctx_.alloc, ctx_.kernels) {
+  // The tensor group's collectives and the vocabulary-parallel loss run on host memory.
+  TROUPE_CHECK(ctx_.device == Device::cpu || shard.size == 1, "tensor parallelism on ",
+               device_name(ctx_.device),
+               " needs the tensor group's collectives on device memory (NCCL), "
+               "which the stage does not run yet: use tensor 1");
   TROUPE_CHECK(n_slots > 0 && max_micro_batch > 0, "need n_slots > 0 and max_micro_batch > 0, got ", n_slots,
                ", ", max_micro_batch);
   const int64_t T = cfg.seq_len, N = int64_t{max_B_} * T, D = cfg.d_model;
@@ -144,7 +146,7 @@ double Stage::forward(int slot, const int32_t* tokens, const float* x_in, const 
     TROUPE_CHECK(tokens != nullptr, "the first stage needs tokens");
     for (int i = 0; i < N; ++i)
       TROUPE_CHECK(tokens[i] >= 0 && tokens[i] < V, "token ", tokens[i], " at ", i, " outside [0, ", V, ")");
-    std::memcpy(s.tokens.data(), tokens, sizeof(int32_t) * static_cast<size_t>(N));
+    ctx_.alloc->copy_from_host(s.tokens.data(), tokens, sizeof(int32_t) * static_cast<size_t>(N));
     if (cfg_.vocab_parallel()) {
       // Each shard looks up the tokens of its rows; the sum over shards is the embedding.
       k_->embedding_rows_forward(s.resid[0].f32(), s.tokens.i32(), wte_, N, D, v0_, Vl_);
@@ -154,7 +156,7 @@ double Stage::forward(int slot, const int32_t* tokens, const float* x_in, const 
     }
   } else {
     TROUPE_CHECK(x_in != nullptr, "a stage without the embedding needs its input activations");
-    std::memcpy(s.resid[0].data(), x_in, sizeof(float) * nd);
+    ctx_.alloc->copy_from_host(s.resid[0].data(), x_in, sizeof(float) * nd);
   }
   for (size_t b = 0; b < blocks_.size(); ++b)
     blocks_[b]->forward(cfg_.recompute ? 0 : slot, s.resid[b + 1].f32(), s.resid[b].f32(), B, T, ws_);
@@ -173,7 +175,7 @@ double Stage::forward(int slot, const int32_t* tokens, const float* x_in, const 
   for (int i = 0; i < N; ++i)
     TROUPE_CHECK(targets[i] >= 0 && targets[i] < V, "target ", targets[i], " at ", i, " outside [0, ", V,
                  ")");
-  std::memcpy(s.targets.data(), targets, sizeof(int32_t) * static_cast<size_t>(N));
+  ctx_.alloc->copy_from_host(s.targets.data(), targets, sizeof(int32_t) * static_cast<size_t>(N));
   s.has_targets = true;
   if (cfg_.vocab_parallel()) return vocab_parallel_loss(s, N);
   return k_->cross_entropy(nullptr, s.logits.f32(), s.targets.i32(), N, V, 0.0f);
@@ -185,15 +187,26 @@ double Stage::vocab_parallel_loss(Slot& s, int N) {
   // that holds it: [max (tp x N) | sum_exp (tp x N) | target (N)]. Every shard then
   // combines the same numbers in the same order, so the loss is the same bits on each.
   const int tp = tp_.size(), r = tp_.shard.rank;
-  const size_t n = static_cast<size_t>(N);
-  float* st = ce_stats_.f32();
-  std::fill(st, st + (2 * static_cast<size_t>(tp) + 1) * n, 0.0f);
-  float* mx = st;
-  float* se = st + static_cast<size_t>(tp) * n;
-  float* tgt = st + 2 * static_cast<size_t>(tp) * n;
-  k_->cross_entropy_stats(mx + r * n, se + r * n, tgt, s.logits.f32(), s.targets.i32(), N, Vl_, v0_);
-  reduce_from_tensor_region_forward(tp_, st, (2 * static_cast<size_t>(tp) + 1) * n);
+  const size_t n = static_cast<size_t>(N), n_stats = (2 * static_cast<size_t>(tp) + 1) * n;
+  float* dev = ce_stats_.f32();
+  ctx_.alloc->zero(dev, sizeof(float) * n_stats);
+  k_->cross_entropy_stats(dev + r * n, dev + (tp + r) * n, dev + 2 * static_cast<size_t>(tp) * n,
+                          s.logits.f32(), s.targets.i32(), N, Vl_, v0_);
+  reduce_from_tensor_region_forward(tp_, dev, n_stats);
+  // The combination runs on the host: on a device, over host copies of the statistics.
+  const float* st = dev;
   float* lse = s.lse.f32();
+  std::vector<float> host_stats, host_lse;
+  if (ctx_.device != Device::cpu) {
+    host_stats.resize(n_stats);
+    host_lse.resize(n);
+    ctx_.alloc->copy_to_host(host_stats.data(), dev, sizeof(float) * n_stats);
+    st = host_stats.data();
+    lse = host_lse.data();
+  }
+  const float* mx = st;
+  const float* se = st + static_cast<size_t>(tp) * n;
+  const float* tgt = st + 2 * static_cast<size_t>(tp) * n;
   double total = 0.0;
   for (size_t i = 0; i < n; ++i) {
     float m = mx[i];
@@ -204,6 +217,8 @@ double Stage::vocab_parallel_loss(Slot& s, int N) {
     lse[i] = static_cast<float>(l);
     total += l - double(tgt[i]);
   }
+  if (ctx_.device != Device::cpu)
+    ctx_.alloc->copy_from_host(s.lse.data(), host_lse.data(), sizeof(float) * n);
   return total;
 }
 
@@ -241,7 +256,7 @@ void Stage::backward_pass(int slot, const float* dout, float dloss, const ReadyF
       head_.backward_input(dlnf, dlogits, s.lnf, N, dlogits_h_, kernels::Out::overwrite);
     else
       head_.backward(dlnf, dlogits, s.lnf, N, dlogits_h_, kernels::Out::overwrite);
-    std::fill(dres, dres + nd, 0.0f);
+    ctx_.alloc->zero(dres, sizeof(float) * nd);
     if (cfg_.kind == ModelKind::llama) {
       // Each shard's dlnf is the part through its vocabulary rows; the sum is the whole.
       copy_to_tensor_region_backward(tp_, dlnf, nd);
@@ -253,7 +268,7 @@ void Stage::backward_pass(int slot, const float* dout, float dloss, const ReadyF
     report(head_begin_);
   } else {
     TROUPE_CHECK(dout != nullptr, "a stage without the head needs the gradient of its output");
-    std::memcpy(dres, dout, sizeof(float) * nd);
+    ctx_.alloc->copy_from_host(dres, dout, sizeof(float) * nd);
   }
   for (size_t b = blocks_.size(); b-- > 0;) {
     if (split) {
@@ -273,13 +288,13 @@ void Stage::backward_pass(int slot, const float* dout, float dloss, const ReadyF
     s.dloss = dloss;
   }
   if (!range_.has_embedding) {
-    std::memcpy(s.dinput.data(), dres, sizeof(float) * nd);
+    ctx_.alloc->copy(s.dinput.data(), dres, sizeof(float) * nd);
   } else if (split && embedding_after_head()) {
     // wte takes the head's product before the embedding's rows in backward; W keeps that
     // order, so the rows wait for it (nothing waits for a first stage's B).
     if (!s.dembed.defined())
       s.dembed = Tensor::zeros({int64_t{max_B_} * cfg_.seq_len, D}, DType::f32, *ctx_.alloc);
-    std::memcpy(s.dembed.data(), dres, sizeof(float) * nd);
+    ctx_.alloc->copy(s.dembed.data(), dres, sizeof(float) * nd);
   } else {
     embedding_backward(s, dres);
   }
@@ -312,7 +327,7 @@ const float* Stage::head_output_grad(Slot& s, int N, float dloss) {
     k_->cross_entropy_shard_backward(dlogits, s.logits.f32(), s.targets.i32(), s.lse.f32(), N, Vl_, v0_,
                                      dloss);
   } else {
-    std::fill(dlogits, dlogits + static_cast<size_t>(N) * cfg_.vocab_size, 0.0f);
+    ctx_.alloc->zero(dlogits, sizeof(float) * static_cast<size_t>(N) * cfg_.vocab_size);
     k_->cross_entropy(dlogits, s.logits.f32(), s.targets.i32(), N, cfg_.vocab_size, dloss);
   }
   return dlogits;
@@ -351,7 +366,7 @@ void Stage::last_logits(const int32_t* tokens, int T, float* out) {
                "last_logits needs the full model, with the whole vocabulary");
   forward(0, tokens, nullptr, nullptr, 1, T);
   const float* row = slots_[0].logits.f32() + static_cast<size_t>(T - 1) * cfg_.vocab_size;
-  std::memcpy(out, row, sizeof(float) * static_cast<size_t>(cfg_.vocab_size));
+  ctx_.alloc->copy_to_host(out, row, sizeof(float) * static_cast<size_t>(cfg_.vocab_size));
 }
 
 }  // namespace troupe::model

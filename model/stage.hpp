@@ -37,8 +37,12 @@
 // weights. Left out, it is DeviceContext::cpu() (fp32 on CPU). A CPU context with
 // compute dtype bf16 or f16 trains in mixed precision (model/layers.hpp says what
 // computes in which dtype); after the master weights change (an optimizer step, a
-// load) the caller refreshes their compute copy, store().refresh_compute(). A
-// device context is refused, since the stage's input and output copies are host memcpy.
+// load) the caller refreshes their compute copy, store().refresh_compute(). On a
+// device (a CUDA context: kernels::cuda_kernels(), its allocator) parameters,
+// gradients and activations live in device memory: tokens, targets, x_in and dout are
+// host memory, copied in through the context's allocator; output(), input_grad() and
+// logits() are device tensors (ParamStore::download and the allocator's copy_to_host
+// read them). Tensor parallelism runs on the CPU only (its collectives take host memory).
 #pragma once
 
 #include <cstddef>
@@ -118,6 +122,7 @@ class Stage {
   const std::vector<Param>& params() const { return store_.params(); }
   Param& param(const std::string& name) { return store_.get(name); }
   ParamStore& store() { return store_; }
+  const ParamStore& store() const { return store_; }
   void zero_grads() { store_.zero_grads(); }
   int64_t num_params() const { return store_.num_params(); }
 

@@ -66,7 +66,8 @@ void poison_grads(model::Stage& stage, int64_t step, int rank) {
   std::fprintf(stderr,
                "troupe: TROUPE_INJECT_OVERFLOW: rank %d writes an inf into its gradients at step %lld\n",
                rank, static_cast<long long>(step));
-  stage.store().flat_grads().f32()[0] = std::numeric_limits<float>::infinity();
+  const float inf = std::numeric_limits<float>::infinity();
+  stage.device_context().alloc->copy_from_host(stage.store().flat_grads().data(), &inf, sizeof inf);
 }
 
 }  // namespace troupe::parallel

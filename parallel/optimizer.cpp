@@ -19,14 +19,17 @@ double lr_at(const TrainSpec& train, int64_t step) {
   return min_lr + 0.5 * (max_lr - min_lr) * (1.0 + std::cos(M_PI * progress));
 }
 
-AdamW::AdamW(const OptimizerSpec& spec, std::vector<ParamRef> params, const kernels::Kernels& k)
+AdamW::AdamW(const OptimizerSpec& spec, std::vector<ParamRef> params, const kernels::Kernels& k,
+             Allocator& alloc)
     : spec_(spec), k_(&k), params_(std::move(params)) {
+  TROUPE_CHECK(alloc.device() == k.device, "AdamW with the '", k.name, "' kernels of ", device_name(k.device),
+               " keeps its moments on that device, not in the '", alloc.name(), "' allocator's memory");
   m_.reserve(params_.size());
   v_.reserve(params_.size());
   for (const auto& p : params_) {
     TROUPE_CHECK(p.data && (p.grad || p.numel == 0), "parameter ", p.name, " has no buffer");
-    m_.emplace_back(p.numel, 0.0f);
-    v_.emplace_back(p.numel, 0.0f);
+    m_.push_back(Tensor::zeros({int64_t(p.numel)}, DType::f32, alloc));
+    v_.push_back(Tensor::zeros({int64_t(p.numel)}, DType::f32, alloc));
   }
 }
 
@@ -34,7 +37,7 @@ void AdamW::step(double lr, int64_t t) {
   TROUPE_CHECK(t >= 1, "AdamW step count is 1-based, got ", t);
   for (size_t i = 0; i < params_.size(); ++i) {
     const ParamRef& p = params_[i];
-    k_->adamw_update(p.data, p.grad, m_[i].data(), v_[i].data(), p.numel, float(lr), float(spec_.beta1),
+    k_->adamw_update(p.data, p.grad, m_[i].f32(), v_[i].f32(), p.numel, float(lr), float(spec_.beta1),
                      float(spec_.beta2), float(spec_.eps), p.decay ? float(spec_.weight_decay) : 0.0f, t);
   }
 }

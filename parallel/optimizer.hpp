@@ -11,7 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "core/allocator.hpp"
 #include "core/spec.hpp"
+#include "core/tensor.hpp"
 #include "kernels/kernels.hpp"
 
 namespace troupe {
@@ -29,28 +31,28 @@ struct ParamRef {
 // train.min_lr at train.steps.
 double lr_at(const TrainSpec& train, int64_t step);
 
-// The update runs through a kernel table (the stage's: kernels/kernels.hpp), on the device
-// its parameters live on; the moments are host buffers today (the CPU table's).
+// The update runs through a kernel table (the stage's: kernels/kernels.hpp) on the device
+// its parameters live on; the moments come from `alloc`, that device's allocator (f32,
+// zero at the start). On a device, m(i) and v(i) are device tensors.
 class AdamW {
  public:
   AdamW(const OptimizerSpec& spec, std::vector<ParamRef> params,
-        const kernels::Kernels& k = kernels::cpu_kernels());
+        const kernels::Kernels& k = kernels::cpu_kernels(), Allocator& alloc = cpu_allocator());
 
   // One update with learning rate lr; t is the 1-based count of updates so far
   // including this one (bias correction).
   void step(double lr, int64_t t);
 
   const std::vector<ParamRef>& params() const { return params_; }
-  std::vector<float>& m(size_t i) { return m_[i]; }
-  std::vector<float>& v(size_t i) { return v_[i]; }
-  const std::vector<float>& m(size_t i) const { return m_[i]; }
-  const std::vector<float>& v(size_t i) const { return v_[i]; }
+  // Parameter i's moments: (numel) f32 tensors.
+  const Tensor& m(size_t i) const { return m_[i]; }
+  const Tensor& v(size_t i) const { return v_[i]; }
 
  private:
   OptimizerSpec spec_;
   const kernels::Kernels* k_;
   std::vector<ParamRef> params_;
-  std::vector<std::vector<float>> m_, v_;
+  std::vector<Tensor> m_, v_;
 };
 
 // Sum of squares of every gradient in params (in double, fixed order).

@@ -217,8 +217,8 @@ void ZeroPartition::gather_moment_parts(comm::Communicator& group, const AdamW& 
           const Piece& pc = pieces_[i];
           const size_t a = std::max(pc.flat, b0), b = std::min(pc.flat + pc.len, b1);
           if (pc.stage != s || a >= b) continue;
-          const std::vector<float>& mom = which == 0 ? opt.m(i) : opt.v(i);
-          std::memcpy(buf.data() + (a - b0), mom.data() + (a - pc.flat), (b - a) * sizeof(float));
+          const Tensor& mom = which == 0 ? opt.m(i) : opt.v(i);
+          std::memcpy(buf.data() + (a - b0), mom.f32() + (a - pc.flat), (b - a) * sizeof(float));
         }
         allgather_bucket(group, buf.data(), count, scratch, opt_comm);
         for (const MomentPart& w : want) {
@@ -242,11 +242,11 @@ void ZeroPartition::load_param_moments(size_t stage, size_t param, const float* 
   for (size_t i = 0; i < pieces_.size(); ++i) {
     const Piece& pc = pieces_[i];
     if (pc.stage != stage || pc.param != param) continue;
-    TROUPE_CHECK(opt.m(i).size() == pc.len && opt.v(i).size() == pc.len,
-                 "ZeRO load of optimizer moments: ", opt.params()[i].name, " holds ", opt.m(i).size(),
+    TROUPE_CHECK(size_t(opt.m(i).numel()) == pc.len && size_t(opt.v(i).numel()) == pc.len,
+                 "ZeRO load of optimizer moments: ", opt.params()[i].name, " holds ", opt.m(i).numel(),
                  " floats, its piece ", pc.len);
-    std::memcpy(opt.m(i).data(), m_full + pc.offset, pc.len * sizeof(float));
-    std::memcpy(opt.v(i).data(), v_full + pc.offset, pc.len * sizeof(float));
+    std::memcpy(opt.m(i).f32(), m_full + pc.offset, pc.len * sizeof(float));
+    std::memcpy(opt.v(i).f32(), v_full + pc.offset, pc.len * sizeof(float));
   }
 }
 

@@ -7,11 +7,13 @@
 #                                          build-gpu/troupe-gpu.tar.xz (ignored by git: carry it)
 #   bash scripts/gpu-check.sh run [LOG]    on the GPU machine, in the repository root: unpack,
 #                                          point the loader at that machine's own CUDA libraries,
-#                                          run every [gpu] test; everything into LOG (default
+#                                          run every [gpu] test, then bench/gpu_throughput (the
+#                                          engine next to PyTorch); everything into LOG (default
 #                                          $OUT/gpu-check.log when $OUT is set, else
 #                                          gpu-check.log); exit 0 only when all passed
 #
-# The run stays within 8 minutes (a timeout per binary). The CUDA libraries are not carried
+# Each binary runs under a timeout (120 + 60 + 120 s of tests, 240 s of benchmark: 9 minutes
+# at the very worst; the tests take well under their limits). The CUDA libraries are not carried
 # (libcublasLt and libnccl are hundreds of MB): the run looks for them in /usr/local/cuda and
 # in the site-packages of python3 (nvidia/*/lib, torch/lib), and says which it took.
 set -euo pipefail
@@ -20,7 +22,7 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 bundle_dir="$root/build-gpu"
 bundle="$bundle_dir/troupe-gpu.tar.xz"
-binaries=(tests/kernels/test_kernels_cuda tests/comm/test_comm)
+binaries=(tests/kernels/test_kernels_cuda tests/comm/test_comm tests/engine/test_engine_cuda bench/gpu_throughput)
 
 # Libraries the GPU machine has, of its own and newer: never carried.
 system_lib='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libcuda\.so|libcudart\.so|libcublas\.so|libcublasLt\.so|libnccl\.so|libnvidia)'
@@ -30,7 +32,7 @@ do_bundle() {
   [ -f "$build/CMakeCache.txt" ] || { echo "gpu-check: configure first (bash scripts/setup.sh)" >&2; exit 2; }
   grep -q '^TROUPE_CUDA:STRING=OFF' "$build/CMakeCache.txt" &&
     { echo "gpu-check: build/ is configured with TROUPE_CUDA=OFF" >&2; exit 2; }
-  cmake --build "$build" -j "$(nproc)" --target test_kernels_cuda test_comm
+  cmake --build "$build" -j "$(nproc)" --target test_kernels_cuda test_comm test_engine_cuda gpu_throughput
   local stage
   stage=$(mktemp -d)
   trap 'rm -rf "$stage"' RETURN
@@ -82,7 +84,7 @@ do_run() {
   cuda_dirs=$(cuda_lib_dirs | paste -sd: -)
   echo "== CUDA libraries from: ${cuda_dirs:-nowhere found}"
   export LD_LIBRARY_PATH="$dir/lib${cuda_dirs:+:$cuda_dirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  local failed=0 b missing
+  local failed=0 b missing limit
   for b in "$dir"/bin/*; do
     missing=$(ldd "$b" | grep 'not found' || true)
     if [ -n "$missing" ]; then
@@ -91,11 +93,20 @@ do_run() {
       failed=1
       continue
     fi
+    case "$(basename "$b")" in
+      gpu_throughput) continue ;;  # after the tests
+      test_kernels_cuda) limit=120 ;;
+      test_comm) limit=60 ;;
+      *) limit=120 ;;
+    esac
     echo "== $(basename "$b") [gpu]"
     # -d yes: each test case's time; the [gpu] tag: the cases that need the device, which
     # fail instead of skipping when it is not there.
-    if ! TROUPE_REQUIRE_GPU=1 timeout 200 "$b" "[gpu]" -d yes; then failed=1; fi
+    if ! TROUPE_REQUIRE_GPU=1 timeout "$limit" "$b" "[gpu]" -d yes; then failed=1; fi
   done
+  echo "== gpu_throughput (the engine next to PyTorch on the same GPU)"
+  if ! timeout 240 "$dir/bin/gpu_throughput" --steps 10 --warmup 3 \
+    --script "$root/bench/torch_reference.py"; then failed=1; fi
   rm -rf "$dir"
   if [ "$failed" = 0 ]; then echo "== gpu-check: all passed"; else echo "== gpu-check: FAILED"; fi
   return "$failed"

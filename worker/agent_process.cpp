@@ -13,6 +13,7 @@
 #include "core/error.hpp"
 #include "worker/agent.hpp"
 #include "worker/data_address.hpp"
+#include "worker/device.hpp"
 #include "worker/node.hpp"
 
 namespace troupe::worker {
@@ -26,19 +27,12 @@ std::vector<std::string> expand_devices(const std::string& spec) {
   auto is_number = [](const std::string& s) {
     return !s.empty() && s.size() < 6 && s.find_first_not_of("0123456789") == std::string::npos;
   };
-  // The driver lists one folder per GPU; no CUDA runtime is needed to count them.
-  auto count_gpus = [] {
-    int n = 0;
-    std::error_code ec;
-    for (auto it = std::filesystem::directory_iterator("/proc/driver/nvidia/gpus", ec);
-         !ec && it != std::filesystem::directory_iterator(); ++it)
-      ++n;
-    return n;
-  };
+  // The CUDA runtime's count in a CUDA build, else the driver's (worker/device.hpp).
+  std::string why;
+  auto count_gpus = [&why] { return local_gpu_count(&why); };
   if (kind == "cuda" && rest == "all") {
     int n = count_gpus();
-    TROUPE_CHECK(n > 0,
-                 "--devices cuda:all: no NVIDIA GPU found (/proc/driver/nvidia/gpus is empty or missing)");
+    TROUPE_CHECK(n > 0, "--devices cuda:all: no GPU found (", why, ")");
     for (int i = 0; i < n; ++i) out.push_back("cuda:" + std::to_string(i));
     return out;
   }
@@ -57,12 +51,25 @@ std::vector<std::string> expand_devices(const std::string& spec) {
     if (kind == "cuda") {
       int n = count_gpus();
       TROUPE_CHECK(std::stoi(item) < n, "--devices ", spec, ": no GPU cuda:", item, " on this host (", n,
-                   " NVIDIA GPU(s) in /proc/driver/nvidia/gpus)");
+                   " GPU(s)", n == 0 ? ": " + why : std::string(), ")");
     }
     out.push_back(kind + ":" + std::to_string(std::stoi(item)));
     if (comma == std::string::npos) break;
     pos = comma + 1;
   }
+  return out;
+}
+
+std::string local_devices(const std::string& kind, int n) {
+  require(n >= 1, "a job needs at least one device, not ", n);
+  if (kind != "cuda") return kind + ":" + std::to_string(n);
+  std::string why;
+  const int have = local_gpu_count(&why);
+  require(have >= n, "resources.device: cuda: the job needs ", n, " GPU(s), this host has ", have,
+          have == 0 ? " (" + why + ")" : std::string(),
+          ": run it where the GPUs are (troupe agent --devices cuda:all), or use device: cpu");
+  std::string out = "cuda:";
+  for (int i = 0; i < n; ++i) out += (i > 0 ? "," : "") + std::to_string(i);
   return out;
 }
 

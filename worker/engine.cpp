@@ -35,6 +35,7 @@
 #include "parallel/optimizer.hpp"
 #include "parallel/pipeline.hpp"
 #include "parallel/zero.hpp"
+#include "worker/device.hpp"
 
 namespace troupe {
 
@@ -164,8 +165,10 @@ struct Engine::Impl {
     TROUPE_CHECK(a.rank >= 0 && a.rank < a.layout.world(), "assignment: rank ", a.rank, " of ",
                  a.layout.world(), " does not fit layout ", a.layout.str());
     // Second line of defence: validate, run and submit refuse these first (core/spec_runnable.cpp).
-    TROUPE_CHECK(s.resources.device == DeviceKind::cpu, "resources.device ", to_string(s.resources.device),
-                 ": this build's engine trains on CPU only");
+    TROUPE_CHECK(s.resources.device == DeviceKind::cpu || a.layout.world() == 1,
+                 "resources.device: ", to_string(s.resources.device),
+                 " trains on one device (layout 1x1x1) in this engine, not ", a.layout.str(),
+                 ": its data, pipeline and tensor groups would need NCCL inside the engine");
     T = s.model.seq_len;
     plan = checked_plan(s, a);
     where_in_plan = plan::rank_place(plan, a.rank);
@@ -178,7 +181,7 @@ struct Engine::Impl {
                  ": evaluation (train.eval_every) needs one");
     place = parallel::pipeline_place(a.rank, a.layout.dp, a.layout.pp, a.layout.tp);
     copt.timeout = a.comm_timeout;
-    ctx.compute_dtype = compute_dtype(s.train.precision);
+    ctx = worker::device_context(s.resources.device, a.comm.device, compute_dtype(s.train.precision));
     scaler = parallel::LossScaler(s.train.precision == Precision::fp16);
     fault = parallel::OverflowFault::from_env();
     if (world_size() > 1) connect();
@@ -196,7 +199,7 @@ struct Engine::Impl {
       for (auto* p : params)
         refs.push_back({p->name, p->data.f32(), p->grad.f32(), size_t(p->data.numel()), p->decay});
     }
-    opt = std::make_unique<AdamW>(s.train.optimizer, refs, *ctx.kernels);
+    opt = std::make_unique<AdamW>(s.train.optimizer, refs, *ctx.kernels, *ctx.alloc);
     const char* overlap = std::getenv("TROUPE_DP_OVERLAP");
     if (dp_group && !exec && !(overlap != nullptr && std::string(overlap) == "0"))
       reducer = std::make_unique<parallel::BucketReducer>(
@@ -339,7 +342,17 @@ struct Engine::Impl {
   // layout, a safetensors file): only parameters are read, each rank reading just its slices.
   void init_from(const std::string& path) {
     const checkpoint::hf::SliceReader read = checkpoint::hf::init_source(path, spec);
-    for (auto* p : params) read(p->name, held_slice(*p), p->data.f32());
+    for (auto* p : params) load_into(p->data, [&](float* out) { read(p->name, held_slice(*p), out); });
+  }
+
+  // Fills an f32 tensor of this rank's device (a parameter, a moment) from host code: in
+  // place on the CPU, through a host buffer and a copy on a device.
+  template <class Read>
+  void load_into(const Tensor& t, Read&& read) {
+    if (t.device() == Device::cpu) return read(t.f32());
+    std::vector<float> host(size_t(t.numel()));
+    read(host.data());
+    ctx.alloc->copy_from_host(t.data(), host.data(), t.nbytes());
   }
 
   // Resuming under any layout: after the manifest and every checksum verify, each rank
@@ -354,18 +367,17 @@ struct Engine::Impl {
       for (size_t j = 0; j < stage_ptrs[c]->params().size(); ++j, ++i) {
         model::Param& p = *params[i];
         const checkpoint::SliceSpec want = held_slice(p);
-        src.read_slice(p.name, want, p.data.f32());
-        float *mp = nullptr, *vp = nullptr;
-        if (zpart) {
-          m.resize(size_t(p.data.numel()));
-          v.resize(m.size());
-          mp = m.data(), vp = v.data();
-        } else {
-          mp = opt->m(i).data(), vp = opt->v(i).data();
+        load_into(p.data, [&](float* out) { src.read_slice(p.name, want, out); });
+        if (!zpart) {
+          load_into(opt->m(i), [&](float* out) { src.read_slice("optim.m." + p.name, want, out); });
+          load_into(opt->v(i), [&](float* out) { src.read_slice("optim.v." + p.name, want, out); });
+          continue;
         }
-        src.read_slice("optim.m." + p.name, want, mp);
-        src.read_slice("optim.v." + p.name, want, vp);
-        if (zpart) zpart->load_param_moments(c, j, mp, vp, *opt);
+        m.resize(size_t(p.data.numel()));
+        v.resize(m.size());
+        src.read_slice("optim.m." + p.name, want, m.data());
+        src.read_slice("optim.v." + p.name, want, v.data());
+        zpart->load_param_moments(c, j, m.data(), v.data(), *opt);
       }
     next_step = src.manifest()->step;
     restore_loss_scale(src.manifest()->loss_scale, dir);
@@ -466,7 +478,12 @@ struct Engine::Impl {
     }
   }
 
+  // The CUDA device of this rank for the calling thread (steps, evaluations and checkpoints
+  // may run on another thread than the one that built the engine).
+  void use_device() const { worker::use_device(spec.resources.device, asg.comm.device); }
+
   StepReport step(const std::atomic<bool>& abort) {
+    use_device();
     using clock = std::chrono::steady_clock;
     const auto t0 = clock::now();
     const int64_t s = next_step;
@@ -643,6 +660,7 @@ struct Engine::Impl {
   // chain through the model chunks in order (chunk k on pipeline rank k mod pp); every data
   // replica evaluates the same batches.
   double evaluate() {
+    use_device();
     const int Bm = plan.micro_batch;
     const int64_t n_batches = data.num_eval_batches(Bm, T);
     const int n_chunks = plan.partition.n_chunks(), pp = layout().pp;
@@ -709,6 +727,20 @@ struct Engine::Impl {
     return checkpoint::to_json(m).dump();
   }
 
+  // Host memory a snapshot reads a device tensor from (pinned on a GPU): one buffer per
+  // tensor (slot: 3 per parameter, its values and both moments), made at the first
+  // checkpoint and reused. A CPU tensor is read in place.
+  mutable std::vector<Tensor> staging;
+  const float* host_view(const Tensor& t, size_t slot) const {
+    if (t.device() == Device::cpu) return t.f32();
+    if (staging.size() <= slot) staging.resize(slot + 1);
+    Tensor& h = staging[slot];
+    if (h.numel() != t.numel())
+      h = Tensor::empty({t.numel()}, DType::f32, worker::staging_allocator(spec.resources.device));
+    ctx.alloc->copy_to_host(h.data(), t.data(), t.nbytes());
+    return h.f32();
+  }
+
   // What this rank holds, each tensor once. A split tensor is replicated over the
   // data-parallel group, a whole one over data and tensor groups: the replicas share
   // its bytes out.
@@ -728,14 +760,14 @@ struct Engine::Impl {
         checkpoint::HeldTensor t{p.name,
                                  held_slice(p),
                                  p.data.shape(),
-                                 p.data.f32(),
+                                 host_view(p.data, 3 * k),
                                  nullptr,
                                  nullptr,
                                  split ? coord().d : coord().d * layout().tp + coord().t,
                                  split ? layout().dp : layout().dp * layout().tp};
         if (!zpart) {
-          t.m = opt->m(k).data();
-          t.v = opt->v(k).data();
+          t.m = host_view(opt->m(k), 3 * k + 1);
+          t.v = host_view(opt->v(k), 3 * k + 2);
         } else {
           const checkpoint::Spread part = checkpoint::spread(t.held, t.replica, t.replicas);
           const int64_t rows = std::max<int64_t>(0, part.end - part.begin);
@@ -794,6 +826,7 @@ struct Engine::Impl {
   }
 
   std::string save(const std::string& root) {
+    use_device();
     set_where("checkpoint step " + std::to_string(next_step) + ": waiting for the previous write");
     if (!zpart) {
       wait_writer();

@@ -20,9 +20,12 @@ struct AgentOptions {
   std::string data_interface;
 };
 
-// "cpu:4" -> cpu:0..cpu:3; "cuda:all" -> every GPU the driver lists; "cuda:0,2" -> cuda:0, cuda:2.
-// Throws troupe::Error on a malformed list.
+// "cpu:4" -> cpu:0..cpu:3; "cuda:all" -> every GPU this process sees (worker/device.hpp); "cuda:0,2" ->
+// cuda:0, cuda:2. Throws troupe::Error on a malformed list.
 std::vector<std::string> expand_devices(const std::string& spec);
+// The --devices of a job of `n` devices of `kind` ("cpu" or "cuda") on this host: "cpu:n", or
+// the first n GPUs ("cuda:0,1"). A host with fewer than n GPUs is refused, naming how many it has.
+std::string local_devices(const std::string& kind, int n);
 
 // Registers, serves launch requests until SIGINT/SIGTERM (130 / 0) or until the
 // coordinator refuses it (1). When the coordinator goes away the workers are

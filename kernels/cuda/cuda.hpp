@@ -49,6 +49,9 @@ void set_tf32(bool on);
 // a block freed while another stream may still use it is the caller's to fence.
 CachingAllocator& allocator();
 void install();
+// Page-locked host memory (cudaHostAlloc), for buffers copied to and from the device
+// (checkpoint snapshots): a Device::cpu allocator, never registered.
+Allocator& pinned_allocator();
 
 // Synchronous copies between host and device memory.
 void to_device(void* dst, const void* src, size_t bytes);

@@ -2,6 +2,7 @@
 // copies, and the device-side range check of token and target ids.
 #include <atomic>
 #include <climits>
+#include <cstring>
 
 #include "kernels/cuda/common.cuh"
 
@@ -40,6 +41,32 @@ class DeviceAllocator final : public Allocator {
     TROUPE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, detail::stream()));
     TROUPE_CUDA_CHECK(cudaStreamSynchronize(detail::stream()));
   }
+  void copy_from_host(void* dst, const void* host_src, size_t bytes) override {
+    to_device(dst, host_src, bytes);
+  }
+  void copy_to_host(void* host_dst, const void* src, size_t bytes) override { to_host(host_dst, src, bytes); }
+};
+
+// Page-locked host memory (cudaHostAlloc): what device <-> host copies run at full speed from.
+class PinnedAllocator final : public Allocator {
+ public:
+  Device device() const override { return Device::cpu; }
+  const char* name() const override { return "cuda-pinned"; }
+  void* allocate(size_t bytes) override {
+    void* p = nullptr;
+    const cudaError_t e = cudaHostAlloc(&p, bytes == 0 ? 1 : bytes, cudaHostAllocDefault);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      TROUPE_CHECK(false, "cudaHostAlloc of ", bytes, " bytes failed: ", cudaGetErrorName(e), ": ",
+                   cudaGetErrorString(e));
+    }
+    return p;
+  }
+  void deallocate(void* p) noexcept override {
+    if (p != nullptr) (void)cudaFreeHost(p);
+  }
+  void zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
+  void copy(void* dst, const void* src, size_t bytes) override { std::memmove(dst, src, bytes); }
 };
 
 __global__ void first_out_of_range(const int32_t* v, size_t n, int limit, unsigned long long* first) {
@@ -110,6 +137,11 @@ CachingAllocator& allocator() {
   static auto* device = new DeviceAllocator();
   static auto* cache = new CachingAllocator(*device);
   return *cache;
+}
+
+Allocator& pinned_allocator() {
+  static auto* pinned = new PinnedAllocator();
+  return *pinned;
 }
 
 void install() { register_allocator(Device::cuda, &allocator()); }

@@ -14,6 +14,7 @@
 #include <tuple>
 
 #include "checkpoint/checkpoint.hpp"
+#include "core/spec.hpp"
 #include "tests/support/support.hpp"
 
 namespace fs = std::filesystem;
@@ -137,26 +138,47 @@ TEST_CASE("cli: an invalid spec exits 2 with file:line:col and starts nothing", 
   fs::remove_all(dir);
 }
 
-TEST_CASE("cli: validate and run refuse cuda at file:line:col and start nothing", "[cli]") {
+TEST_CASE("cli: cuda over several GPUs, or on a host without one, is refused and starts nothing", "[cli]") {
   const std::string dir = temp_dir("unrunnable");
   const std::string base =
       "name: tiny\nmodel: {type: gpt, seq_len: 16, d_model: 32, n_layers: 2, n_heads: 2}\n"
       "data: {source: synthetic}\n"
       "train:\n  steps: 2\n  global_batch: 4\n";
-  const std::string cuda = write_file(dir, "cuda.yaml", base + "resources:\n  device: cuda\n");
-  for (const auto& [spec, where, what] : {std::tuple<std::string, std::string, std::string>{
-           cuda,
-           "cuda.yaml:8:11: error: ", "resources.device: cuda: this build's engine trains on CPU only"}}) {
+  const std::string one = write_file(dir, "cuda.yaml", base + "resources:\n  device: cuda\n");
+  const std::string two =
+      write_file(dir, "cuda2.yaml", base + "resources:\n  device: cuda\nparallel:\n  data: 2\n");
+  const bool cuda = troupe::build_has_cuda();
+  // What validate and run refuse, at file:line:col with a hint.
+  std::vector<std::tuple<std::string, std::string, std::string>> refused = {
+      {two, cuda ? "cuda2.yaml:10:9: error: " : "cuda2.yaml:8:11: error: ",
+       cuda ? "resources.device: cuda trains on one GPU in this engine, not data 2"
+            : "resources.device: cuda: this build has no CUDA kernels"}};
+  if (!cuda)
+    refused.push_back(
+        {one, "cuda.yaml:8:11: error: ", "resources.device: cuda: this build has no CUDA kernels"});
+  for (const auto& [spec, where, what] : refused) {
     Result v = cli("validate " + spec);
     INFO(v.out);
     CHECK(v.code == 2);
     CHECK(v.out.find(where + what) != std::string::npos);
-    CHECK(v.out.find("hint: use ") != std::string::npos);
+    CHECK(v.out.find("hint: ") != std::string::npos);
     CHECK(v.out.find("name: \"tiny\"") == std::string::npos);  // no resolved spec printed
     Result r = cli("run " + spec + " --runs-dir " + dir + "/runs");
     INFO(r.out);
     CHECK(r.code == 2);
     CHECK(r.out.find(where + what) != std::string::npos);
+    CHECK_FALSE(fs::exists(dir + "/runs"));
+  }
+  if (cuda) {
+    // One GPU is a valid job; a host where none is visible refuses it before any worker starts.
+    Result v = cli("validate " + one);
+    INFO(v.out);
+    CHECK(v.code == 0);
+    Result r =
+        troupe::testing::run_troupe("run " + one + " --runs-dir " + dir + "/runs", "CUDA_VISIBLE_DEVICES=");
+    INFO(r.out);
+    CHECK(r.code == 2);
+    CHECK(r.out.find("resources.device: cuda: the job needs 1 GPU(s), this host has 0") != std::string::npos);
     CHECK_FALSE(fs::exists(dir + "/runs"));
   }
   fs::remove_all(dir);

@@ -26,21 +26,48 @@ train:
 
 }  // namespace
 
-TEST_CASE("runnable: cuda parses, and is refused at its key with a hint, while bf16 and fp16 run",
-          "[core][spec]") {
+TEST_CASE(
+    "runnable: cuda runs on one GPU in a CUDA build, and more GPUs or a build without CUDA kernels are "
+    "refused at the key",
+    "[core][spec]") {
   const std::string text = std::string(kSpec) + "  precision: bf16\nresources:\n  device: cuda\n";
   const JobSpec s = parse_spec(text, "job.yaml");  // a valid spec: it is data as well as a job
   const auto issues = troupe::runnable_issues(s);
-  REQUIRE(issues.size() == 1);
-  CHECK(issues[0].str() ==
-        "job.yaml:15:11: error: resources.device: cuda: this build's engine trains on CPU only\n"
-        "  hint: use device: cpu (or delete the key: cpu is the default)");
-  try {
-    troupe::require_runnable(s);
-    FAIL("require_runnable accepted cuda");
-  } catch (const troupe::SpecError& e) {
-    REQUIRE(e.diagnostics.size() == 1);
-    CHECK(std::string(e.what()).find("job.yaml:15:11:") != std::string::npos);
+  if (troupe::build_has_cuda()) {
+    CHECK(issues.empty());
+  } else {
+    REQUIRE(issues.size() == 1);
+    CHECK(issues[0].str() ==
+          "job.yaml:15:11: error: resources.device: cuda: this build has no CUDA kernels (it was configured "
+          "without nvcc and NCCL)\n"
+          "  hint: build troupe where CUDA and NCCL are installed (docs/gpu.md), or use device: cpu");
+  }
+
+  // Several GPUs: refused at the first degree above 1 in a CUDA build (the device key otherwise).
+  const JobSpec dp2 =
+      parse_spec(std::string(kSpec) + "parallel:\n  data: 2\nresources:\n  device: cuda\n", "dp2.yaml");
+  const auto more = troupe::runnable_issues(dp2);
+  REQUIRE(more.size() == 1);
+  if (troupe::build_has_cuda()) {
+    CHECK(more[0].str() ==
+          "dp2.yaml:14:9: error: resources.device: cuda trains on one GPU in this engine, not data 2, "
+          "pipeline 1, "
+          "tensor 1: groups of GPUs need NCCL inside the engine, which is not built yet\n"
+          "  hint: set parallel.data, parallel.pipeline and parallel.tensor to 1, or use device: cpu");
+    try {
+      troupe::require_runnable(dp2);
+      FAIL("require_runnable accepted cuda over two GPUs");
+    } catch (const troupe::SpecError& e) {
+      REQUIRE(e.diagnostics.size() == 1);
+      CHECK(std::string(e.what()).find("dp2.yaml:14:9:") != std::string::npos);
+    }
+    const JobSpec grow =
+        parse_spec(std::string(kSpec) + "elastic: {max_devices: 4}\nresources: {device: cuda}\n", "e.yaml");
+    REQUIRE(troupe::runnable_issues(grow).size() == 1);
+    CHECK(troupe::runnable_issues(grow)[0].str().find("elastic.max_devices 4 would grow it") !=
+          std::string::npos);
+  } else {
+    CHECK(more[0].line == 17);
   }
 
   for (const char* p : {"bf16", "fp16"}) {
@@ -50,10 +77,11 @@ TEST_CASE("runnable: cuda parses, and is refused at its key with a hint, while b
   }
 
   // A flow mapping points at the value too.
-  const JobSpec flow = parse_spec(std::string(kSpec) + "resources: {device: cuda}\n", "flow.yaml");
+  const JobSpec flow =
+      parse_spec(std::string(kSpec) + "resources: {device: cuda}\nparallel: {tensor: 2}\n", "flow.yaml");
   REQUIRE(troupe::runnable_issues(flow).size() == 1);
-  CHECK(troupe::runnable_issues(flow)[0].line == 13);
-  CHECK(troupe::runnable_issues(flow)[0].col == 21);
+  CHECK(troupe::runnable_issues(flow)[0].line == (troupe::build_has_cuda() ? 14 : 13));
+  CHECK(troupe::runnable_issues(flow)[0].col == (troupe::build_has_cuda() ? 20 : 21));
 }
 
 TEST_CASE("runnable: fp32 on cpu, and every shipped config, has no issues", "[core][spec]") {
@@ -73,11 +101,12 @@ TEST_CASE("runnable: a spec built in code is refused for the file as a whole", "
   JobSpec s = parse_spec(kSpec, "a.yaml");
   s.positions.clear();
   s.source_file.clear();
-  s.resources.device = troupe::DeviceKind::cuda;
+  s.parallel.tensor = 2;
+  s.parallel.sequence_parallel = true;
   const auto issues = troupe::runnable_issues(s);
   REQUIRE(issues.size() == 1);
   CHECK(issues[0].line == 0);
-  CHECK(issues[0].str().rfind("<job spec>: error: resources.device: cuda", 0) == 0);
+  CHECK(issues[0].str().rfind("<job spec>: error: parallel.sequence_parallel is planned", 0) == 0);
   // The resolved form of a parsed spec points into the resolved text.
   s.source_file = "a.yaml";
   const JobSpec back = parse_spec(troupe::to_yaml(s), "spec.yaml");

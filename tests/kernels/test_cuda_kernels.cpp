@@ -18,6 +18,7 @@
 #include "kernels/cuda/cuda.hpp"
 #include "kernels/kernels.hpp"
 #include "tests/kernels/kernel_test_util.hpp"
+#include "tests/support/gpu.hpp"
 
 namespace cpu = troupe::kernels::cpu;
 namespace cu = troupe::kernels::cuda;
@@ -30,15 +31,7 @@ namespace {
 
 const Kernels& gpu() { return troupe::kernels::cuda_kernels(); }
 
-// True when a CUDA device is visible; otherwise the test warns and passes (ctest reports it
-// skipped), or fails where TROUPE_REQUIRE_GPU is set (scripts/gpu-check.sh run sets it).
-bool have_gpu() {
-  std::string why;
-  if (cu::device_count(&why) > 0) return true;
-  if (std::getenv("TROUPE_REQUIRE_GPU") != nullptr) FAIL("no CUDA device visible (" << why << ")");
-  WARN("no CUDA device visible (" << why << "): GPU kernel test skipped");
-  return false;
-}
+using troupe::testing::have_gpu;
 
 // A device copy of a host vector, freed through the device allocator.
 template <class T>

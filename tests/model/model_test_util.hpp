@@ -8,6 +8,7 @@
 
 #include "core/allocator.hpp"
 #include "core/rng.hpp"
+#include "model/params.hpp"
 
 namespace troupe::model::test {
 
@@ -17,6 +18,14 @@ inline std::vector<int32_t> tokens(uint64_t seed, size_t n) {
   std::vector<int32_t> t(n);
   for (auto& x : t) x = static_cast<int32_t>(s.below(256));
   return t;
+}
+
+// The bytes of a store's flat buffers (values, gradients, a separate compute copy): what a
+// stage's allocator gives its parameters, besides its activations.
+inline size_t param_store_bytes(const ParamStore& ps) {
+  size_t n = ps.flat_params().nbytes() + ps.flat_grads().nbytes();
+  if (ps.flat_compute().data() != ps.flat_params().data()) n += ps.flat_compute().nbytes();
+  return n;
 }
 
 // A CPU allocator that counts the bytes it hands out.

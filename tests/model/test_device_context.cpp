@@ -233,3 +233,105 @@ TEST_CASE("param io: a BF16, F16 or F64 file loads into f32 parameters, converte
   CHECK_THROWS_WITH(load_param(file, a.param("wte.weight")), Catch::Contains("is i32"));
   fs::remove_all(dir);
 }
+
+namespace {
+
+// A stand-in second device for the stage's device branches: host memory under Device::cuda
+// that counts the copies into and out of it. With the CPU kernel table relabelled for that
+// device, a stage on it must compute the CPU's bits, every input must reach it through
+// copy_from_host and every output read back through copy_to_host. What this checks is the
+// stage's and the parameter store's own logic on a device (uploads, staging, the 16-bit copy
+// made through the table), not a GPU: the CUDA kernels and the engine on a real GPU are
+// tests/kernels/test_cuda_kernels.cpp's and tests/engine/test_engine_cuda.cpp's.
+class HostBackedDevice final : public Allocator {
+ public:
+  Device device() const override { return Device::cuda; }
+  const char* name() const override { return "host-backed"; }
+  void* allocate(size_t n) override { return cpu_allocator().allocate(n); }
+  void deallocate(void* p) noexcept override { cpu_allocator().deallocate(p); }
+  void zero(void* p, size_t n) override { cpu_allocator().zero(p, n); }
+  void copy(void* d, const void* s, size_t n) override { cpu_allocator().copy(d, s, n); }
+  void copy_from_host(void* d, const void* s, size_t n) override {
+    ++ins;
+    std::memcpy(d, s, n);
+  }
+  void copy_to_host(void* d, const void* s, size_t n) override {
+    ++outs;
+    std::memcpy(d, s, n);
+  }
+  int ins = 0, outs = 0;
+};
+
+ModelConfig tiny_llama() {
+  ModelConfig c = tiny();
+  c.kind = ModelKind::llama;
+  c.vocab_size = 48;
+  c.n_head = 4;
+  c.n_kv_head = 2;
+  c.ffn_hidden = 24;
+  c.norm_eps = 1e-5f;
+  c.rope_theta = 10000.0;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("device context: a stage on another device copies its inputs in and computes the CPU's bits",
+          "[model][device]") {
+  HostBackedDevice dev;
+  register_allocator(Device::cuda, &dev);
+  kernels::Kernels table = kernels::cpu_kernels();
+  table.name = "cpu-as-device";
+  table.device = Device::cuda;
+  for (const ModelConfig& c : {tiny(), tiny_llama()})
+    for (DType dt : {DType::f32, DType::bf16}) {
+      INFO(model_kind_name(c.kind) << " " << dtype_name(dt));
+      DeviceContext host = DeviceContext::cpu(), on_dev{Device::cuda, &table, &dev, nullptr, dt};
+      host.compute_dtype = dt;
+      const int B = 2, N = B * c.seq_len;
+      Stage a(c, StageRange::full(c), 1, B, host), b(c, StageRange::full(c), 1, B, on_dev);
+      CHECK(b.store().device() == Device::cuda);
+      CHECK(b.store().flat_params().device() == Device::cuda);
+      CHECK(b.params().front().grad.device() == Device::cuda);
+      const int uploads = dev.ins;
+      CHECK(uploads >= int(b.params().size()));  // every parameter's initial values were copied in
+      CHECK(same_bits(a.store().flat_params(), b.store().flat_params()));
+      CHECK(same_bits(a.store().flat_compute(), b.store().flat_compute()));  // bf16: made by the table
+
+      std::vector<int32_t> x = tokens(5, size_t(N)), y = tokens(6, size_t(N));
+      for (auto& t : x) t %= c.vocab_size;
+      for (auto& t : y) t %= c.vocab_size;
+      for (int step = 0; step < 2; ++step) {
+        a.zero_grads();
+        b.zero_grads();
+        const double la = a.forward(0, x.data(), nullptr, y.data(), B, c.seq_len);
+        const double lb = b.forward(0, x.data(), nullptr, y.data(), B, c.seq_len);
+        CHECK(la == lb);
+        CHECK(dev.ins >= uploads + 2 * (step + 1));  // tokens and targets
+        a.backward(0, nullptr, 1.0f / float(N));
+        b.backward(0, nullptr, 1.0f / float(N));
+        CHECK(same_bits(a.store().flat_grads(), b.store().flat_grads()));
+        // A plain SGD step on both, then the compute copies refreshed (through the table on b).
+        for (Stage* s : {&a, &b}) {
+          s->device_context().kernels->add_inplace(s->store().flat_params().f32(),
+                                                   s->store().flat_grads().f32(),
+                                                   size_t(s->store().flat_params().numel()));
+          s->store().refresh_compute();
+        }
+        CHECK(same_bits(a.store().flat_compute(), b.store().flat_compute()));
+      }
+      // Host reads go through copy_to_host: a parameter, and the sampling logits.
+      const Param& p = b.params().back();
+      std::vector<float> got(size_t(p.data.numel()));
+      const int outs = dev.outs;
+      b.store().download(p.data, got.data());
+      CHECK(dev.outs == outs + 1);
+      CHECK(std::memcmp(got.data(), a.params().back().data.data(), got.size() * sizeof(float)) == 0);
+      std::vector<float> la(size_t(c.vocab_size)), lb(la.size());
+      a.last_logits(x.data(), c.seq_len, la.data());
+      b.last_logits(x.data(), c.seq_len, lb.data());
+      CHECK(la == lb);
+      CHECK(dev.outs > outs + 1);
+    }
+  register_allocator(Device::cuda, nullptr);
+}

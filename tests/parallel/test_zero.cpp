@@ -388,7 +388,7 @@ TEST_CASE("ZeRO stages 1 and 2 update the parameters as AdamW on the full parame
         auto expected = [&](const Want& w, const AdamW& opt, bool second) {
           const Shape& shape = ref_st[w.part.stage]->params()[w.part.param].data.shape();
           const auto& mom = second ? opt.v(w.full_index) : opt.m(w.full_index);
-          return block_of(mom.data(), shape, w.part.dim, w.part.begin, w.part.end);
+          return block_of(mom.f32(), shape, w.part.dim, w.part.begin, w.part.end);
         };
         gather(p2, o2);
         for (const auto& w : wants) {
@@ -406,13 +406,13 @@ TEST_CASE("ZeRO stages 1 and 2 update the parameters as AdamW on the full parame
         k = 0;
         for (size_t s = 0; s < ref_st.size(); ++s)
           for (size_t i = 0; i < ref_st[s]->params().size(); ++i, ++k)
-            p2.load_param_moments(s, i, full.m(k).data(), full.v(k).data(), loaded);
+            p2.load_param_moments(s, i, full.m(k).f32(), full.v(k).f32(), loaded);
         for (size_t i = 0; i < p2.pieces().size(); ++i) {
           const auto& pc = p2.pieces()[i];
           size_t fk = pc.param + (pc.stage == 1 ? ref_st[0]->params().size() : 0);
-          EXPECT(std::memcmp(loaded.m(i).data(), full.m(fk).data() + pc.offset, pc.len * sizeof(float)) == 0,
+          EXPECT(std::memcmp(loaded.m(i).f32(), full.m(fk).f32() + pc.offset, pc.len * sizeof(float)) == 0,
                  "loaded piece " << i);
-          EXPECT(std::memcmp(loaded.v(i).data(), full.v(fk).data() + pc.offset, pc.len * sizeof(float)) == 0,
+          EXPECT(std::memcmp(loaded.v(i).f32(), full.v(fk).f32() + pc.offset, pc.len * sizeof(float)) == 0,
                  "loaded piece " << i);
         }
         gather(p2, loaded);
