@@ -56,6 +56,7 @@ DType compute_dtype(Precision v) {
   return DType::f32;
 }
 const char* to_string(Recompute v) { return enum_name(v); }
+const char* to_string(Offload v) { return enum_name(v); }
 const char* to_string(Schedule v) { return enum_name(v); }
 const char* to_string(DeviceKind v) { return enum_name(v); }
 const char* to_string(LrSchedule v) { return enum_name(v); }
@@ -90,9 +91,9 @@ bool operator==(const TrainSpec& a, const TrainSpec& b) {
   return a.steps == b.steps && a.global_batch == b.global_batch && a.micro_batch == b.micro_batch &&
          a.optimizer == b.optimizer && a.lr_schedule == b.lr_schedule && a.warmup_steps == b.warmup_steps &&
          a.min_lr == b.min_lr && a.grad_clip == b.grad_clip && a.precision == b.precision &&
-         a.recompute == b.recompute && a.zero == b.zero && a.trace.from_step == b.trace.from_step &&
-         a.trace.steps == b.trace.steps && a.seed == b.seed && a.eval_every == b.eval_every &&
-         a.eval_batches == b.eval_batches && a.log_every == b.log_every;
+         a.recompute == b.recompute && a.offload == b.offload && a.zero == b.zero &&
+         a.trace.from_step == b.trace.from_step && a.trace.steps == b.trace.steps && a.seed == b.seed &&
+         a.eval_every == b.eval_every && a.eval_batches == b.eval_batches && a.log_every == b.log_every;
 }
 bool operator==(const ParallelSpec& a, const ParallelSpec& b) {
   return a.data == b.data && a.pipeline == b.pipeline && a.tensor == b.tensor && a.schedule == b.schedule &&
@@ -448,6 +449,7 @@ std::string to_yaml(const JobSpec& s) {
   y << "  grad_clip: " << real(t.grad_clip) << "\n";
   y << "  precision: " << to_string(t.precision) << "\n";
   y << "  recompute: " << to_string(t.recompute) << "\n";
+  if (t.offload != Offload::none) y << "  offload: " << to_string(t.offload) << "\n";
   y << "  zero: " << t.zero << "\n";
   y << "  trace:\n";
   y << "    from_step: " << t.trace.from_step << "\n";

@@ -50,6 +50,10 @@ enum class Precision { fp32, bf16, fp16 };
 // q and k before the backward); full (each block's whole forward, from its input); auto (the
 // planner chooses). "block" is the older spelling of full.
 enum class Recompute { none, selective, full, auto_ };
+// train.offload: optimizer keeps the f32 master weights and AdamW's moments in host memory
+// (pinned on a GPU) and runs AdamW on the CPU (ZeRO-Offload's split); the device keeps the
+// weights and gradients the layers use.
+enum class Offload { none, optimizer };
 enum class Schedule { gpipe, one_f_one_b, interleaved, zb_h1 };
 enum class DeviceKind { cpu, cuda };
 enum class LrSchedule { constant, cosine, linear };
@@ -112,6 +116,7 @@ struct TrainSpec {
   double grad_clip = 1.0;  // max global L2 norm; 0 = off
   Precision precision = Precision::fp32;
   Recompute recompute = Recompute::none;
+  Offload offload = Offload::none;
   // ZeRO stage over the data-parallel group: 0 replicates the optimizer, 1 shards AdamW's moments
   // (each rank updates its part, then parameters are all-gathered), 2 also reduce-scatters the
   // gradients instead of all-reducing them.
@@ -243,6 +248,7 @@ const char* to_string(Precision v);
 // The dtype the products compute in: f32, bf16 or f16 (master weights stay f32).
 DType compute_dtype(Precision v);
 const char* to_string(Recompute v);
+const char* to_string(Offload v);
 const char* to_string(Schedule v);
 const char* to_string(DeviceKind v);
 const char* to_string(LrSchedule v);

@@ -47,6 +47,11 @@ struct EnumNames<Recompute> {
   static constexpr std::string_view names[] = {"none", "selective", "full", "auto"};
 };
 template <>
+struct EnumNames<Offload> {
+  static constexpr const char* what = "offload";
+  static constexpr std::string_view names[] = {"none", "optimizer"};
+};
+template <>
 struct EnumNames<Schedule> {
   static constexpr const char* what = "pipeline schedule";
   static constexpr std::string_view names[] = {"gpipe", "1f1b", "interleaved", "zb-h1"};

@@ -388,6 +388,7 @@ const Table& train_table() {
              else
                s.enumeration(k, j.train.recompute);
            }},
+          {"offload", [](S& s, K& k, JobSpec& j) { s.enumeration(k, j.train.offload); }},
           {"zero",
            [](S& s, K& k, JobSpec& j) {
              s.integer(k, j.train.zero, 0, 3, false,
@@ -494,6 +495,12 @@ void parallel_rules(Section& s, JobSpec& j) {
               "activations: train.recompute " +
                   std::string(to_string(t.recompute)) + " does not keep them",
               "use train.recompute: none or selective with zb-h1, or schedule: 1f1b with recompute: full");
+  if (ctx.ok("train.offload") && ctx.ok("train.zero") && t.offload == Offload::optimizer && t.zero > 0)
+    ctx.error(ctx.loc("train.offload"),
+              "train.offload: optimizer keeps the whole optimizer in host memory: it does not shard it, as "
+              "train.zero " +
+                  std::to_string(t.zero) + " asks",
+              "use zero: 0 with offload: optimizer, or offload: none");
   if (sched_ok && vs_ok && p.schedule != Schedule::interleaved && p.virtual_stages != 1)
     ctx.error(ctx.loc("parallel.virtual_stages"),
               "parallel.virtual_stages " +

@@ -132,6 +132,10 @@ struct Engine::Impl {
   std::vector<model::Param*> params;                 // every chunk's, in chunk order
   std::vector<ParamRef> refs;
   std::unique_ptr<AdamW> opt;
+  // train.offload: optimizer: AdamW runs on the CPU over host copies of the master weights and
+  // gradients (pinned on a GPU), one per ref, its moments in host memory; the parameters on the
+  // device are the copies the layers read, written back after every update.
+  std::vector<Tensor> host_master, host_grad;
   // Mixed precision: the compute dtype of the products, and fp16's dynamic loss scale.
   model::DeviceContext ctx = model::DeviceContext::cpu();
   parallel::LossScaler scaler{false};
@@ -199,7 +203,19 @@ struct Engine::Impl {
       for (auto* p : params)
         refs.push_back({p->name, p->data.f32(), p->grad.f32(), size_t(p->data.numel()), p->decay});
     }
-    opt = std::make_unique<AdamW>(s.train.optimizer, refs, *ctx.kernels, *ctx.alloc);
+    if (s.train.offload == Offload::optimizer) {
+      TROUPE_CHECK(!zpart, "train.offload: optimizer does not shard the optimizer (train.zero 0)");
+      Allocator& host = worker::staging_allocator(s.resources.device);
+      std::vector<ParamRef> on_host;
+      for (const ParamRef& r : refs) {
+        host_master.push_back(Tensor::empty({int64_t(r.numel)}, DType::f32, host));
+        host_grad.push_back(Tensor::empty({int64_t(r.numel)}, DType::f32, host));
+        on_host.push_back({r.name, host_master.back().f32(), host_grad.back().f32(), r.numel, r.decay});
+      }
+      opt = std::make_unique<AdamW>(s.train.optimizer, on_host, kernels::cpu_kernels(), host);
+    } else {
+      opt = std::make_unique<AdamW>(s.train.optimizer, refs, *ctx.kernels, *ctx.alloc);
+    }
     const char* overlap = std::getenv("TROUPE_DP_OVERLAP");
     if (dp_group && !exec && !(overlap != nullptr && std::string(overlap) == "0"))
       reducer = std::make_unique<parallel::BucketReducer>(
@@ -212,7 +228,20 @@ struct Engine::Impl {
       resume(a.resume_from);
     else if (!s.model.init_from.empty())
       init_from(s.model.init_from);
+    for (size_t i = 0; i < host_master.size(); ++i)  // offload: the host copy of the master weights
+      ctx.alloc->copy_to_host(host_master[i].data(), refs[i].data, refs[i].numel * sizeof(float));
     refresh_compute();
+  }
+
+  // One AdamW update: on the device, or under offload on the host copies (gradients copied
+  // out, master weights copied back in).
+  void optimizer_step(double lr, int64_t t) {
+    if (host_master.empty()) return opt->step(lr, t);
+    for (size_t i = 0; i < refs.size(); ++i)
+      ctx.alloc->copy_to_host(host_grad[i].data(), refs[i].grad, refs[i].numel * sizeof(float));
+    opt->step(lr, t);
+    for (size_t i = 0; i < refs.size(); ++i)
+      ctx.alloc->copy_from_host(refs[i].data, host_master[i].data(), refs[i].numel * sizeof(float));
   }
 
   // The products' 16-bit copy of the master weights, after they changed.
@@ -617,7 +646,7 @@ struct Engine::Impl {
         open(sp, "optimizer", [] { return std::string("optimizer"); });
         clip_grads(refs, norm, spec.train.grad_clip, *ctx.kernels);
         // AdamW counts the updates it made: a skipped fp16 step is not one.
-        opt->step(lr, s + 1 - scaler.state().skipped_steps);
+        optimizer_step(lr, s + 1 - scaler.state().skipped_steps);
       }
       if (zpart) {
         MaybeSpan sp;

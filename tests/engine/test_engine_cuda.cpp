@@ -1,6 +1,7 @@
 // The engine on resources.device: cuda against the same job on the CPU: a GPT and a llama
 // follow the CPU losses (fp32 within 1e-4, bf16 within 2e-2 relative), a GPU run resumes bit
-// for bit, and a GPU checkpoint resumes on the CPU. Every case needs a CUDA device (tagged
+// for bit, a GPU checkpoint resumes on the CPU, and optimizer offload (AdamW on the CPU) follows
+// the on-device run within 1e-6 with less device memory. Every case needs a CUDA device (tagged
 // [gpu]): without one it warns and ctest reports it skipped (tests/support/gpu.hpp).
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -101,4 +102,30 @@ TEST_CASE("engine on cuda: a resumed GPU run continues bit for bit, and its chec
     CHECK(std::abs(r.loss - ref[size_t(i)].loss) <= 1e-4 * ref[size_t(i)].loss);
   }
   fs::remove_all(dir);
+}
+
+TEST_CASE("engine on cuda: optimizer offload gives the on-device losses within 1e-6 and frees the moments",
+          "[engine][gpu][offload]") {
+  if (!testing::have_gpu()) return;
+  auto& alloc = kernels::cuda::allocator();
+  std::vector<StepReport> a, b;
+  size_t with_moments = 0, offloaded = 0;
+  {
+    Engine on(spec_on("cuda", kGpt, ""), {});
+    with_moments = alloc.stats().in_use_bytes;
+    a = run(on, 20);
+  }
+  {
+    Engine off(spec_on("cuda", kGpt, ", offload: optimizer"), {});
+    offloaded = alloc.stats().in_use_bytes;
+    b = run(off, 20);
+  }
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO("step " << i);
+    CHECK(std::abs(b[i].loss - a[i].loss) <= 1e-6 * std::abs(a[i].loss));
+  }
+  // AdamW's two f32 moments per parameter leave the device.
+  INFO("device bytes in use: " << with_moments << " with the moments, " << offloaded << " offloaded");
+  CHECK(with_moments > offloaded);
 }
