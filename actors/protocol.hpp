@@ -140,6 +140,7 @@ struct StepMetrics {
   double compute_ms = 0, comm_ms = 0, bubble_ms = 0;  // the step's split on this rank
   double loss_scale = 0;  // fp16: the loss scale of the step; 0 without loss scaling
   bool skipped = false;   // fp16: this rank skipped the optimizer step (an inf/NaN somewhere)
+  int64_t device_bytes = 0, device_peak_bytes = 0;  // a GPU rank's device memory in use, and its peak
 };
 
 // A rank finished (ok: all its steps, or up to a resize's checkpoint when
@@ -229,7 +230,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepMetrics& x) {
   return f(caf::meta::type_name("StepMetrics"), x.job_id, x.generation, x.rank, x.step, x.loss, x.lr,
            x.tokens, x.step_ms, x.grad_norm, x.has_val_loss, x.val_loss, x.compute_ms, x.comm_ms, x.bubble_ms,
-           x.loss_scale, x.skipped);
+           x.loss_scale, x.skipped, x.device_bytes, x.device_peak_bytes);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, WorkerResult& x) {

@@ -72,6 +72,8 @@ std::string check(const StepMetrics& m) {
   if (m.step < 0) return "negative step";
   if (m.tokens < 0) return "negative token count";
   if (!(m.loss_scale >= 0 && m.loss_scale <= 1e300)) return "loss scale not a finite number >= 0";
+  if (m.device_bytes < 0 || m.device_peak_bytes < m.device_bytes)
+    return "device bytes negative or above their peak";
   return "";
 }
 

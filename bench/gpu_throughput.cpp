@@ -16,7 +16,8 @@
 //                  grad_clip 1.0 (this executable again, in the hidden --one=<config> mode);
 //   torch eager    bench/torch_reference.py --device cuda --autocast bf16 --sdpa;
 //   torch compile  the same under torch.compile.
-// A row that cannot run says why (no torch, no GPU) and the others still print.
+// A row that cannot run says why (no torch, no GPU) and the others still print; the exit
+// status is 1 when the engine's row could not run, 0 otherwise.
 //
 // FLOPs per token = 6 * N (parameters without wpe) + 12 * L * D * T, the count of
 // bench/train_throughput.cpp, for both sides; MFU = tokens/s * FLOPs per token / peak.
@@ -198,6 +199,7 @@ int main(int argc, char** argv) {
   }
   std::printf("gpu_throughput: %d timed steps after %d warm-up, bf16, MFU against %.0f TFLOP/s\n", steps,
               warmup, peak_tflops);
+  bool failed = false;
   std::printf("%-6s %-14s %12s %8s %14s %9s %10s\n", "config", "row", "tokens/s", "MFU", "peak memory",
               "loss", "vs eager");
   for (const Config& c : kConfigs) {
@@ -238,6 +240,7 @@ int main(int argc, char** argv) {
                   std::isnan(eager) ? std::nan("") : r.tps / eager);
     }
     std::fflush(stdout);
+    if (!rows.front().why.empty()) failed = true;  // the engine's row; PyTorch's may be missing
   }
-  return 0;
+  return failed ? 1 : 0;
 }

@@ -56,9 +56,9 @@ class RunDirReporter : public LoopReporter {
   RunDirReporter(RunDir& run, spdlog::logger& log, Progress& progress, const std::string& layout)
       : run_(run), log_(log), progress_(progress), metrics_(1, 0, layout) {}
   void step(const StepReport& r) override {
-    coord::StepSample s{0,           r.step,       r.loss,     r.lr,         r.tokens,
-                        r.step_ms,   r.grad_norm,  r.val_loss, r.compute_ms, r.comm_ms,
-                        r.bubble_ms, r.loss_scale, r.skipped};
+    coord::StepSample s{0,           r.step,       r.loss,     r.lr,           r.tokens,
+                        r.step_ms,   r.grad_norm,  r.val_loss, r.compute_ms,   r.comm_ms,
+                        r.bubble_ms, r.loss_scale, r.skipped,  r.device_bytes, r.device_peak_bytes};
     if (auto line = metrics_.add(s)) run_.metrics(*line);
     log_.info("step {} loss {:.6f} lr {:.3e} grad_norm {:.4f} {:.1f} ms", r.step, r.loss, r.lr, r.grad_norm,
               r.step_ms);

@@ -307,6 +307,8 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
           s.bubble_ms = m.bubble_ms;
           s.loss_scale = m.loss_scale;
           s.skipped = m.skipped;
+          s.device_bytes = m.device_bytes;
+          s.device_peak_bytes = m.device_peak_bytes;
           Actions a;
           self->state.st->step(m.job_id, m.generation, s, &a);
           apply(self, std::move(a));

@@ -40,6 +40,16 @@ std::optional<nlohmann::json> MetricsAggregator::add(const StepSample& s) {
       {"generation", generation_},
       {"layout", layout_}};
   if (last.val_loss) line["val_loss"] = *last.val_loss;
+  // GPU ranks: the largest device memory in use after the step, and the largest peak.
+  int64_t device = 0, device_peak = 0;
+  for (const auto& [r, x] : ranks) {
+    device = std::max(device, x.device_bytes);
+    device_peak = std::max(device_peak, x.device_peak_bytes);
+  }
+  if (device_peak > 0) {
+    line["device_bytes"] = device;
+    line["device_peak_bytes"] = device_peak;
+  }
   if (last.loss_scale > 0) {
     int skipped = 0;
     for (const auto& [r, x] : ranks) skipped += x.skipped ? 1 : 0;

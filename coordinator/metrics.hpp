@@ -18,8 +18,9 @@ struct StepSample {
   double step_ms = 0, grad_norm = 0;
   std::optional<double> val_loss;
   double compute_ms = 0, comm_ms = 0, bubble_ms = 0;
-  double loss_scale = 0;  // fp16 loss scaling: the step's scale (0: not scaling)
-  bool skipped = false;   // the rank skipped the optimizer step (inf/NaN gradients)
+  double loss_scale = 0;                            // fp16 loss scaling: the step's scale (0: not scaling)
+  bool skipped = false;                             // the rank skipped the optimizer step (inf/NaN gradients)
+  int64_t device_bytes = 0, device_peak_bytes = 0;  // a GPU rank's device memory (0 on the CPU)
 };
 
 class MetricsAggregator {

@@ -18,6 +18,7 @@
 #include "checkpoint/hf.hpp"
 #include "checkpoint/shard.hpp"
 #include "comm/groups.hpp"
+#include "core/caching_allocator.hpp"
 #include "core/dataset.hpp"
 #include "core/error.hpp"
 #include "core/rng.hpp"
@@ -674,6 +675,11 @@ struct Engine::Impl {
       r.val_loss = evaluate();
     }
     r.step_ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
+    if (const auto* cache = dynamic_cast<const CachingAllocator*>(ctx.alloc)) {
+      const CachingAllocator::Stats st = cache->stats();
+      r.device_bytes = int64_t(st.in_use_bytes);
+      r.device_peak_bytes = int64_t(st.peak_in_use_bytes);
+    }
     set_where("idle after step " + std::to_string(s));
     return r;
   }

@@ -58,6 +58,8 @@ struct StepReport {
   std::optional<double> val_loss;  // set on eval steps (train.eval_every)
   double loss_scale = 0.0;         // fp16: the loss scale this step ran with; 0 without scaling
   bool skipped = false;            // fp16: an inf/NaN on some rank skipped this optimizer step
+  // A GPU rank's device allocator after the step: bytes in use, and the most ever in use (0 on the CPU).
+  int64_t device_bytes = 0, device_peak_bytes = 0;
 };
 
 // Bytes this rank holds for training state (not activations): what ZeRO shards.

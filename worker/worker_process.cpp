@@ -108,7 +108,9 @@ class CoordinatorReporter : public LoopReporter {
                   r.comm_ms,
                   r.bubble_ms,
                   r.loss_scale,
-                  r.skipped};
+                  r.skipped,
+                  r.device_bytes,
+                  r.device_peak_bytes};
     // Sent as the worker actor: the coordinator takes steps only from the rank that registered.
     caf::send_as(me_, coord_, step_atom::value, m);
     std::cout << "step " << r.step << " loss " << r.loss << " step_ms " << r.step_ms << std::endl;

@@ -127,16 +127,18 @@ __global__ void k_rope(float* x, int B, int T, int n_heads, int HS, int ld, doub
 
 __global__ void k_adamw(float* p, const float* g, float* m, float* v, size_t n, float decay, float beta1,
                         float beta2, float step_size, float bc2_sqrt, float eps) {
-  const float one_minus_b1 = 1.0f - beta1, one_minus_b2 = 1.0f - beta2;
+  // Each operation rounded on its own (no fused multiply-add), in the CPU kernel's order: the
+  // same bits as kernels/cpu/adamw.cpp, which the CPU build compiles without contraction.
+  const float one_minus_b1 = __fsub_rn(1.0f, beta1), one_minus_b2 = __fsub_rn(1.0f, beta2);
   TROUPE_GRID_STRIDE(i, n) {
     const float gi = g[i];
-    const float pi = p[i] * decay;
-    const float mi = m[i] * beta1 + gi * one_minus_b1;
-    const float vi = v[i] * beta2 + gi * gi * one_minus_b2;
-    const float denom = sqrtf(vi) / bc2_sqrt + eps;
+    const float pi = __fmul_rn(p[i], decay);
+    const float mi = __fadd_rn(__fmul_rn(m[i], beta1), __fmul_rn(gi, one_minus_b1));
+    const float vi = __fadd_rn(__fmul_rn(v[i], beta2), __fmul_rn(__fmul_rn(gi, gi), one_minus_b2));
+    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bc2_sqrt), eps);
     m[i] = mi;
     v[i] = vi;
-    p[i] = pi - step_size * (mi / denom);
+    p[i] = __fsub_rn(pi, __fmul_rn(step_size, __fdiv_rn(mi, denom)));
   }
 }
 

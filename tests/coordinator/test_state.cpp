@@ -259,6 +259,26 @@ TEST_CASE("metrics: fp16 steps carry the loss scale, whether the step was skippe
   CHECK_FALSE(plain->contains("skipped"));
 }
 
+TEST_CASE("metrics: GPU ranks' device memory, the largest rank's, and no keys on the CPU", "[metrics]") {
+  MetricsAggregator m(2, 0, "2x1x1");
+  StepSample a{0, 7, 2.5, 1e-3, 512, 40.0, 1.0, std::nullopt};
+  a.device_bytes = 3000;
+  a.device_peak_bytes = 5000;
+  StepSample b = a;
+  b.rank = 1;
+  b.device_bytes = 4000;
+  b.device_peak_bytes = 4500;
+  CHECK_FALSE(m.add(a));
+  auto line = m.add(b);
+  REQUIRE(line);
+  CHECK((*line)["device_bytes"] == 4000);
+  CHECK((*line)["device_peak_bytes"] == 5000);
+  CHECK_FALSE(m.add(StepSample{0, 8, 2.4, 1e-3, 512, 40.0, 1.0, std::nullopt}));
+  auto cpu = m.add(StepSample{1, 8, 2.4, 1e-3, 512, 40.0, 1.0, std::nullopt});
+  REQUIRE(cpu);
+  CHECK_FALSE(cpu->contains("device_bytes"));
+}
+
 TEST_CASE("metrics: one line per step once every rank reported", "[metrics]") {
   MetricsAggregator m(2, 3, "2x1x1");
   StepSample s0{0, 0, 2.5, 1e-3, 512, 40.0, 1.0, std::nullopt};

@@ -67,7 +67,7 @@ TEST_CASE(
     CHECK(troupe::runnable_issues(grow)[0].str().find("elastic.max_devices 4 would grow it") !=
           std::string::npos);
   } else {
-    CHECK(more[0].line == 17);
+    CHECK(more[0].line == 16);
   }
 
   for (const char* p : {"bf16", "fp16"}) {

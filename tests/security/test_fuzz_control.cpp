@@ -186,7 +186,8 @@ TEST_CASE("fuzz: every control-plane message type with random fields, the coordi
       case 3:
         self->send(c, step_atom::value,
                    StepMetrics{g.str(), g.i32(), g.i32(), g.i64(), g.real(), g.real(), g.i64(), g.real(),
-                               g.real(), g.u(2) == 1, g.real(), g.real(), g.real(), g.real()});
+                               g.real(), g.u(2) == 1, g.real(), g.real(), g.real(), g.real(), g.real(),
+                               g.u(2) == 1, g.i64(), g.i64()});
         break;
       case 4:
         self->request(c, 5s, worker_done_atom::value,
