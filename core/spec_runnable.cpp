@@ -1,8 +1,8 @@
 // What a valid spec asks of this build that its engine cannot do. The schema (spec_sections.cpp)
 // says what a spec may say; this says what runs here, so that a job the workers would refuse at
 // start (and the coordinator would relaunch max_restarts times) is refused before it is launched:
-// a cuda device in a build without CUDA kernels or over several GPUs, token files that are missing or
-// malformed (their headers and sizes are read; troupe validate also scans the ids of small ones).
+// a cuda device in a build without CUDA kernels or over a pipeline or tensor group, token files that are
+// missing or malformed (their headers and sizes are read; troupe validate also scans the ids of small ones).
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -126,26 +126,26 @@ std::vector<Diagnostic> runnable_issues(const JobSpec& spec) {
     const SourcePos at = position(spec, path);
     out.push_back(Diagnostic{file_of(spec), at.line, at.col, std::move(message), std::move(hint)});
   };
-  // cuda: the engine runs one GPU per job (docs/gpu.md); groups of GPUs need NCCL inside it.
+  // cuda: a build without the CUDA kernels cannot train it (docs/gpu.md).
   if (spec.resources.device == DeviceKind::cuda && !build_has_cuda())
     issue("resources.device",
           "resources.device: cuda: this build has no CUDA kernels (it was configured without nvcc and NCCL)",
           "build troupe where CUDA and NCCL are installed (docs/gpu.md), or use device: cpu");
+  // cuda: data parallelism over NCCL; the pipeline's and the tensor group's transfers take host
+  // memory, and so do ZeRO's partitions.
   const ParallelSpec& par = spec.parallel;
-  if (spec.resources.device == DeviceKind::cuda && build_has_cuda() &&
-      (par.data != 1 || par.pipeline != 1 || par.tensor != 1))
-    issue(par.data != 1       ? "parallel.data"
-          : par.pipeline != 1 ? "parallel.pipeline"
-                              : "parallel.tensor",
-          "resources.device: cuda trains on one GPU in this engine, not data " + degree(par.data) +
-              ", pipeline " + degree(par.pipeline) + ", tensor " + degree(par.tensor) +
-              ": groups of GPUs need NCCL inside the engine, which is not built yet",
-          "set parallel.data, parallel.pipeline and parallel.tensor to 1, or use device: cpu");
-  if (spec.resources.device == DeviceKind::cuda && build_has_cuda() && spec.elastic.max_devices > 1)
-    issue("elastic.max_devices",
-          "resources.device: cuda trains on one GPU in this engine: elastic.max_devices " +
-              std::to_string(spec.elastic.max_devices) + " would grow it to more",
-          "delete elastic.max_devices (or set it to 1), or use device: cpu");
+  const bool gpu = spec.resources.device == DeviceKind::cuda && build_has_cuda();
+  if (gpu && (par.pipeline != 1 || par.tensor != 1))
+    issue(par.pipeline != 1 ? "parallel.pipeline" : "parallel.tensor",
+          "resources.device: cuda trains over data parallelism only in this engine, not pipeline " +
+              degree(par.pipeline) + ", tensor " + degree(par.tensor) +
+              ": the pipeline's and the tensor group's transfers on device memory are not built yet",
+          "set parallel.pipeline and parallel.tensor to 1 (parallel.data may be any), or use device: cpu");
+  if (gpu && spec.train.zero > 0 && spec.train.zero < 3)
+    issue("train.zero",
+          "resources.device: cuda runs train.zero 0 only in this engine: its partitions of the optimizer and "
+          "the gradients live in host memory",
+          "delete train.zero (or set it to 0), or use device: cpu");
   if (spec.parallel.sequence_parallel)
     issue("parallel.sequence_parallel",
           "parallel.sequence_parallel is planned (troupe plan prices it) but not implemented in this engine",

@@ -637,8 +637,10 @@ namespace {
 
 // What troupe's engine cannot run today, "" when it can.
 std::string not_runnable(const Workload& w, const Candidate& c, ScheduleKind kind) {
-  if (w.device == DeviceKind::cuda && c.layout.world() > 1)
-    return "troupe's engine trains on one GPU (layout 1x1x1): its groups of GPUs are not built yet";
+  if (w.device == DeviceKind::cuda && (c.layout.pp > 1 || c.layout.tp > 1))
+    return "troupe's engine trains GPUs over data parallelism only: its pipeline and tensor groups on GPUs "
+           "are not built yet";
+  if (w.device == DeviceKind::cuda && w.zero > 0) return "troupe's engine runs ZeRO on CPUs only";
   if (w.engine != EngineKind::troupe) return "priced as Megatron-LM runs it, not troupe's engine";
   if (w.sequence_parallel && c.layout.tp > 1) return "sequence parallelism is not implemented in the engine";
   if (w.zero == 3) return "ZeRO 3 is not implemented in the engine";

@@ -66,6 +66,14 @@ void use_device(DeviceKind kind, int index) {
 #endif
 }
 
+void synchronize(DeviceKind kind) {
+#ifdef TROUPE_HAVE_CUDA_KERNELS
+  if (kind == DeviceKind::cuda) kernels::cuda::synchronize();
+#else
+  (void)kind;
+#endif
+}
+
 Allocator& staging_allocator(DeviceKind kind) {
 #ifdef TROUPE_HAVE_CUDA_KERNELS
   if (kind == DeviceKind::cuda) return kernels::cuda::pinned_allocator();

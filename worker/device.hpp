@@ -18,6 +18,8 @@ model::DeviceContext device_context(DeviceKind kind, int index, DType compute_dt
 // Makes CUDA device `index` the calling thread's (the device is a per-thread setting of the
 // CUDA runtime): for a thread other than the one that made the context. Nothing for cpu.
 void use_device(DeviceKind kind, int index);
+// Waits for the work queued on the calling thread's stream (cuda); nothing for cpu.
+void synchronize(DeviceKind kind);
 
 // Whether this build has the CUDA kernels.
 bool have_cuda_kernels();

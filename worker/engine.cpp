@@ -170,10 +170,13 @@ struct Engine::Impl {
     TROUPE_CHECK(a.rank >= 0 && a.rank < a.layout.world(), "assignment: rank ", a.rank, " of ",
                  a.layout.world(), " does not fit layout ", a.layout.str());
     // Second line of defence: validate, run and submit refuse these first (core/spec_runnable.cpp).
-    TROUPE_CHECK(s.resources.device == DeviceKind::cpu || a.layout.world() == 1,
+    TROUPE_CHECK(s.resources.device == DeviceKind::cpu || (a.layout.pp == 1 && a.layout.tp == 1),
                  "resources.device: ", to_string(s.resources.device),
-                 " trains on one device (layout 1x1x1) in this engine, not ", a.layout.str(),
-                 ": its data, pipeline and tensor groups would need NCCL inside the engine");
+                 " trains over data parallelism only in this engine (layout Nx1x1), not ", a.layout.str(),
+                 ": its pipeline and tensor groups would need device memory in their transfers");
+    TROUPE_CHECK(s.resources.device == DeviceKind::cpu || s.train.zero == 0,
+                 "resources.device: ", to_string(s.resources.device),
+                 " runs train.zero 0 only in this engine");
     T = s.model.seq_len;
     plan = checked_plan(s, a);
     where_in_plan = plan::rank_place(plan, a.rank);
@@ -218,7 +221,9 @@ struct Engine::Impl {
       opt = std::make_unique<AdamW>(s.train.optimizer, refs, *ctx.kernels, *ctx.alloc);
     }
     const char* overlap = std::getenv("TROUPE_DP_OVERLAP");
-    if (dp_group && !exec && !(overlap != nullptr && std::string(overlap) == "0"))
+    // The overlapped reduction runs on the reducer's own thread, over host memory: CPU jobs only.
+    if (dp_group && !exec && ctx.device == Device::cpu &&
+        !(overlap != nullptr && std::string(overlap) == "0"))
       reducer = std::make_unique<parallel::BucketReducer>(
           dp_group.get(), copt, bucket_floats,
           zero == 2 ? parallel::BucketCollective::reduce_scatter : parallel::BucketCollective::allreduce,
@@ -263,7 +268,8 @@ struct Engine::Impl {
     c.generation = asg.generation;
     c.group = "world";
     world = comm::make_communicator(c);
-    if (tracer.steps() > 0) measure_clock_offset();
+    // (Its transfers are host memory: not over NCCL, where the trace keeps each rank's own clock.)
+    if (tracer.steps() > 0 && !nccl(*world)) measure_clock_offset();
     const comm::GridGroups g = comm::grid_groups(layout().dp, layout().pp, layout().tp);
     const int r = asg.rank;
     if (layout().dp > 1)
@@ -440,6 +446,8 @@ struct Engine::Impl {
   // (ZeRO 2: each rank receives the sum of its parts only).
   void reduce_data_parallel() {
     if (!dp_group) return;
+    // NCCL runs on the communicator's own stream: the backward's kernels must be done first.
+    worker::synchronize(spec.resources.device);
     if (zero == 2) {
       set_where("step " + std::to_string(next_step) + ": data-parallel reduce-scatter of the gradients");
       zpart->reduce_scatter_grads(*dp_group, copt);
@@ -455,9 +463,22 @@ struct Engine::Impl {
     }
   }
 
+  static bool nccl(const comm::Communicator& c) { return std::string(c.backend()) == "nccl"; }
+
+  // A host double reduced over a group: in place for gloo; for NCCL, which reduces device
+  // memory only, through a device scratch (the copies wait for the compute stream).
+  Tensor scalar_scratch;
+  void scalar_allreduce(comm::Communicator& c, double* v, comm::ReduceOp op) {
+    if (!nccl(c)) return c.allreduce(v, 1, op, copt);
+    if (!scalar_scratch.defined()) scalar_scratch = Tensor::zeros({1}, DType::f64, *ctx.alloc);
+    ctx.alloc->copy_from_host(scalar_scratch.data(), v, sizeof *v);
+    c.allreduce(scalar_scratch.data(), 1, DType::f64, op, copt);
+    ctx.alloc->copy_to_host(v, scalar_scratch.data(), sizeof *v);
+  }
+
   // Sum of a scalar over the world (loss sums, squared norms).
   double world_sum(double v) {
-    if (world) world->allreduce(&v, 1, comm::ReduceOp::sum, copt);
+    if (world) scalar_allreduce(*world, &v, comm::ReduceOp::sum);
     return v;
   }
 
@@ -687,7 +708,7 @@ struct Engine::Impl {
   // fp16: whether any rank's gradients hold an inf or NaN, as one all-reduce of a flag.
   bool world_found_inf() {
     double flag = parallel::grads_finite(stage_ptrs) ? 0.0 : 1.0;
-    if (world) world->allreduce(&flag, 1, comm::ReduceOp::max, copt);
+    if (world) scalar_allreduce(*world, &flag, comm::ReduceOp::max);
     return flag > 0.0;
   }
 

@@ -138,7 +138,8 @@ TEST_CASE("cli: an invalid spec exits 2 with file:line:col and starts nothing", 
   fs::remove_all(dir);
 }
 
-TEST_CASE("cli: cuda over several GPUs, or on a host without one, is refused and starts nothing", "[cli]") {
+TEST_CASE("cli: cuda with a tensor group, or on a host without a GPU, is refused and starts nothing",
+          "[cli]") {
   const std::string dir = temp_dir("unrunnable");
   const std::string base =
       "name: tiny\nmodel: {type: gpt, seq_len: 16, d_model: 32, n_layers: 2, n_heads: 2}\n"
@@ -146,12 +147,13 @@ TEST_CASE("cli: cuda over several GPUs, or on a host without one, is refused and
       "train:\n  steps: 2\n  global_batch: 4\n";
   const std::string one = write_file(dir, "cuda.yaml", base + "resources:\n  device: cuda\n");
   const std::string two =
-      write_file(dir, "cuda2.yaml", base + "resources:\n  device: cuda\nparallel:\n  data: 2\n");
+      write_file(dir, "cuda2.yaml", base + "resources:\n  device: cuda\nparallel:\n  tensor: 2\n");
   const bool cuda = troupe::build_has_cuda();
   // What validate and run refuse, at file:line:col with a hint.
   std::vector<std::tuple<std::string, std::string, std::string>> refused = {
-      {two, cuda ? "cuda2.yaml:10:9: error: " : "cuda2.yaml:8:11: error: ",
-       cuda ? "resources.device: cuda trains on one GPU in this engine, not data 2"
+      {two, cuda ? "cuda2.yaml:10:11: error: " : "cuda2.yaml:8:11: error: ",
+       cuda ? "resources.device: cuda trains over data parallelism only in this engine, not pipeline 1, "
+              "tensor 2"
             : "resources.device: cuda: this build has no CUDA kernels"}};
   if (!cuda)
     refused.push_back(

@@ -25,13 +25,14 @@ TEST_CASE("api submit: what this build cannot run is invalid_spec at file:line:c
           "[api][spec]") {
   CoordinatorState st((std::filesystem::temp_directory_path() / "troupe-api-test").string(), 7);
   Actions a;
-  // cuda over two GPUs: refused at parallel.data (a CUDA build) or at the device (a build without).
-  auto cuda = submit(st, std::string(kSpec) + "resources:\n  device: cuda\nparallel: {data: 2}\n", &a);
+  // cuda with a pipeline: refused at parallel.pipeline (a CUDA build) or at the device (a build without).
+  auto cuda = submit(st, std::string(kSpec) + "resources:\n  device: cuda\nparallel: {pipeline: 2}\n", &a);
   CHECK(cuda["error"] == "invalid_spec");
   CHECK(cuda["message"].get<std::string>().find(
-            troupe::build_has_cuda() ? "job.yaml:9:18: error: resources.device: cuda trains on one GPU"
-                                     : "job.yaml:8:11: error: resources.device: cuda: this build has no "
-                                       "CUDA kernels") != std::string::npos);
+            troupe::build_has_cuda()
+                ? "job.yaml:9:22: error: resources.device: cuda trains over data parallelism only"
+                : "job.yaml:8:11: error: resources.device: cuda: this build has no "
+                  "CUDA kernels") != std::string::npos);
   REQUIRE(cuda["diagnostics"].size() == 1);
   CHECK(a.events.empty());
   CHECK(st.list_json()["jobs"].empty());

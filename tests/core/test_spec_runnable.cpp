@@ -27,8 +27,8 @@ train:
 }  // namespace
 
 TEST_CASE(
-    "runnable: cuda runs on one GPU in a CUDA build, and more GPUs or a build without CUDA kernels are "
-    "refused at the key",
+    "runnable: cuda runs data-parallel in a CUDA build, and a pipeline, a tensor group, ZeRO or a build "
+    "without CUDA kernels are refused at the key",
     "[core][spec]") {
   const std::string text = std::string(kSpec) + "  precision: bf16\nresources:\n  device: cuda\n";
   const JobSpec s = parse_spec(text, "job.yaml");  // a valid spec: it is data as well as a job
@@ -43,29 +43,34 @@ TEST_CASE(
           "  hint: build troupe where CUDA and NCCL are installed (docs/gpu.md), or use device: cpu");
   }
 
-  // Several GPUs: refused at the first degree above 1 in a CUDA build (the device key otherwise).
-  const JobSpec dp2 =
-      parse_spec(std::string(kSpec) + "parallel:\n  data: 2\nresources:\n  device: cuda\n", "dp2.yaml");
-  const auto more = troupe::runnable_issues(dp2);
+  // Data parallelism runs; a pipeline is refused at its degree in a CUDA build (at the device key
+  // otherwise).
+  const JobSpec data2 =
+      parse_spec(std::string(kSpec) + "parallel:\n  data: 2\nresources:\n  device: cuda\n", "data2.yaml");
+  CHECK(troupe::runnable_issues(data2).size() == (troupe::build_has_cuda() ? 0u : 1u));
+  const JobSpec pp2 =
+      parse_spec(std::string(kSpec) + "parallel:\n  pipeline: 2\nresources:\n  device: cuda\n", "pp2.yaml");
+  const auto more = troupe::runnable_issues(pp2);
   REQUIRE(more.size() == 1);
   if (troupe::build_has_cuda()) {
-    CHECK(more[0].str() ==
-          "dp2.yaml:14:9: error: resources.device: cuda trains on one GPU in this engine, not data 2, "
-          "pipeline 1, "
-          "tensor 1: groups of GPUs need NCCL inside the engine, which is not built yet\n"
-          "  hint: set parallel.data, parallel.pipeline and parallel.tensor to 1, or use device: cpu");
+    CHECK(
+        more[0].str() ==
+        "pp2.yaml:14:13: error: resources.device: cuda trains over data parallelism only in this engine, not "
+        "pipeline 2, tensor 1: the pipeline's and the tensor group's transfers on device memory are not "
+        "built yet\n"
+        "  hint: set parallel.pipeline and parallel.tensor to 1 (parallel.data may be any), or use device: "
+        "cpu");
     try {
-      troupe::require_runnable(dp2);
-      FAIL("require_runnable accepted cuda over two GPUs");
+      troupe::require_runnable(pp2);
+      FAIL("require_runnable accepted cuda with a pipeline");
     } catch (const troupe::SpecError& e) {
       REQUIRE(e.diagnostics.size() == 1);
-      CHECK(std::string(e.what()).find("dp2.yaml:14:9:") != std::string::npos);
+      CHECK(std::string(e.what()).find("pp2.yaml:14:13:") != std::string::npos);
     }
-    const JobSpec grow =
-        parse_spec(std::string(kSpec) + "elastic: {max_devices: 4}\nresources: {device: cuda}\n", "e.yaml");
-    REQUIRE(troupe::runnable_issues(grow).size() == 1);
-    CHECK(troupe::runnable_issues(grow)[0].str().find("elastic.max_devices 4 would grow it") !=
-          std::string::npos);
+    const JobSpec zero = parse_spec(std::string(kSpec) + "  zero: 1\nresources: {device: cuda}\n", "z.yaml");
+    REQUIRE(troupe::runnable_issues(zero).size() == 1);
+    CHECK(troupe::runnable_issues(zero)[0].line == 13);
+    CHECK(troupe::runnable_issues(zero)[0].str().find("cuda runs train.zero 0 only") != std::string::npos);
   } else {
     CHECK(more[0].line == 16);
   }

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -128,4 +130,39 @@ TEST_CASE("engine on cuda: optimizer offload gives the on-device losses within 1
   // AdamW's two f32 moments per parameter leave the device.
   INFO("device bytes in use: " << with_moments << " with the moments, " << offloaded << " offloaded");
   CHECK(with_moments > offloaded);
+}
+
+TEST_CASE("engine on cuda: troupe run over 2 GPUs (data parallel through NCCL) follows the 1-GPU run",
+          "[engine][gpu]") {
+  if (!testing::have_gpus(2)) return;
+  const std::string dir = testing::temp_dir("test_engine_cuda_dp");
+  fs::create_directories(dir);
+  // The run's losses, one per step, from its metrics.jsonl.
+  auto losses = [&](int data, const std::string& name) {
+    const std::string spec = dir + "/" + name + ".yaml";
+    std::ofstream(spec)
+        << "name: " << name << "\nmodel: " << kGpt
+        << "\ndata: {source: synthetic}\n"
+           "train: {steps: 10, global_batch: 8, seed: 5, warmup_steps: 2, optimizer: {lr: 0.003}}\n"
+           "parallel: {data: "
+        << data << "}\nresources: {device: cuda}\n";
+    const testing::CommandResult r =
+        testing::run_troupe("run -q " + spec + " --runs-dir " + dir + "/" + name);
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    std::vector<double> out;
+    for (const auto& e : fs::directory_iterator(dir + "/" + name)) {
+      std::ifstream f(e.path() / "metrics.jsonl");
+      for (std::string line; std::getline(f, line);) out.push_back(nlohmann::json::parse(line).at("loss"));
+    }
+    return out;
+  };
+  const std::vector<double> one = losses(1, "one"), two = losses(2, "two");
+  REQUIRE(one.size() == 10);
+  REQUIRE(two.size() == 10);
+  for (size_t i = 0; i < one.size(); ++i) {
+    INFO("step " << i << ": 1 GPU " << one[i] << ", 2 GPUs " << two[i]);
+    CHECK(std::abs(two[i] - one[i]) <= 1e-5 * one[i]);
+  }
+  fs::remove_all(dir);
 }

@@ -20,4 +20,14 @@ inline bool have_gpu() {
   return false;
 }
 
+// At least n GPUs: without any, as have_gpu(); with fewer than n, a warning and a skip even
+// where TROUPE_REQUIRE_GPU is set (a one-GPU machine cannot run a two-GPU job).
+inline bool have_gpus(int n) {
+  if (!have_gpu()) return false;
+  const int count = kernels::cuda::device_count();
+  if (count >= n) return true;
+  WARN("needs " << n << " GPUs, " << count << " visible: GPU test skipped");
+  return false;
+}
+
 }  // namespace troupe::testing
