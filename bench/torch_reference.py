@@ -231,7 +231,9 @@ def main():
         sys.exit(3)
     V = cfg["vocab"]
     model = GPT(cfg["layers"], cfg["d_model"], cfg["heads"], cfg["seq_len"], V, args.sdpa).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=args.device == "cuda")
+    # The fused (one-kernel) AdamW on a GPU; the keyword is absent from older CPU builds of torch.
+    fused = {"fused": True} if args.device == "cuda" else {}
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, **fused)
     n_params = sum(p.numel() for p in model.parameters())
     n_no_wpe = n_params - model.wpe.weight.numel()
     B, T = cfg["batch"], cfg["seq_len"]
