@@ -189,7 +189,12 @@ struct Engine::Impl {
                  ": evaluation (train.eval_every) needs one");
     place = parallel::pipeline_place(a.rank, a.layout.dp, a.layout.pp, a.layout.tp);
     copt.timeout = a.comm_timeout;
-    ctx = worker::device_context(s.resources.device, a.comm.device, compute_dtype(s.train.precision));
+    if (a.device_override != nullptr) {
+      ctx = *a.device_override;
+      ctx.compute_dtype = compute_dtype(s.train.precision);
+    } else {
+      ctx = worker::device_context(s.resources.device, a.comm.device, compute_dtype(s.train.precision));
+    }
     scaler = parallel::LossScaler(s.train.precision == Precision::fp16);
     fault = parallel::OverflowFault::from_env();
     if (world_size() > 1) connect();

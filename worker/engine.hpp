@@ -22,6 +22,10 @@
 
 namespace troupe {
 
+namespace model {
+struct DeviceContext;
+}
+
 // Which part of the job this rank runs (the coordinator's assignment).
 // Ranks sit on the grid of plan/grid.hpp: rank = (d * pp + p) * tp + t.
 struct EngineAssignment {
@@ -42,6 +46,9 @@ struct EngineAssignment {
   std::function<std::string(const checkpoint::ShardReport&)> commit_shard;
   // Where train.trace writes rank<r>.json ("" = no trace, whatever the spec says).
   std::string trace_dir;
+  // Tests only: the device context to train on instead of resources.device's (its kernels and
+  // allocator outlive the engine; its compute dtype is replaced by train.precision's).
+  const model::DeviceContext* device_override = nullptr;
 };
 
 struct StepReport {

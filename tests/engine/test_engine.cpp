@@ -12,6 +12,8 @@
 #include "checkpoint/checkpoint.hpp"
 #include "core/safetensors.hpp"
 #include "core/spec.hpp"
+#include "model/device_context.hpp"
+#include "tests/support/host_device.hpp"
 #include "tests/support/support.hpp"
 #include "worker/engine.hpp"
 
@@ -242,5 +244,56 @@ TEST_CASE("engine: train.offload: optimizer updates host copies and gives the sa
   CHECK_THROWS_WITH(tiny_spec(8, 4, ", offload: optimizer, zero: 1"),
                     Catch::Contains("train.offload: optimizer keeps the whole optimizer in host memory"));
   CHECK_THROWS_WITH(tiny_spec(8, 4, ", offload: gpu"), Catch::Contains("offload"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("engine: on a stand-in device every copy gives the CPU's bits: steps, checkpoints, resume, offload",
+          "[engine][device]") {
+  // tests/support/host_device.hpp: host memory under Device::cuda with the CPU kernels, so that
+  // the engine's device branches (uploads, staging for snapshots, resume and offload copies) run
+  // here; the same engine on a real GPU is tests/engine/test_engine_cuda.cpp's.
+  testing::HostBackedDevice dev;
+  const model::DeviceContext ctx{Device::cuda, &dev.kernels(), &dev, nullptr, DType::f32};
+  const std::string dir = temp_dir("stand_in_device");
+  int k = 0;
+  for (const char* extra : {"", ", precision: bf16", ", offload: optimizer"}) {
+    INFO("train extras: '" << extra << "'");
+    const JobSpec spec = tiny_spec(8, 4, std::string(", eval_every: 4") + extra);
+    EngineAssignment on_dev;
+    on_dev.device_override = &ctx;
+    Engine cpu(spec, {}), d(spec, on_dev);
+    const int ins = dev.ins;
+    for (int i = 0; i < 5; ++i) {
+      const StepReport a = cpu.step(), b = d.step();
+      REQUIRE(a.loss == b.loss);
+      REQUIRE(a.grad_norm == b.grad_norm);
+      REQUIRE(a.val_loss == b.val_loss);
+    }
+    CHECK(dev.ins > ins);  // tokens and targets went in through the device's copies
+    // The device's checkpoint holds the CPU's bytes, tensor by tensor (read through staging).
+    const std::string c_cpu = cpu.save_checkpoint(dir + "/cpu" + std::to_string(k));
+    const int outs = dev.outs;
+    const std::string c_dev = d.save_checkpoint(dir + "/dev" + std::to_string(k));
+    REQUIRE(cpu.wait_checkpoint() == c_cpu);
+    REQUIRE(d.wait_checkpoint() == c_dev);
+    CHECK(dev.outs > outs);
+    safetensors::Reader ra(c_cpu + "/shard_r0.safetensors"), rb(c_dev + "/shard_r0.safetensors");
+    REQUIRE(ra.names() == rb.names());
+    for (const auto& n : ra.names()) {
+      INFO(n);
+      const Tensor ta = ra.read(n), tb = rb.read(n);
+      REQUIRE(std::memcmp(ta.data(), tb.data(), ta.nbytes()) == 0);
+    }
+    // Resumed from the device's checkpoint, on the CPU and on the device: the CPU's curve.
+    EngineAssignment back_cpu, back_dev = on_dev;
+    back_cpu.resume_from = back_dev.resume_from = c_dev;
+    Engine a(spec, back_cpu), b(spec, back_dev);
+    for (int i = 5; i < 8; ++i) {
+      const StepReport r = cpu.step(), ra_ = a.step(), rb_ = b.step();
+      REQUIRE(ra_.loss == r.loss);
+      REQUIRE(rb_.loss == r.loss);
+    }
+    ++k;
+  }
   fs::remove_all(dir);
 }

@@ -16,6 +16,7 @@
 #include "model/stage.hpp"
 #include "model/tensor_parallel.hpp"
 #include "tests/model/model_test_util.hpp"
+#include "tests/support/host_device.hpp"
 
 using namespace troupe;
 using namespace troupe::model;
@@ -236,32 +237,6 @@ TEST_CASE("param io: a BF16, F16 or F64 file loads into f32 parameters, converte
 
 namespace {
 
-// A stand-in second device for the stage's device branches: host memory under Device::cuda
-// that counts the copies into and out of it. With the CPU kernel table relabelled for that
-// device, a stage on it must compute the CPU's bits, every input must reach it through
-// copy_from_host and every output read back through copy_to_host. What this checks is the
-// stage's and the parameter store's own logic on a device (uploads, staging, the 16-bit copy
-// made through the table), not a GPU: the CUDA kernels and the engine on a real GPU are
-// tests/kernels/test_cuda_kernels.cpp's and tests/engine/test_engine_cuda.cpp's.
-class HostBackedDevice final : public Allocator {
- public:
-  Device device() const override { return Device::cuda; }
-  const char* name() const override { return "host-backed"; }
-  void* allocate(size_t n) override { return cpu_allocator().allocate(n); }
-  void deallocate(void* p) noexcept override { cpu_allocator().deallocate(p); }
-  void zero(void* p, size_t n) override { cpu_allocator().zero(p, n); }
-  void copy(void* d, const void* s, size_t n) override { cpu_allocator().copy(d, s, n); }
-  void copy_from_host(void* d, const void* s, size_t n) override {
-    ++ins;
-    std::memcpy(d, s, n);
-  }
-  void copy_to_host(void* d, const void* s, size_t n) override {
-    ++outs;
-    std::memcpy(d, s, n);
-  }
-  int ins = 0, outs = 0;
-};
-
 ModelConfig tiny_llama() {
   ModelConfig c = tiny();
   c.kind = ModelKind::llama;
@@ -278,11 +253,8 @@ ModelConfig tiny_llama() {
 
 TEST_CASE("device context: a stage on another device copies its inputs in and computes the CPU's bits",
           "[model][device]") {
-  HostBackedDevice dev;
-  register_allocator(Device::cuda, &dev);
-  kernels::Kernels table = kernels::cpu_kernels();
-  table.name = "cpu-as-device";
-  table.device = Device::cuda;
+  testing::HostBackedDevice dev;
+  const kernels::Kernels& table = dev.kernels();
   for (const ModelConfig& c : {tiny(), tiny_llama()})
     for (DType dt : {DType::f32, DType::bf16}) {
       INFO(model_kind_name(c.kind) << " " << dtype_name(dt));
@@ -333,5 +305,4 @@ TEST_CASE("device context: a stage on another device copies its inputs in and co
       CHECK(la == lb);
       CHECK(dev.outs > outs + 1);
     }
-  register_allocator(Device::cuda, nullptr);
 }
