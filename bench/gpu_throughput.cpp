@@ -19,9 +19,9 @@
 // A row that cannot run says why (no torch, no GPU) and the others still print; the exit
 // status is 1 when the engine's row could not run, 0 otherwise.
 //
-// FLOPs per token = 6 * N (parameters without wpe) + 12 * L * D * T, the count of
-// bench/train_throughput.cpp, for both sides; MFU = tokens/s * FLOPs per token / peak.
-// The default peak is the H200's (and H100 SXM's) dense bf16 figure, 989 TFLOP/s.
+// FLOPs per token: bench/flops.hpp, from the parameters each row reports (the same model on
+// both sides); MFU = tokens/s * FLOPs per token / peak. The default peak is the H200's (and
+// H100 SXM's) dense bf16 figure, 989 TFLOP/s.
 // Peak memory: the engine's device allocator's peak in-use bytes
 // (kernels::cuda::allocator()), PyTorch's torch.cuda.max_memory_allocated().
 #include <algorithm>
@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "bench/child_process.hpp"
+#include "bench/flops.hpp"
 #include "core/spec.hpp"
 #include "core/token_writer.hpp"
 #include "kernels/cuda/cuda.hpp"
@@ -53,14 +54,6 @@ const Config* find_config(const std::string& name) {
   for (const Config& c : kConfigs)
     if (name == c.name) return &c;
   return nullptr;
-}
-
-// 6 * (parameters without wpe) + 12 * L * D * T.
-double flops_per_token(const Config& c) {
-  const double D = c.d_model, L = c.layers, V = c.vocab, T = c.seq_len;
-  const double per_block = 12 * D * D + 13 * D;  // c_attn, c_proj, c_fc, c_proj with biases, two LayerNorms
-  const double params_no_wpe = V * D + L * per_block + 2 * D;
-  return 6 * params_no_wpe + 12 * L * D * T;
 }
 
 // The hidden child mode: trains the config on cuda:0 and prints one report line.
@@ -115,7 +108,7 @@ int run_troupe(const Config& c, int steps, int warmup) {
 
 struct Row {
   std::string name, why;
-  double tps = std::nan(""), peak_bytes = std::nan(""), loss = std::nan("");
+  double tps = std::nan(""), peak_bytes = std::nan(""), loss = std::nan(""), params = std::nan("");
 };
 
 Row from_child(const std::string& name, const troupe::bench::ChildRun& r) {
@@ -128,6 +121,7 @@ Row from_child(const std::string& name, const troupe::bench::ChildRun& r) {
   row.tps = troupe::bench::report_value(r.out, "tokens_per_s");
   row.peak_bytes = troupe::bench::report_value(r.out, "peak_device_bytes");
   row.loss = troupe::bench::report_value(r.out, "last_loss");
+  row.params = troupe::bench::report_value(r.out, "params");
   if (std::isnan(row.tps)) {
     row.why = troupe::bench::report_text(r.out, "unavailable", true);
     if (row.why.empty())
@@ -234,7 +228,9 @@ int main(int argc, char** argv) {
         std::printf("%-6s %-14s unavailable: %s\n", c.name, r.name.c_str(), r.why.c_str());
         continue;
       }
-      const double mfu = r.tps * flops_per_token(c) / (peak_tflops * 1e12);
+      const double flops = troupe::bench::gpt_flops_per_token(static_cast<long long>(r.params), c.layers,
+                                                              c.d_model, c.seq_len);
+      const double mfu = r.tps * flops / (peak_tflops * 1e12);
       std::printf("%-6s %-14s %12.0f %7.1f%% %11.2f GiB %9.4f %9.2fx\n", c.name, r.name.c_str(), r.tps,
                   100 * mfu, r.peak_bytes / double(1ull << 30), r.loss,
                   std::isnan(eager) ? std::nan("") : r.tps / eager);

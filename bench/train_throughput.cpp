@@ -61,6 +61,7 @@
 #include <vector>
 
 #include "bench/child_process.hpp"
+#include "bench/flops.hpp"
 #include "bench/gemm_timing.hpp"
 #include "core/spec.hpp"
 #include "kernels/cpu/kernels.hpp"
@@ -105,8 +106,7 @@ std::string spec_yaml(const GptConfig& c, int steps, Precision precision) {
 }
 
 double flops_per_token(const GptConfig& c, long long params) {
-  const double no_wpe = double(params) - double(c.seq_len) * c.d_model;
-  return 6.0 * no_wpe + 12.0 * c.layers * c.d_model * double(c.seq_len);
+  return troupe::bench::gpt_flops_per_token(params, c.layers, c.d_model, c.seq_len);
 }
 
 double process_cpu_seconds() {

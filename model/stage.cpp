@@ -196,13 +196,11 @@ double Stage::vocab_parallel_loss(Slot& s, int N) {
   // The combination runs on the host: on a device, over host copies of the statistics.
   const float* st = dev;
   float* lse = s.lse.f32();
-  std::vector<float> host_stats, host_lse;
   if (ctx_.device != Device::cpu) {
-    host_stats.resize(n_stats);
-    host_lse.resize(n);
-    ctx_.alloc->copy_to_host(host_stats.data(), dev, sizeof(float) * n_stats);
-    st = host_stats.data();
-    lse = host_lse.data();
+    host_ce_.resize(n_stats + n);  // grows to the largest micro-batch once
+    ctx_.alloc->copy_to_host(host_ce_.data(), dev, sizeof(float) * n_stats);
+    st = host_ce_.data();
+    lse = host_ce_.data() + n_stats;
   }
   const float* mx = st;
   const float* se = st + static_cast<size_t>(tp) * n;
@@ -217,8 +215,7 @@ double Stage::vocab_parallel_loss(Slot& s, int N) {
     lse[i] = static_cast<float>(l);
     total += l - double(tgt[i]);
   }
-  if (ctx_.device != Device::cpu)
-    ctx_.alloc->copy_from_host(s.lse.data(), host_lse.data(), sizeof(float) * n);
+  if (ctx_.device != Device::cpu) ctx_.alloc->copy_from_host(s.lse.data(), lse, sizeof(float) * n);
   return total;
 }
 

@@ -166,6 +166,8 @@ class Stage {
   RmsNorm rms_f_;        // llama
   int v0_ = 0, Vl_ = 0;  // vocabulary rows [v0_, v0_ + Vl_) of the embedding and the head on this shard
   Tensor ce_stats_;      // ((2*tp+1)*B*T) vocabulary-parallel loss statistics (llama)
+  // On a device: the host copies the loss combines, the statistics then the rows' log-sum-exp.
+  std::vector<float> host_ce_;
   float *wte_ = nullptr, *dwte_ = nullptr, *wpe_ = nullptr, *dwpe_ = nullptr;
   // Flat-gradient offsets where the head's parameters (ln_f, the tied wte of a head-only
   // stage) and each block begin; the head's run ends at the buffer's end and the

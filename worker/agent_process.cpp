@@ -29,9 +29,8 @@ std::vector<std::string> expand_devices(const std::string& spec) {
   };
   // The CUDA runtime's count in a CUDA build, else the driver's (worker/device.hpp).
   std::string why;
-  auto count_gpus = [&why] { return local_gpu_count(&why); };
   if (kind == "cuda" && rest == "all") {
-    int n = count_gpus();
+    const int n = local_gpu_count(&why);
     TROUPE_CHECK(n > 0, "--devices cuda:all: no GPU found (", why, ")");
     for (int i = 0; i < n; ++i) out.push_back("cuda:" + std::to_string(i));
     return out;
@@ -42,17 +41,16 @@ std::vector<std::string> expand_devices(const std::string& spec) {
     return out;
   }
   // A list of indices: "cuda:0,2" or "cpu:0,1".
+  const int gpus = kind == "cuda" ? local_gpu_count(&why) : 0;
   size_t pos = 0;
   while (pos <= rest.size()) {
     auto comma = rest.find(',', pos);
     std::string item = rest.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     TROUPE_CHECK(is_number(item), "bad device index '", item, "' in --devices '", spec, "'");
     // A GPU that is not there is refused here, not offered and trained on the CPU later.
-    if (kind == "cuda") {
-      int n = count_gpus();
-      TROUPE_CHECK(std::stoi(item) < n, "--devices ", spec, ": no GPU cuda:", item, " on this host (", n,
-                   " GPU(s)", n == 0 ? ": " + why : std::string(), ")");
-    }
+    if (kind == "cuda")
+      TROUPE_CHECK(std::stoi(item) < gpus, "--devices ", spec, ": no GPU cuda:", item, " on this host (",
+                   gpus, " GPU(s)", gpus == 0 ? ": " + why : std::string(), ")");
     out.push_back(kind + ":" + std::to_string(std::stoi(item)));
     if (comma == std::string::npos) break;
     pos = comma + 1;
