@@ -5,7 +5,7 @@
 // + backward, and the peak memory the attention adds.
 //
 //   attention_bench [--max-seconds=60] [--heads=8] [--hs=64,128] [--t=128,...,8192]
-//                   [--precision=f32|bf16] [--no-torch]
+//                   [--precision=f32|bf16|f16] [--no-torch]
 //
 // Every figure comes from its own process (this executable again, --one=...), so that each
 // reports its own peak: "attn MiB" is the peak resident set minus the resident set before
@@ -171,7 +171,9 @@ int main(int argc, char** argv) {
       while (std::getline(in, item, ':')) f.push_back(item);
       if (f.size() != 5) return 2;
       return run_one(f[0], std::atoi(f[1].c_str()), std::atoi(f[2].c_str()), std::atoi(f[3].c_str()),
-                     f[4] == "bf16" ? DType::bf16 : DType::f32);
+                     f[4] == "bf16"  ? DType::bf16
+                     : f[4] == "f16" ? DType::f16
+                                     : DType::f32);
     }
     if (a.rfind("--max-seconds=", 0) == 0)
       max_seconds = std::atof(a.c_str() + 14);
@@ -188,7 +190,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: attention_bench [--max-seconds=60] [--heads=8] [--hs=64,128] [--t=128,...] "
-                   "[--precision=f32|bf16] [--no-torch]\n");
+                   "[--precision=f32|bf16|f16] [--no-torch]\n");
       return 2;
     }
   }

@@ -23,7 +23,9 @@
 // their shapes (gemm_dispatch.hpp). In 16 bits (attention_forward_h / backward_h) q, k, v
 // and the output are 16-bit; scores, statistics and accumulators are f32; P, dS and dout
 // are rounded to 16 bits right before the products that read them, as torch's and
-// flash-attention's bf16 kernels do.
+// flash-attention's bf16 kernels do. Where the only 16-bit GEMM for the dtype is convert
+// (fp16 without AVX512-FP16 or AMX-FP16), q|k|v are widened to f32 once per call and the
+// products run in f32 on the same (exact) values, the roundings of P, dS and dout kept.
 //
 // Memory: the block buffers (kQ x kK floats each) and, in the backward, D and the 16-bit
 // dout of one head (T floats, T x HS halves): O(T HS), never O(T^2).
@@ -34,6 +36,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "kernels/cpu/gemm_dispatch.hpp"
 #include "kernels/cpu/gemm_half.hpp"
 #include "kernels/cpu/kernels.hpp"
 #include "kernels/cpu/vec_math.hpp"
@@ -48,29 +51,53 @@ static_assert(kK % kQ == 0, "key blocks start on a query block");
 
 // Per-thread block buffers, grown on demand and kept.
 struct Scratch {
-  std::vector<float> s, p2, acc, m, l, dk, dv, d, row;
+  std::vector<float> s, p2, acc, m, l, dk, dv, d, row, r1, r2, dout_r, wide_qkv, wide_out;
   std::vector<uint16_t> h1, h2, dout_h;
   template <class T>
   static T* at_least(std::vector<T>& v, size_t n) {
     if (v.size() < n) v.resize(n);
     return v.data();
   }
+  // The buffer an operand of element type E is rounded into.
+  std::vector<float>& operand_buf(int i, float*) { return i == 1 ? r1 : i == 2 ? r2 : dout_r; }
+  std::vector<uint16_t>& operand_buf(int i, uint16_t*) { return i == 1 ? h1 : i == 2 ? h2 : dout_h; }
 };
+
+// dst(n) = src(n) rounded to dt (bf16 / f16) and widened back: the values a 16-bit operand
+// holds, in f32 storage.
+void round_through(DType dt, float* dst, const float* src, size_t n) {
+  uint16_t chunk[1024];
+  for (size_t i = 0; i < n; i += 1024) {
+    const size_t m = std::min<size_t>(1024, n - i);
+    to_half(dt, chunk, src + i, m);
+    from_half(dt, dst + i, chunk, m);
+  }
+}
 
 // The products on f32 or 16-bit operands (E = float or uint16_t). Outputs are f32.
 template <class E>
 struct Products;
 
+// f32 operands. With round = bf16 / f16 the operands made from f32 results (P, dS, dout)
+// are first rounded to that dtype, so that 16-bit attention on widened q|k|v (the
+// attention_*_h of a dtype with no native 16-bit GEMM here) computes what the 16-bit
+// products would, up to summation order.
 template <>
 struct Products<float> {
-  DType dt = DType::f32;
+  DType round = DType::f32;
   // C(M,N) (+)= op(A) op(B), beta 0 or 1.
   void operator()(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
                   float beta, float* C, int ldc) const {
     gemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
   }
-  // The operand form of f32 values that a product reads: themselves.
-  const float* operand(const float* src, size_t, std::vector<uint16_t>&) const { return src; }
+  // The operand form of n f32 values: themselves, or rounded into buf.
+  const float* operand(const float* src, size_t n, std::vector<float>& buf) const {
+    if (round == DType::f32) return src;
+    float* r = Scratch::at_least(buf, n);
+    round_through(round, r, src, n);
+    return r;
+  }
+  bool rounds() const { return round != DType::f32; }
 };
 
 template <>
@@ -85,6 +112,7 @@ struct Products<uint16_t> {
     to_half(dt, h, src, n);
     return h;
   }
+  bool rounds() const { return true; }
 };
 
 // x(n) as f32: itself, or widened into buf.
@@ -173,7 +201,7 @@ void forward(const Products<E>& prod, const Shape& sh, E* out, float* lse, const
             const float alpha = online_row(row, n, nc, m[i], l[i]);
             if (c0 > 0) scale_row(acc + size_t(i) * HS, HS, alpha);
           }
-          const E* p = prod.operand(s, size_t(nr) * nc, sc.h1);
+          const E* p = prod.operand(s, size_t(nr) * nc, sc.operand_buf(1, (E*)nullptr));
           prod(false, false, nr, HS, nc, p, nc, v + size_t(c0) * ld, ld, c0 == 0 ? 0.0f : 1.0f, acc, HS);
         }
         for (int i = 0; i < nr; ++i) {
@@ -221,14 +249,14 @@ void backward(const Products<E>& prod, const Shape& sh, float* dqkv, const float
       for (int t = 0; t < T; ++t)
         D[t] = detail::lane_dot(g + size_t(t) * C, widened(prod, o + size_t(t) * C, size_t(HS), sc.row),
                                 size_t(HS));
-      const E* go;
-      int ldg;
-      if constexpr (std::is_same_v<E, float>) {
-        go = g;
-        ldg = C;
-      } else {
-        uint16_t* gh = Scratch::at_least(sc.dout_h, size_t(T) * HS);
-        for (int t = 0; t < T; ++t) to_half(prod.dt, gh + size_t(t) * HS, g + size_t(t) * C, size_t(HS));
+      const E* go = nullptr;
+      int ldg = C;
+      if constexpr (std::is_same_v<E, float>) go = g;
+      if (prod.rounds()) {  // dout rounded once per head, compact (T,HS)
+        E* gh = Scratch::at_least(sc.operand_buf(3, (E*)nullptr), size_t(T) * HS);
+        for (int t = 0; t < T; ++t)
+          std::copy_n(prod.operand(g + size_t(t) * C, size_t(HS), sc.operand_buf(1, (E*)nullptr)), HS,
+                      gh + size_t(t) * HS);
         go = gh;
         ldg = HS;
       }
@@ -243,13 +271,13 @@ void backward(const Products<E>& prod, const Shape& sh, float* dqkv, const float
           prod(false, true, nr, nc, HS, q + size_t(r0) * ld, ld, k + size_t(c0) * ld, ld, 0.0f, p, nc);
           for (int i = 0; i < nr; ++i)
             probabilities_row(p + size_t(i) * nc, std::min(nc, r0 + i + 1 - c0), nc, sh.scale, lrow[r0 + i]);
-          const E* ph = prod.operand(p, size_t(nr) * nc, sc.h1);
+          const E* ph = prod.operand(p, size_t(nr) * nc, sc.operand_buf(1, (E*)nullptr));
           // dV(nc,HS) += P^T dout;  dP(nr,nc) = dout v^T
           prod(true, false, nc, HS, nr, ph, nc, go + size_t(r0) * ldg, ldg, 1.0f, dv, HS);
           prod(false, true, nr, nc, HS, go + size_t(r0) * ldg, ldg, v + size_t(c0) * ld, ld, 0.0f, dp, nc);
           for (int i = 0; i < nr; ++i)
             dscores_row(dp + size_t(i) * nc, p + size_t(i) * nc, nc, D[r0 + i], sh.scale);
-          const E* dsh = prod.operand(dp, size_t(nr) * nc, sc.h2);
+          const E* dsh = prod.operand(dp, size_t(nr) * nc, sc.operand_buf(2, (E*)nullptr));
           // dq(nr,HS) (+)= dS k;  dK(nc,HS) += dS^T q
           prod(false, false, nr, HS, nc, dsh, nc, k + size_t(c0) * ld, ld, c0 == 0 ? beta_q : 1.0f,
                dq + size_t(r0) * ld, ld);
@@ -290,12 +318,36 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   backward(Products<float>{}, sh, dqkv, dout, qkv, out, lse, mode);
 }
 
+namespace {
+
+// Whether 16-bit attention in dt runs its products on 16-bit operands (a native 16-bit GEMM is
+// the fastest for the block shape here), or on q|k|v widened to f32 once per call (when the
+// only 16-bit backend is convert, which would widen every block again).
+bool native_half(DType dt, int T, int HS) {
+  const int b = gemm_dispatch(dt, false, true, std::min(kQ, T), std::min(kK, T), HS);
+  return static_cast<HalfGemmBackend>(b) != HalfGemmBackend::convert;
+}
+
+float* widen_all(DType dt, std::vector<float>& buf, const uint16_t* x, size_t n) {
+  float* f = Scratch::at_least(buf, n);
+  from_half(dt, f, x, n);
+  return f;
+}
+
+}  // namespace
+
 void attention_forward_h(DType dt, uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int NH,
                          int HS, int NKV) {
   const Shape sh(B, T, NH, HS, NKV);
   TROUPE_CHECK(dt == DType::bf16 || dt == DType::f16, "attention_forward_h: dtype ", dtype_name(dt));
   TROUPE_CHECK(out && lse && qkv, "null tensor");
-  forward(Products<uint16_t>{dt}, sh, out, lse, qkv);
+  if (native_half(dt, T, HS)) return forward(Products<uint16_t>{dt}, sh, out, lse, qkv);
+  thread_local Scratch wide;
+  const size_t n_qkv = size_t(B) * T * sh.ld, n_out = size_t(B) * T * sh.C;
+  const float* q32 = widen_all(dt, wide.wide_qkv, qkv, n_qkv);
+  float* o32 = Scratch::at_least(wide.wide_out, n_out);
+  forward(Products<float>{dt}, sh, o32, lse, q32);
+  to_half(dt, out, o32, n_out);
 }
 
 void attention_backward_h(DType dt, float* dqkv, const float* dout, const uint16_t* qkv, const uint16_t* out,
@@ -303,7 +355,11 @@ void attention_backward_h(DType dt, float* dqkv, const float* dout, const uint16
   const Shape sh(B, T, NH, HS, NKV);
   TROUPE_CHECK(dt == DType::bf16 || dt == DType::f16, "attention_backward_h: dtype ", dtype_name(dt));
   TROUPE_CHECK(dqkv && dout && qkv && out && lse, "null tensor");
-  backward(Products<uint16_t>{dt}, sh, dqkv, dout, qkv, out, lse, mode);
+  if (native_half(dt, T, HS)) return backward(Products<uint16_t>{dt}, sh, dqkv, dout, qkv, out, lse, mode);
+  thread_local Scratch wide;
+  const float* q32 = widen_all(dt, wide.wide_qkv, qkv, size_t(B) * T * sh.ld);
+  const float* o32 = widen_all(dt, wide.wide_out, out, size_t(B) * T * sh.C);
+  backward(Products<float>{dt}, sh, dqkv, dout, q32, o32, lse, mode);
 }
 
 }  // namespace troupe::kernels::cpu

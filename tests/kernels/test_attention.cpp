@@ -14,6 +14,7 @@
 #include "kernels/cpu/gemm_half.hpp"
 #include "kernels/cpu/kernels.hpp"
 #include "tests/kernels/kernel_test_util.hpp"
+#include "tests/support/support.hpp"
 
 namespace k = troupe::kernels::cpu;
 using namespace troupe::kernels::test;
@@ -261,4 +262,21 @@ TEST_CASE("fused attention refuses bad shapes and dtypes", "[kernels][attention]
   CHECK_THROWS_AS(
       k::attention_backward_h(DType::i32, buf.data(), buf.data(), h.data(), h.data(), buf.data(), 1, 2, 1, 1),
       troupe::Error);
+}
+
+TEST_CASE(
+    "fused attention in 16 bits is right on every GEMM path: forced convert, no AVX512-BF16, no AVX-512",
+    "[kernels][attention][half]") {
+  // Each environment in a fresh process of this executable (the GEMM choices are per process):
+  // bf16 then runs on widened q|k|v (convert), or on oneDNN held below AVX512-BF16.
+  for (const char* env :
+       {"TROUPE_GEMM_HALF=convert", "TROUPE_MAX_CPU_ISA=avx512", "TROUPE_MAX_CPU_ISA=avx2"}) {
+    INFO(env);
+    const auto r =
+        troupe::testing::run_command(std::string("env ") + env + " " + TROUPE_BINARY_DIR +
+                                     "/tests/kernels/test_kernels 'fused attention in bf16 and f16*'");
+    INFO(r.out);
+    CHECK(r.code == 0);
+    CHECK(r.out.find("All tests passed") != std::string::npos);
+  }
 }
