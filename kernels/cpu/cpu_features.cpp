@@ -65,9 +65,10 @@ CpuFeatures capped(CpuFeatures f, const std::string& cap) {
 }  // namespace
 
 const CpuFeatures& cpu_features() {
-  static const CpuFeatures detected = detect();
-  const char* env = std::getenv("TROUPE_MAX_CPU_ISA");
-  static const CpuFeatures f = capped(detected, env ? env : "");
+  static const CpuFeatures f = [] {
+    const char* env = std::getenv("TROUPE_MAX_CPU_ISA");
+    return capped(detect(), env ? env : "");
+  }();
   return f;
 }
 

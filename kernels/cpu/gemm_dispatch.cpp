@@ -90,9 +90,17 @@ int static_choice(DType dt) {
                           : static_cast<int>(half_gemm_default_backend(dt));
 }
 
+// TROUPE_GEMM / TROUPE_GEMM_HALF set: read once (this is on every product's path).
 bool forced(DType dt) {
-  const char* env = std::getenv(dt == DType::f32 ? "TROUPE_GEMM" : "TROUPE_GEMM_HALF");
-  return env != nullptr && *env != '\0';
+  static const bool f32 = [] {
+    const char* env = std::getenv("TROUPE_GEMM");
+    return env != nullptr && *env != '\0';
+  }();
+  static const bool half = [] {
+    const char* env = std::getenv("TROUPE_GEMM_HALF");
+    return env != nullptr && *env != '\0';
+  }();
+  return dt == DType::f32 ? f32 : half;
 }
 
 const char* dt_tag(DType dt) { return dt == DType::f32 ? "f32" : dt == DType::bf16 ? "bf16" : "f16"; }
