@@ -7,7 +7,8 @@
 //   attention_bench [--max-seconds=60] [--heads=8] [--hs=64,128] [--t=128,...,8192]
 //                   [--precision=f32|bf16|f16] [--no-torch]
 //
-// Every figure comes from its own process (this executable again, --one=...), so that each
+// Times are the thread's CPU time (PyTorch: the process's, one thread). Every figure comes
+// from its own process (this executable again, --one=...), so that each
 // reports its own peak: "attn MiB" is the peak resident set minus the resident set before
 // the attention's buffers (q|k|v, out, gradients, and whatever the path itself keeps)
 // existed. A path skips the larger sizes once the next one (~4x, up to 6 runs) would take
@@ -42,6 +43,14 @@ using troupe::bench::report_value;
 
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// The calling thread's CPU time: on a machine shared with other work it leaves out the slices
+// the thread spent descheduled (bench/gemm_timing.hpp does the same).
+double thread_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
 long rss_kib() {
@@ -108,12 +117,12 @@ int run_one(const std::string& variant, int T, int NH, int HS, DType dt) {
   std::vector<double> tf, tb;
   const double budget = now() + 10.0;
   for (int r = 0; r < 5 && (r < 2 || now() < budget); ++r) {
-    const double t0 = now();
+    const double t0 = thread_seconds();
     fwd();
-    const double t1 = now();
+    const double t1 = thread_seconds();
     bwd();
     tf.push_back(t1 - t0);
-    tb.push_back(now() - t1);
+    tb.push_back(thread_seconds() - t1);
   }
   std::sort(tf.begin(), tf.end());
   std::sort(tb.begin(), tb.end());

@@ -3,7 +3,7 @@
     attention_reference.py T HEADS HS f32|bf16
 
 Prints "fwd_ms=... fwdbwd_ms=... attn_kib=... impl=..." (medians of up to 5 runs after a
-warm-up; attn_kib: peak resident set minus the resident set before the tensors existed), or
+warm-up, in process CPU time on one thread; attn_kib: peak resident set minus the resident set before the tensors existed), or
 "unavailable=<why>" and exits 3. impl is "sdpa" (torch.nn.functional.scaled_dot_product_attention,
 torch 2.0 and later) or "eager" (softmax(q k^T / sqrt(HS) + causal mask) v, on older torch).
 """
@@ -44,11 +44,11 @@ def main():
 
     fwd, fb = [], []
     for r in range(6):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         out = forward()
-        t1 = time.perf_counter()
+        t1 = time.process_time()
         out.backward(dout)
-        t2 = time.perf_counter()
+        t2 = time.process_time()
         q.grad = k.grad = v.grad = None
         if r > 0:
             fwd.append(t1 - t0)

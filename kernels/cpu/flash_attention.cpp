@@ -11,7 +11,8 @@
 //   out = acc / l;  lse = m + log l                    (lse: the one statistic kept)
 //
 // Backward, per (b, h): D(t) = dout(t) . out(t) for every row; then per block of kK keys:
-//   for the query blocks that see them (r1 > c0), in order:
+//   for the rows that see them — the block's own in kQ-row steps (a prefix of the keys each),
+//   then the later ones in kR-row strips (all of the keys) — in order:
 //     P  = e^(q k^T * scale - lse)     recomputed, 0 past the diagonal
 //     dV += P^T dout;  dP = dout v^T;  dS = P (dP - D) * scale
 //     dq += dS k       (each query block's first key block writes it in Out::overwrite)
@@ -47,7 +48,9 @@ namespace {
 
 constexpr int kQ = 64;   // query rows per block
 constexpr int kK = 256;  // keys per block: a multiple of kQ (the backward starts at row c0)
+constexpr int kR = 256;  // backward: rows per strip below a key block's diagonal
 static_assert(kK % kQ == 0, "key blocks start on a query block");
+static_assert(kR >= kQ, "a strip holds a diagonal block's rows");
 
 // Per-thread block buffers, grown on demand and kept.
 struct Scratch {
@@ -225,8 +228,8 @@ void backward(const Products<E>& prod, const Shape& sh, float* dqkv, const float
               const E* out, const float* lse, Out mode) {
   thread_local Scratch sc;
   const int T = sh.T, HS = sh.HS, ld = sh.ld, C = sh.C;
-  float* p = Scratch::at_least(sc.s, size_t(kQ) * kK);
-  float* dp = Scratch::at_least(sc.p2, size_t(kQ) * kK);
+  float* p = Scratch::at_least(sc.s, size_t(kR) * kK);
+  float* dp = Scratch::at_least(sc.p2, size_t(kR) * kK);
   float* dk = Scratch::at_least(sc.dk, size_t(kK) * HS);
   float* dv = Scratch::at_least(sc.dv, size_t(kK) * HS);
   float* D = Scratch::at_least(sc.d, size_t(T));
@@ -265,12 +268,13 @@ void backward(const Products<E>& prod, const Shape& sh, float* dqkv, const float
         // dK, dV of the block: the query blocks below see a growing prefix of its keys.
         std::fill(dk, dk + size_t(c1 - c0) * HS, 0.0f);
         std::fill(dv, dv + size_t(c1 - c0) * HS, 0.0f);
-        for (int r0 = c0; r0 < T; r0 += kQ) {  // c0 is a multiple of kQ: the first block that sees it
-          const int r1 = std::min(r0 + kQ, T), nr = r1 - r0;
-          const int nc = std::min(c1, r1) - c0;  // keys of the block any row here sees
+        // Rows [r0, r0 + nr) against keys [c0, c0 + nc); `diagonal`: some of them see only a
+        // prefix of the keys (the rest of their row of P is 0).
+        auto rows = [&](int r0, int nr, int nc, bool diagonal) {
           prod(false, true, nr, nc, HS, q + size_t(r0) * ld, ld, k + size_t(c0) * ld, ld, 0.0f, p, nc);
           for (int i = 0; i < nr; ++i)
-            probabilities_row(p + size_t(i) * nc, std::min(nc, r0 + i + 1 - c0), nc, sh.scale, lrow[r0 + i]);
+            probabilities_row(p + size_t(i) * nc, diagonal ? std::min(nc, r0 + i + 1 - c0) : nc, nc, sh.scale,
+                              lrow[r0 + i]);
           const E* ph = prod.operand(p, size_t(nr) * nc, sc.operand_buf(1, (E*)nullptr));
           // dV(nc,HS) += P^T dout;  dP(nr,nc) = dout v^T
           prod(true, false, nc, HS, nr, ph, nc, go + size_t(r0) * ldg, ldg, 1.0f, dv, HS);
@@ -278,11 +282,17 @@ void backward(const Products<E>& prod, const Shape& sh, float* dqkv, const float
           for (int i = 0; i < nr; ++i)
             dscores_row(dp + size_t(i) * nc, p + size_t(i) * nc, nc, D[r0 + i], sh.scale);
           const E* dsh = prod.operand(dp, size_t(nr) * nc, sc.operand_buf(2, (E*)nullptr));
-          // dq(nr,HS) (+)= dS k;  dK(nc,HS) += dS^T q
+          // dq(nr,HS) (+)= dS k: a row's first key block (c0 = 0) writes it in Out::overwrite;
+          // dK(nc,HS) += dS^T q
           prod(false, false, nr, HS, nc, dsh, nc, k + size_t(c0) * ld, ld, c0 == 0 ? beta_q : 1.0f,
                dq + size_t(r0) * ld, ld);
           prod(true, false, nc, HS, nr, dsh, nc, q + size_t(r0) * ld, ld, 1.0f, dk, HS);
-        }
+        };
+        // The block's own rows in kQ-row steps (each sees a prefix of the keys), then every later
+        // row, which sees them all, in kR-row strips: long products, no masked work.
+        for (int r0 = c0; r0 < c1; r0 += kQ)
+          rows(r0, std::min(r0 + kQ, c1) - r0, std::min(r0 + kQ, c1) - c0, true);
+        for (int r0 = c1; r0 < T; r0 += kR) rows(r0, std::min(kR, T - r0), c1 - c0, false);
         const int w = c1 - c0;
         for (int j = 0; j < w; ++j) {
           float* dkr = dkg + size_t(c0 + j) * ld;
