@@ -1,3 +1,5 @@
+#include <spdlog/spdlog.h>
+
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
@@ -32,6 +34,9 @@ constexpr BenchShape kBenchShapes[] = {
 
 // Times every backend on every shape, for each dtype, and prints which wins.
 void print_bench() {
+  // The products the convert backend runs are dispatched (and logged) themselves: the table is
+  // the output here.
+  if (spdlog::get_level() < spdlog::level::warn) spdlog::set_level(spdlog::level::warn);
   std::printf("\nGEMM backends on this core (one thread; GFLOP/s, the fastest starred):\n");
   for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
     std::printf("  %s\n", dtype_name(dt));
