@@ -132,16 +132,6 @@ int run_one(const std::string& variant, int T, int NH, int HS, DType dt) {
   return 0;
 }
 
-// $TROUPE_PYTHON, else Debian's python3 (where python3-torch lives), else python3 on PATH.
-std::string python() {
-  if (const char* env = std::getenv("TROUPE_PYTHON")) return env;
-  if (FILE* f = std::fopen("/usr/bin/python3", "r")) {
-    std::fclose(f);
-    return "/usr/bin/python3";
-  }
-  return "python3";
-}
-
 struct Row {
   std::string path;
   double fwd = NAN, fb = NAN, mib = NAN;
@@ -219,7 +209,8 @@ int main(int argc, char** argv) {
         const std::string& path = paths[p];
         std::vector<std::string> cmd;
         if (path == "torch")
-          cmd = {python(), script, std::to_string(T), std::to_string(heads), std::to_string(h), precision};
+          cmd = {troupe::bench::python(), script,   std::to_string(T), std::to_string(heads),
+                 std::to_string(h),       precision};
         else
           cmd = {self, "--one=" + path + ":" + std::to_string(T) + ":" + std::to_string(heads) + ":" +
                            std::to_string(h) + ":" + precision};
