@@ -28,9 +28,9 @@ struct HandshakeLimits {
   // TLS and the BASP handshake take milliseconds (one round trip each, a signature, a few
   // KiB); a peer that has not finished after this long is not going to.
   std::chrono::milliseconds deadline{10000};
-  // Pending handshakes from one address (core/net_address.hpp: an IPv4 address, or an IPv6 /64): a host's
-  // agent and its workers connect at once, a few dozen at most.
-  int per_address = 32;
+  // Pending handshakes from one address (core/net_address.hpp: an IPv4 address, or an IPv6
+  // /64): a host's agent and its workers connect at once, one per device.
+  int per_address = 64;
   // Pending handshakes in all, whatever their addresses.
   int total = 512;
 };

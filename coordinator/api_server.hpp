@@ -24,8 +24,10 @@ struct ApiOptions {
   std::string pub_endpoint;                       // "" = same host, next port (ephemeral if ROUTER is)
   std::string token;                              // required in every request, and of every subscriber
   int64_t max_message_bytes = 16 << 20;           // larger messages drop their connection (ZMQ_MAXMSGSIZE)
-  // What a subscriber sends: its authentication and its subscriptions (a topic prefix each).
-  int64_t max_subscriber_message_bytes = 64 << 10;
+  // What a subscriber sends: its authentication (the token: 64 bytes) and its subscriptions (a
+  // topic prefix each; troupe's clients subscribe to ""). ZeroMQ keeps subscriptions in a trie
+  // with a level per byte, so a long one is also deep.
+  int64_t max_subscriber_message_bytes = 4 << 10;
 };
 
 // True for 127.0.0.0/8, ::1, localhost and ipc:// / inproc:// endpoints.
