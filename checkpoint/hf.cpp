@@ -28,6 +28,15 @@ constexpr uintmax_t kMaxIndexBytes = uintmax_t(16) << 20;
 // A JSON object from a small file, read as hostile input (core/json_read): CheckpointError
 // naming the file when it is missing, too large, not a regular file or not a JSON object.
 nlohmann::json read_json(const std::string& path, uintmax_t max_bytes) {
+  uint64_t size = 0;
+  try {
+    ::close(open_regular_file(path, "Hugging Face JSON file", &size));
+  } catch (const Error& e) {
+    throw CheckpointError(e.what());
+  }
+  if (size > max_bytes)
+    throw CheckpointError(path + ": " + std::to_string(size) + " bytes, more than the " +
+                          std::to_string(max_bytes) + " such a file may have");
   json_read::Limits limits;
   limits.max_bytes = max_bytes;
   nlohmann::json j;

@@ -150,8 +150,8 @@ TEST_CASE("cli: a model no known device can hold is refused by validate and run,
   INFO(v.out);
   CHECK(v.code == 2);
   CHECK(v.out.find("huge.yaml:2:") != std::string::npos);
-  CHECK(v.out.find("the model has 206,") != std::string::npos);
-  CHECK(v.out.find("each device holds at least 3.") != std::string::npos);
+  CHECK(v.out.find("the model has 211,109,740,150,784 parameters") != std::string::npos);
+  CHECK(v.out.find("each device holds at least 3.38 PB") != std::string::npos);
   CHECK(v.out.find(" PB of weights, gradients and optimizer state") != std::string::npos);
   CHECK(v.out.find("of the largest device troupe knows (hardware profile h200-sxm)") != std::string::npos);
   Result r = cli("run " + spec + " --runs-dir " + dir + "/runs");
@@ -287,7 +287,7 @@ TEST_CASE("cli: run --resume refuses a damaged or missing checkpoint before anyt
 
   const std::string garbled = damaged_copy("garbled");
   std::ofstream(garbled + "/" + step + "/manifest.json") << "{\"format_version\": 1, \"fi";
-  refused(garbled + "/" + step, "manifest.json is not valid JSON");
+  refused(garbled + "/" + step, "manifest.json: not valid JSON");
 
   refused(dir + "/nowhere", dir + "/nowhere: no such directory");
   refused(only_subdir(dir + "/runs"), "a run directory, not a checkpoint; its checkpoints are in");
