@@ -9,7 +9,10 @@
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
 #include <caf/openssl/all.hpp>
+#include <set>
 #include <string>
+
+#include "actors/handshake_guard.hpp"
 
 namespace troupe::actors {
 
@@ -25,12 +28,24 @@ class NodeConfig : public caf::actor_system_config {
   explicit NodeConfig(const std::string& secret_file);
 };
 
+// CAF's OpenSSL acceptor with a handshake guard (actors/guarded_accept.cpp): a connection
+// that has not finished TLS and the BASP handshake by limits.deadline is closed, and an
+// address has at most limits.per_address of them pending (the oldest goes first).
+caf::expected<uint16_t> publish_guarded(caf::actor_system& sys, caf::strong_actor_ptr whom,
+                                        std::set<std::string> sigs, uint16_t port, const std::string& host,
+                                        const HandshakeLimits& limits = {});
+
 // Publishes an actor on host:port (0 = any free port) for peers that hold the
 // cluster secret; returns the bound port. Never the plain middleman: a peer
-// without the secret fails the TLS handshake before a BASP byte is read.
+// without the secret fails the TLS handshake before a BASP byte is read, and one
+// that never finishes it is closed at the deadline (publish_guarded).
 template <class Handle>
-caf::expected<uint16_t> publish(const Handle& actor, uint16_t port, const std::string& host) {
-  return caf::openssl::publish(actor, port, host.c_str(), true);
+caf::expected<uint16_t> publish(const Handle& actor, uint16_t port, const std::string& host,
+                                const HandshakeLimits& limits = {}) {
+  if (!actor) return caf::sec::cannot_publish_invalid_actor;
+  auto& sys = actor.home_system();
+  return publish_guarded(sys, caf::actor_cast<caf::strong_actor_ptr>(actor), sys.message_types(actor), port,
+                         host, limits);
 }
 
 // Connects to an actor published with publish() (the peer must hold the same secret).

@@ -45,54 +45,6 @@ int64_t parse_step_dir(const std::string& name) {
 
 }  // namespace
 
-nlohmann::json to_json(const Manifest& m) {
-  nlohmann::json files = nlohmann::json::array();
-  for (const auto& f : m.files) files.push_back({{"name", f.name}, {"size", f.size}, {"xxh64", f.xxh64}});
-  nlohmann::json j = {{"format", "troupe-checkpoint"},
-                      {"format_version", m.format_version},
-                      {"step", m.step},
-                      {"data_cursor", m.data_cursor},
-                      {"layout", {{"data", m.dp}, {"pipeline", m.pp}, {"tensor", m.tp}}},
-                      {"rng", {{"seed", m.seed}}},
-                      {"spec_hash", m.spec_hash},
-                      {"optimizer", m.optimizer},
-                      {"spec", m.spec_yaml},
-                      {"files", files}};
-  if (!m.loss_scale.is_null()) j["loss_scale"] = m.loss_scale;
-  return j;
-}
-
-Manifest manifest_from_json(const nlohmann::json& j) {
-  try {
-    if (j.value("format", "") != "troupe-checkpoint")
-      throw CheckpointError("not a troupe checkpoint manifest");
-    Manifest m;
-    m.format_version = j.at("format_version").get<int>();
-    if (m.format_version != kFormatVersion)
-      throw CheckpointError("manifest format_version " + std::to_string(m.format_version) +
-                            ", this build reads " + std::to_string(kFormatVersion));
-    m.step = j.at("step").get<int64_t>();
-    m.data_cursor = j.at("data_cursor").get<int64_t>();
-    m.dp = j.at("layout").at("data").get<int>();
-    m.pp = j.at("layout").at("pipeline").get<int>();
-    m.tp = j.at("layout").at("tensor").get<int>();
-    m.seed = j.at("rng").at("seed").get<uint64_t>();
-    m.spec_hash = j.value("spec_hash", "");
-    m.optimizer = j.value("optimizer", nlohmann::json::object());
-    m.spec_yaml = j.value("spec", "");
-    if (j.contains("loss_scale")) {
-      m.loss_scale = j.at("loss_scale");
-      if (!m.loss_scale.is_object()) throw CheckpointError("malformed manifest: loss_scale is not an object");
-    }
-    for (const auto& f : j.at("files"))
-      m.files.push_back(
-          {f.at("name").get<std::string>(), f.at("size").get<uint64_t>(), f.at("xxh64").get<std::string>()});
-    return m;
-  } catch (const nlohmann::json::exception& e) {
-    throw CheckpointError(std::string("malformed manifest: ") + e.what());
-  }
-}
-
 std::string step_dir_name(int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "step_%06lld", static_cast<long long>(step));
@@ -114,23 +66,6 @@ std::string prepare(const std::string& root, int64_t step) {
   fs::create_directories(tmp, ec);
   if (ec) throw Error("cannot create checkpoint directory " + tmp + ": " + ec.message());
   return tmp;
-}
-
-std::string file_xxh64(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw CheckpointError(path + ": cannot be read");
-  XXH64_state_t* st = XXH64_createState();
-  XXH64_reset(st, 0);
-  std::vector<char> buf(1 << 20);
-  while (f) {
-    f.read(buf.data(), std::streamsize(buf.size()));
-    if (f.gcount() > 0) XXH64_update(st, buf.data(), size_t(f.gcount()));
-  }
-  unsigned long long h = XXH64_digest(st);
-  XXH64_freeState(st);
-  char out[17];
-  std::snprintf(out, sizeof out, "%016llx", h);
-  return out;
 }
 
 FileRecord write_shard(const std::string& tmp_dir, const std::string& file_name,
@@ -188,35 +123,6 @@ std::string commit(const std::string& root, const Manifest& manifest, int keep) 
       fs::remove_all(e.path(), ec);
   }
   return final_dir;
-}
-
-Manifest verify(const std::string& dir) {
-  const std::string mpath = dir + "/" + kManifest;
-  std::ifstream f(mpath);
-  if (!f) throw CheckpointError(dir + ": manifest.json is missing (an uncommitted or damaged checkpoint)");
-  nlohmann::json j = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) throw CheckpointError(dir + ": manifest.json is not valid JSON");
-  Manifest m;
-  try {
-    m = manifest_from_json(j);
-  } catch (const CheckpointError& e) {
-    throw CheckpointError(dir + ": " + e.what());
-  }
-  for (const auto& rec : m.files) {
-    const std::string p = dir + "/" + rec.name;
-    std::error_code ec;
-    if (!fs::exists(p, ec)) throw CheckpointError(dir + ": file " + rec.name + " is missing");
-    uint64_t size = fs::file_size(p, ec);
-    if (ec || size != rec.size)
-      throw CheckpointError(dir + ": file " + rec.name + " has " + std::to_string(size) +
-                            " bytes, the manifest says " + std::to_string(rec.size) +
-                            " (truncated or overwritten)");
-    std::string h = file_xxh64(p);
-    if (h != rec.xxh64)
-      throw CheckpointError(dir + ": file " + rec.name + " checksum " + h +
-                            " does not match the manifest's " + rec.xxh64 + " (corrupt)");
-  }
-  return m;
 }
 
 std::vector<std::string> list(const std::string& root) {
@@ -349,7 +255,8 @@ TensorSource::TensorSource(const std::string& path) : path_(path) {
     if (!fs::exists(path)) throw CheckpointError(path + ": no such file or checkpoint directory");
     files.push_back(path);
   }
-  for (const auto& f : files) readers_.emplace_back(f);
+  // A checkpoint's shards are read as regular files only, never through a link.
+  for (const auto& f : files) readers_.emplace_back(f, manifest_ ? Links::refuse : Links::follow);
   for (size_t i = 0; i < readers_.size(); ++i) {
     const auto& r = readers_[i];
     const nlohmann::json slices = shard_slices(r);
@@ -490,7 +397,7 @@ void TensorSource::read_slice(const std::string& name, const SliceSpec& want, fl
 std::vector<std::string> tensor_names(const std::string& dir, const Manifest& m) {
   std::vector<std::string> names;
   for (const auto& f : m.files) {
-    safetensors::Reader r(dir + "/" + f.name);
+    safetensors::Reader r(dir + "/" + f.name, Links::refuse);
     for (auto& n : r.names()) names.push_back(n);
   }
   std::sort(names.begin(), names.end());

@@ -28,6 +28,15 @@ class CheckpointError : public Error {
   using Error::Error;
 };
 
+// A checkpoint refused before its data is read: a manifest troupe did not write (not JSON
+// within the reader's limits, a field missing or out of range, a file name that leaves the
+// directory) or a file that is not a regular file (a FIFO, a device, a symbolic link). The
+// message names the file and the value read; `troupe ckpt` answers it with exit code 2.
+class RefusedCheckpoint : public CheckpointError {
+ public:
+  using CheckpointError::CheckpointError;
+};
+
 // A checkpoint could not be written because its file system is full (ENOSPC,
 // EDQUOT). Retrying the same steps would fill the same disk: a job fails at once.
 class DiskFullError : public CheckpointError {
@@ -56,8 +65,20 @@ struct Manifest {
   std::vector<FileRecord> files;
 };
 
+// A manifest lists every shard file once and holds the resolved spec: a few hundred KiB for
+// thousands of ranks. A larger one is refused before it is parsed.
+inline constexpr uint64_t kMaxManifestBytes = uint64_t(64) << 20;
+
 nlohmann::json to_json(const Manifest& m);
-Manifest manifest_from_json(const nlohmann::json& j);  // throws CheckpointError
+// Every field checked: format and format_version; step and data_cursor in [0, 2^62]; layout
+// sizes within the spec's limits (data 1..65536, pipeline and tensor 1..4096); rng.seed an
+// unsigned 64-bit integer; files an array (non-empty when with_files) of distinct plain names
+// (plain_file_name, not manifest.json), sizes in [0, 2^62] and 16-hex-digit checksums.
+// Throws RefusedCheckpoint "manifest.json: layout.data is 1099511627776, outside [1, 65536]".
+Manifest manifest_from_json(const nlohmann::json& j, bool with_files = true);
+// A name of a file directly inside a directory: not empty, ".", ".." nor longer than 255
+// bytes, no '/' or NUL, valid UTF-8.
+bool plain_file_name(const std::string& name);
 
 std::string step_dir_name(int64_t step);  // "step_000500"
 
@@ -74,10 +95,16 @@ FileRecord write_shard(const std::string& tmp_dir, const std::string& file_name,
 // and removes the oldest committed checkpoints beyond `keep` (keep <= 0: keep all) and stale .tmp dirs.
 std::string commit(const std::string& root, const Manifest& manifest, int keep);
 
-// Reads and checks a committed checkpoint directory: manifest present and parseable,
-// every file present with its size and checksum. Throws CheckpointError naming the problem.
+// Reads <dir>/manifest.json as hostile input (a regular file, not a link, at most
+// kMaxManifestBytes, through core/json_read) and checks it (manifest_from_json). Throws
+// CheckpointError when it is missing, RefusedCheckpoint for everything else.
+Manifest read_manifest(const std::string& dir);
+// Reads and checks a committed checkpoint directory: the manifest (read_manifest), then every
+// file it lists, opened as a regular file inside `dir` (never a FIFO, never through a link),
+// with its size and checksum. Throws CheckpointError naming a missing, truncated or corrupt
+// file, RefusedCheckpoint naming one that is no regular file.
 Manifest verify(const std::string& dir);
-// Checksum of a file as 16 hex digits (xxh64, seed 0).
+// Checksum of a regular file (not a link) as 16 hex digits (xxh64, seed 0).
 std::string file_xxh64(const std::string& path);
 
 // Committed checkpoints under root, newest first (by step; .tmp directories excluded).

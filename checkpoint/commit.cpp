@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "core/json_read.hpp"
+
 namespace troupe::checkpoint {
 
 std::optional<ReadyCommit> CommitTracker::add(const std::string& key, const ShardReport& r) {
@@ -19,17 +21,29 @@ std::optional<ReadyCommit> CommitTracker::add(const std::string& key, const Shar
                           " under " + r.root + " of " + std::to_string(r.world) + " ranks; others said " +
                           s.root + " of " + std::to_string(s.world));
   if (!r.manifest_json.empty() && (s.manifest_json.empty() || r.rank == 0)) s.manifest_json = r.manifest_json;
+  for (const auto& f : r.files)
+    if (!plain_file_name(f.name) || f.name == "manifest.json")
+      throw CheckpointError("rank " + std::to_string(r.rank) + " reports a file named \"" +
+                            f.name.substr(0, 60) + "\": not a plain name inside the checkpoint directory");
   s.by_rank[r.rank] = r.files;
   if (int(s.by_rank.size()) < s.world) return std::nullopt;
 
   ReadyCommit out;
   out.root = s.root;
   out.keep = s.keep;
-  nlohmann::json j = nlohmann::json::parse(s.manifest_json, nullptr, false);
-  if (j.is_discarded())
-    throw CheckpointError("step " + std::to_string(r.step) + ": the reported manifest is not JSON");
+  nlohmann::json j;
+  try {
+    json_read::Limits limits;
+    limits.max_bytes = kMaxManifestBytes;
+    j = json_read::parse(s.manifest_json, "step " + std::to_string(r.step) + ": the reported manifest",
+                         limits);
+  } catch (const Error& e) {
+    throw CheckpointError(e.what());
+  }
+  if (!j.is_object())
+    throw CheckpointError("step " + std::to_string(r.step) + ": the reported manifest is not an object");
   j["files"] = nlohmann::json::array();
-  out.manifest = manifest_from_json(j);
+  out.manifest = manifest_from_json(j, /*with_files=*/false);
   for (auto& [rank, files] : s.by_rank)
     for (auto& f : files) out.manifest.files.push_back(f);
   if (out.manifest.step != r.step)

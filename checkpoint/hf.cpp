@@ -10,6 +10,7 @@
 #include <set>
 
 #include "core/dtype_convert.hpp"
+#include "core/json_read.hpp"
 
 namespace fs = std::filesystem;
 
@@ -24,20 +25,26 @@ constexpr const char* kIndex = "model.safetensors.index.json";
 constexpr uintmax_t kMaxConfigBytes = uintmax_t(1) << 20;
 constexpr uintmax_t kMaxIndexBytes = uintmax_t(16) << 20;
 
-// A JSON object from a small file; CheckpointError naming the file when it is missing, too
-// large or not a JSON object.
+// A JSON object from a small file, read as hostile input (core/json_read): CheckpointError
+// naming the file when it is missing, too large, not a regular file or not a JSON object.
 nlohmann::json read_json(const std::string& path, uintmax_t max_bytes) {
-  std::error_code ec;
-  const uintmax_t size = fs::file_size(path, ec);
-  if (ec) throw CheckpointError(path + ": cannot be read (" + ec.message() + ")");
+  uint64_t size = 0;
+  try {
+    ::close(open_regular_file(path, "Hugging Face JSON file", &size));
+  } catch (const Error& e) {
+    throw CheckpointError(e.what());
+  }
   if (size > max_bytes)
     throw CheckpointError(path + ": " + std::to_string(size) + " bytes, more than the " +
                           std::to_string(max_bytes) + " such a file may have");
-  std::ifstream f(path, std::ios::binary);
-  std::string text(size_t(size), '\0');
-  if (!f.read(text.data(), std::streamsize(size))) throw CheckpointError(path + ": cannot be read");
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) throw CheckpointError(path + ": not valid JSON");
+  json_read::Limits limits;
+  limits.max_bytes = max_bytes;
+  nlohmann::json j;
+  try {
+    j = json_read::read_file(path, "Hugging Face JSON file", limits);
+  } catch (const Error& e) {
+    throw CheckpointError(e.what());
+  }
   if (!j.is_object()) throw CheckpointError(path + ": not a JSON object");
   return j;
 }

@@ -273,6 +273,11 @@ struct ConfigCheck {
       fail(key, "is " + v->dump() + ", not an integer");
       return dflt;
     }
+    // 2^64 - 1 is an integer too, and no int64_t: said as read, not wrapped to -1.
+    if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX)) {
+      fail(key, "is " + v->dump() + ", out of range");
+      return dflt;
+    }
     return v->get<int64_t>();
   }
   double number(const char* key, double dflt) {
@@ -304,8 +309,9 @@ struct ConfigCheck {
   }
 
   void same(const char* key, int64_t dflt, int64_t want, const char* spec_key) {
+    const size_t failures = bad.size();
     const int64_t v = integer(key, dflt);
-    if (v != want)
+    if (bad.size() == failures && v != want)
       fail(key, "is " + std::to_string(v) + ", the job's " + spec_key + " is " + std::to_string(want));
   }
   void same_eps(const char* key, double dflt, double want, const std::string& what) {

@@ -50,6 +50,8 @@ int cmd_ls(const std::string& dir) {
     checkpoint::Manifest m;
     try {
       m = checkpoint::verify(d);
+    } catch (const checkpoint::RefusedCheckpoint& e) {
+      status = std::string("REFUSED: ") + e.what();
     } catch (const checkpoint::CheckpointError& e) {
       status = std::string("BAD: ") + e.what();
     }
@@ -90,6 +92,9 @@ int cmd_inspect(const std::string& dir) {
       std::printf("  %-40s %s\n", name.c_str(), shape_str(g).c_str());
     }
     std::printf("parameters  %lld\n", static_cast<long long>(params));
+  } catch (const checkpoint::RefusedCheckpoint& e) {
+    std::cerr << "troupe ckpt inspect: refused: " << e.what() << "\n";
+    return kUsage;
   } catch (const std::exception& e) {
     std::cerr << "troupe ckpt inspect: " << e.what() << "\n";
     return kJobFailed;
@@ -103,18 +108,22 @@ int cmd_verify(const std::string& dir) {
     std::cerr << "troupe ckpt verify: " << dir << ": no committed checkpoints\n";
     return kJobFailed;
   }
-  int bad = 0;
+  int bad = 0, refused = 0;
   for (const auto& d : dirs) {
     try {
       checkpoint::Manifest m = checkpoint::verify(d);
       std::printf("ok   %s (step %lld, %zu files)\n", d.c_str(), static_cast<long long>(m.step),
                   m.files.size());
+    } catch (const checkpoint::RefusedCheckpoint& e) {
+      ++refused;
+      std::printf("REFUSED  %s\n", e.what());
     } catch (const checkpoint::CheckpointError& e) {
       ++bad;
       std::printf("BAD  %s\n", e.what());
     }
   }
-  return bad ? kJobFailed : kOk;
+  // A checkpoint that is not one troupe wrote is bad input (2); a damaged one a failure (1).
+  return refused ? kUsage : bad ? kJobFailed : kOk;
 }
 
 int cmd_export(const std::string& dir, const std::string& out, const std::string& format,
@@ -151,7 +160,8 @@ void add_ckpt_command(CLI::App& app, int* exit_code) {
   auto* inspect = ckpt->add_subcommand("inspect", "Manifest, files and tensors of a checkpoint");
   inspect->add_option("dir", dir, "A step_N directory, or a root (its newest valid checkpoint)")->required();
   inspect->callback([exit_code] { *exit_code = cmd_inspect(dir); });
-  auto* verify = ckpt->add_subcommand("verify", "Check manifests, sizes and checksums; exit 1 if any is bad");
+  auto* verify = ckpt->add_subcommand(
+      "verify", "Check manifests, sizes and checksums; exit 1 if any is damaged, 2 if any is refused");
   verify->add_option("dir", dir, "Checkpoint root (or one step_N directory)")->required();
   verify->callback([exit_code] { *exit_code = cmd_verify(dir); });
   auto* exp = ckpt->add_subcommand(

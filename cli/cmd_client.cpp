@@ -182,8 +182,8 @@ void add_client_commands(CLI::App& app, int* exit_code) {
       }
       // Events are not replayed: the status is asked again whenever the stream is quiet.
       while (!terminal(state)) {
-        coord::watch_events(
-            info["pub"].get<std::string>(),
+        const auto end = coord::watch_events(
+            info.value("pub", ""), o.token,
             [&](const nlohmann::json& e) {
               if (e.value("job", "") != job) return true;
               if (f.json) std::cout << e.dump() << std::endl;
@@ -199,6 +199,12 @@ void add_client_commands(CLI::App& app, int* exit_code) {
               return !terminal(state);
             },
             std::chrono::milliseconds(2000));
+        if (end == coord::WatchEnd::refused) {
+          std::cerr << "troupe watch: the coordinator's event socket refused the API token (events need the "
+                       "same token as requests: --secret-file or --api-token-file)\n";
+          *exit_code = kUsage;
+          return;
+        }
         if (terminal(state)) break;
         auto again = coord::api_call(o, {{"op", "status"}, {"job", job}});
         if (!again.value("ok", false)) break;

@@ -17,6 +17,7 @@
 #include "coordinator/metrics.hpp"
 #include "core/run_dir.hpp"
 #include "core/spec.hpp"
+#include "plan/fit.hpp"
 #include "plan/grid.hpp"
 #include "plan/hardware.hpp"
 #include "plan/planner.hpp"
@@ -135,6 +136,7 @@ int run_job(const RunOptions& opt) {
       spec.train.trace.from_step = std::min<int64_t>(1, spec.train.steps - spec.train.trace.steps);
     }
     require_startable(spec);
+    plan::require_fits_hardware(spec);  // before any allocation, not in the allocator
   } catch (const SpecError& e) {
     std::cerr << e.what();
     return kUsage;

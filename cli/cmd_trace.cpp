@@ -51,7 +51,13 @@ int cmd_merge(const std::string& run_dir, std::string out) {
   std::vector<trace::RankTrace> ranks;
   std::vector<trace::StepShares> steps;
   try {
+    // What is read is the input (a damaged or hostile file: 2); what is written, the output (1).
     for (const auto& f : trace::rank_trace_files(dir)) ranks.push_back(trace::read_rank_trace(f));
+  } catch (const Error& e) {
+    std::cerr << "troupe trace merge: " << e.what() << "\n";
+    return kUsage;
+  }
+  try {
     steps = trace::merge(ranks, out);
   } catch (const IoError& e) {
     std::cerr << "troupe trace merge: " << e.what() << "\n";

@@ -3,6 +3,7 @@
 
 #include "cli/commands.hpp"
 #include "core/spec.hpp"
+#include "plan/fit.hpp"
 
 namespace troupe::cli {
 
@@ -21,6 +22,8 @@ void add_validate_command(CLI::App& app, int* exit_code) {
         // Small token files are read through once here, so that an id the model cannot embed is
         // found now rather than at the workers' start.
         require_startable(spec, kValidateScanBytes);
+        // A model no device could hold under any layout the spec allows is refused here too.
+        plan::require_fits_hardware(spec);
         if (quiet) continue;
         if (files.size() > 1) std::cout << (i ? "---\n" : "") << "# " << files[i] << "\n";
         std::cout << to_yaml(spec);

@@ -6,6 +6,20 @@
 
 namespace troupe::coord {
 
+json_read::Limits api_request_limits() {
+  json_read::Limits l;
+  l.max_bytes = uint64_t(16) << 20;
+  l.max_depth = 16;
+  return l;
+}
+
+json_read::Limits api_reply_limits() {
+  json_read::Limits l;
+  l.max_bytes = uint64_t(256) << 20;
+  l.max_depth = 64;
+  return l;
+}
+
 nlohmann::json api_error(const std::string& name, const std::string& message) {
   return {{"ok", false}, {"error", name}, {"message", message}};
 }

@@ -24,8 +24,15 @@
 #include <string>
 
 #include "coordinator/state.hpp"
+#include "core/json_read.hpp"
 
 namespace troupe::coord {
+
+// The bounds the API's JSON is read under (core/json_read.hpp): a request at most the
+// socket's message limit (16 MiB), nested at most 16 deep (no request nests more than 2); a
+// reply or an event at most 256 MiB and 64 deep.
+json_read::Limits api_request_limits();
+json_read::Limits api_reply_limits();
 
 nlohmann::json api_error(const std::string& name, const std::string& message);
 

@@ -5,12 +5,15 @@
 
 #include "coordinator/api.hpp"
 #include "core/error.hpp"
+#include "core/json_read.hpp"
 #include "core/text.hpp"
 
 namespace troupe::coord {
 
 struct ApiServer::Sockets {
   zmq::context_t ctx{1};
+  // Bound before the PUB socket: ZeroMQ refuses a PLAIN handshake while nobody answers ZAP.
+  zmq::socket_t zap{ctx, zmq::socket_type::rep};
   zmq::socket_t router{ctx, zmq::socket_type::router};
   zmq::socket_t pub{ctx, zmq::socket_type::pub};
 };
@@ -43,9 +46,7 @@ bool is_loopback_endpoint(const std::string& ep) {
 
 ApiServer::ApiServer(ApiOptions options, Handler handler)
     : opt_(std::move(options)), handler_(std::move(handler)) {
-  TROUPE_CHECK(
-      is_loopback_endpoint(opt_.endpoint) || !opt_.token.empty(), "the API endpoint ", opt_.endpoint,
-      " is not a loopback address: give --api-token-file so that every request must carry the token");
+  TROUPE_CHECK(!opt_.token.empty(), "the API needs a token that every request and subscriber must carry");
   if (opt_.pub_endpoint.empty()) {
     auto [host, port] = split_tcp(opt_.endpoint);
     TROUPE_CHECK(!host.empty() && !port.empty(), "cannot derive the PUB endpoint from ", opt_.endpoint,
@@ -56,13 +57,17 @@ ApiServer::ApiServer(ApiOptions options, Handler handler)
       opt_.pub_endpoint = "tcp://" + host + ":" + std::to_string(std::stoi(port) + 1);
     }
   }
-  TROUPE_CHECK(is_loopback_endpoint(opt_.pub_endpoint) || !opt_.token.empty(), "the PUB endpoint ",
-               opt_.pub_endpoint, " is not a loopback address: give --api-token-file");
   auto s = std::make_unique<Sockets>();
   s->router.set(zmq::sockopt::maxmsgsize, opt_.max_message_bytes);
   s->router.set(zmq::sockopt::linger, 0);
+  s->pub.set(zmq::sockopt::maxmsgsize, opt_.max_subscriber_message_bytes);
   s->pub.set(zmq::sockopt::linger, 0);
+  s->pub.set(zmq::sockopt::plain_server, 1);
+  s->pub.set(zmq::sockopt::zap_domain, "troupe-events");
+  s->zap.set(zmq::sockopt::linger, 0);
+  s->zap.set(zmq::sockopt::maxmsgsize, int64_t(64) << 10);
   try {
+    s->zap.bind("inproc://zeromq.zap.01");
     s->router.bind(bindable(opt_.endpoint));
     s->pub.bind(bindable(opt_.pub_endpoint));
   } catch (const zmq::error_t& e) {
@@ -96,9 +101,9 @@ std::string ApiServer::answer(const std::string& payload) {
         api_error("bad_request", "the request is not valid UTF-8 (byte " + std::to_string(bad) + ")"));
   nlohmann::json req;
   try {
-    req = nlohmann::json::parse(payload);
-  } catch (const nlohmann::json::exception& e) {
-    return json_text(api_error("bad_json", std::string("the request is not JSON: ") + e.what()));
+    req = json_read::parse(payload, "the request", api_request_limits());
+  } catch (const Error& e) {
+    return json_text(api_error("bad_json", e.what()));
   }
   if (!req.is_object()) return json_text(api_error("bad_request", "a request is a JSON object"));
   if (!opt_.token.empty()) {
@@ -118,12 +123,44 @@ std::string ApiServer::answer(const std::string& payload) {
   return handler_(payload);
 }
 
+// One ZAP request (RFC 27): version, request id, domain, address, identity, mechanism, then
+// the mechanism's credentials (PLAIN: user name, password). Answered 200 for the token, 400
+// for anything else; the reply goes out whatever throws, so no handshake waits for ever.
+void ApiServer::answer_zap() {
+  auto& zap = sockets_->zap;
+  std::vector<zmq::message_t> frames;
+  while (true) {
+    zmq::message_t m;
+    if (!zap.recv(m, zmq::recv_flags::dontwait)) break;
+    const bool more = m.more();
+    frames.push_back(std::move(m));
+    if (!more || frames.size() > 16) break;
+  }
+  const std::string request_id = frames.size() > 1 ? frames[1].to_string() : "";
+  const bool ok = frames.size() == 8 && frames[0].to_string_view() == "1.0" &&
+                  frames[5].to_string_view() == "PLAIN" &&
+                  constant_time_equal(frames[7].to_string(), opt_.token);
+  (ok ? admitted_ : refused_).fetch_add(1);
+  try {
+    zap.send(zmq::str_buffer("1.0"), zmq::send_flags::sndmore);
+    zap.send(zmq::buffer(request_id), zmq::send_flags::sndmore);
+    zap.send(ok ? zmq::str_buffer("200") : zmq::str_buffer("400"), zmq::send_flags::sndmore);
+    zap.send(ok ? zmq::str_buffer("OK") : zmq::str_buffer("the events need the API token"),
+             zmq::send_flags::sndmore);
+    zap.send(zmq::str_buffer(""), zmq::send_flags::sndmore);
+    zap.send(zmq::str_buffer(""), zmq::send_flags::none);
+  } catch (const zmq::error_t&) {
+  }
+}
+
 void ApiServer::loop() {
   auto& router = sockets_->router;
   auto& pub = sockets_->pub;
   while (!stop_.load()) {
-    zmq::pollitem_t items[] = {{router.handle(), 0, ZMQ_POLLIN, 0}};
-    zmq::poll(items, 1, std::chrono::milliseconds(10));
+    zmq::pollitem_t items[] = {{router.handle(), 0, ZMQ_POLLIN, 0},
+                               {sockets_->zap.handle(), 0, ZMQ_POLLIN, 0}};
+    zmq::poll(items, 2, std::chrono::milliseconds(10));
+    if (items[1].revents & ZMQ_POLLIN) answer_zap();
     if (items[0].revents & ZMQ_POLLIN) {
       // Envelope: identity, then an empty delimiter for REQ clients (none for
       // DEALER); the last frame is the request.

@@ -18,9 +18,21 @@ struct ClientOptions {
 // comes back as {"ok":false,"error":"unreachable",...}.
 nlohmann::json api_call(const ClientOptions& options, nlohmann::json request);
 
-// Subscribes to the PUB endpoint and calls on_event for each event until it
-// returns false or the timeout passes without any event (returns false then).
-bool watch_events(const std::string& pub_endpoint, const std::function<bool(const nlohmann::json&)>& on_event,
-                  std::chrono::milliseconds idle_timeout);
+// The largest reply or event a client takes (ZMQ_MAXMSGSIZE on its sockets): a peer that
+// pretends to be the coordinator cannot make it buffer more.
+inline constexpr int64_t kMaxReplyBytes = int64_t(256) << 20;
+
+enum class WatchEnd {
+  stopped,  // on_event returned false
+  idle,     // no event within idle_timeout
+  refused,  // the coordinator turned the token away (a wrong or missing token)
+};
+
+// Subscribes to the PUB endpoint, proving `token` (ZMQ_PLAIN; the coordinator admits no
+// subscriber without it), and calls on_event for each event until it returns false, the
+// timeout passes without any event, or the token is refused.
+WatchEnd watch_events(const std::string& pub_endpoint, const std::string& token,
+                      const std::function<bool(const nlohmann::json&)>& on_event,
+                      std::chrono::milliseconds idle_timeout);
 
 }  // namespace troupe::coord

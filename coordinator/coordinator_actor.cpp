@@ -428,8 +428,8 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
               api_error("bad_request", "the request is not valid UTF-8 (byte " + std::to_string(bad) + ")"));
         nlohmann::json req;
         try {
-          req = nlohmann::json::parse(text);
-        } catch (const nlohmann::json::exception& e) {
+          req = json_read::parse(text, "the request", api_request_limits());
+        } catch (const Error& e) {
           return json_text(api_error("bad_json", e.what()));
         }
         Actions a;

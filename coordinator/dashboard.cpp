@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "coordinator/api.hpp"
 #include "coordinator/event_text.hpp"
 #include "coordinator/job.hpp"
 
@@ -57,7 +58,7 @@ JobHistory::Job& JobHistory::job_locked(const std::string& id) {
 
 void JobHistory::on_event(const std::string& event_json) noexcept {
   try {
-    auto e = nlohmann::json::parse(event_json, nullptr, false);
+    auto e = json_read::parse(event_json, "an event", api_reply_limits());
     if (!e.is_object()) return;
     std::lock_guard<std::mutex> lock(mu_);
     take(e);

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "coordinator/api.hpp"
 #include "coordinator/dashboard.hpp"
 #include "coordinator/http_server.hpp"
 #include "coordinator/job.hpp"
@@ -32,7 +33,11 @@ HttpResponse error_response(int status, const std::string& name, const std::stri
 
 // The coordinator's answer, or the reason there is none (it did not answer, or refused).
 nlohmann::json parse_answer(const std::string& text) {
-  auto j = nlohmann::json::parse(text, nullptr, false);
+  nlohmann::json j;
+  try {
+    j = json_read::parse(text, "the coordinator's answer", api_reply_limits());
+  } catch (const Error&) {
+  }
   if (!j.is_object())
     return {{"ok", false}, {"error", "internal"}, {"message", "the coordinator's answer is not JSON"}};
   return j;

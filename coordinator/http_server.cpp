@@ -17,12 +17,14 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string_view>
 #include <utility>
 
 #include "coordinator/http_parse.hpp"
 #include "core/error.hpp"
+#include "core/net_address.hpp"
 #include "core/text.hpp"
 
 namespace troupe::coord {
@@ -195,6 +197,9 @@ Endpoint parse_listen(const std::string& listen) {
   return ep;
 }
 
+// "127.0.0.1:53422" -> "127.0.0.1", "[::1]:53422" -> "[::1]".
+std::string host_of(const std::string& peer) { return peer.substr(0, peer.rfind(':')); }
+
 // "127.0.0.1:53422" or "[::1]:53422".
 std::string format_address(const sockaddr_storage& ss) {
   char buf[INET6_ADDRSTRLEN] = {0};
@@ -266,6 +271,8 @@ struct Conn {
   State state = State::reading;
   bool over_limit = false;  // accepted beyond max_connections to be answered 503
   std::string peer;
+  std::string key;  // the address its limits count under (address_key)
+  int64_t accepted = 0;
   std::string in;
   size_t scan = 0;  // head_end's place in `in`
   std::string out_head, out_body;
@@ -375,22 +382,63 @@ struct HttpServer::Loop {
         accept_paused_until = now_ms() + kAcceptBackoffMs;  // EMFILE, ENFILE, ENOBUFS, ENOMEM
         return;
       }
-      const auto slots =
-          std::count_if(conns.begin(), conns.end(), [](const Conn& c) { return !c.over_limit; });
-      // Each 503 holds a slot until it is read; past twice the limit a flood is closed unanswered.
-      if (slots >= opt.max_connections && conns.size() >= 2 * static_cast<size_t>(opt.max_connections))
-        continue;
       Conn fresh;
       fresh.peer = format_address(ss);
+      fresh.key = address_key(host_of(fresh.peer));
+      const std::string refusal = admit(fresh.key);
+      if (refusal == "close") continue;  // a flood beyond its 503s: closed unanswered
       conns.push_back(std::move(fresh));
       Conn& c = conns.back();
       c.fd = fd.release();
-      c.deadline = now_ms() + opt.idle_timeout_ms;
-      if (slots >= opt.max_connections) {
+      c.accepted = now_ms();
+      c.deadline = c.accepted + opt.idle_timeout_ms;
+      if (!refusal.empty()) {
         c.over_limit = true;
-        respond(c, error_response(503, "too many connections; try again"), false);
+        respond(c, error_response(503, refusal), false);
       }
     }
+  }
+
+  // Whether a connection of address `key` gets a slot: "" yes (after closing the busiest
+  // address's oldest waiting connection when every slot is taken), a message for its 503, or
+  // "close" when even the 503s are past their bound.
+  std::string admit(const std::string& key) {
+    int slots = 0, mine = 0, mine_503 = 0, answering = 0;
+    std::map<std::string, int> held;  // address -> slots (a few dozen entries at most)
+    for (const auto& c : conns) {
+      if (c.fd < 0) continue;
+      if (c.over_limit) {
+        ++answering;
+        mine_503 += c.key == key;
+        continue;
+      }
+      ++slots;
+      mine += c.key == key;
+      ++held[c.key];
+    }
+    // Each 503 holds its connection until it is read: a few per address, twice the slots in all.
+    const bool no_more_503 = mine_503 >= 4 || slots + answering >= 2 * opt.max_connections;
+    if (mine >= opt.max_connections_per_address)
+      return no_more_503 ? "close"
+                         : "too many connections from " + key + " (at most " +
+                               std::to_string(opt.max_connections_per_address) + "); try again";
+    if (slots < opt.max_connections) return "";
+    // Every slot is taken: the address holding the most gives one up, if it holds more than the
+    // newcomer would. Its oldest connection still waiting for a whole request goes.
+    auto busiest = std::max_element(held.begin(), held.end(),
+                                    [](const auto& a, const auto& b) { return a.second < b.second; });
+    if (busiest != held.end() && busiest->second > mine + 1) {
+      Conn* oldest = nullptr;
+      for (auto& c : conns)
+        if (c.fd >= 0 && !c.over_limit && c.key == busiest->first && c.state == Conn::State::reading &&
+            (oldest == nullptr || c.accepted < oldest->accepted))
+          oldest = &c;
+      if (oldest != nullptr) {
+        close(*oldest);
+        return "";
+      }
+    }
+    return no_more_503 ? "close" : "too many connections; try again";
   }
 
   void read_some(Conn& c) {
@@ -517,8 +565,8 @@ HttpServer::HttpServer(HttpOptions options, Handler handler) : loop_(std::make_u
   l.handler = std::move(handler);
   l.requests = &requests_;
   TROUPE_CHECK(l.handler != nullptr, "the dashboard needs a handler");
-  TROUPE_CHECK(l.opt.max_connections >= 1 && l.opt.idle_timeout_ms >= 1 && l.opt.max_header_bytes >= 16 &&
-                   l.opt.min_send_rate >= 1,
+  TROUPE_CHECK(l.opt.max_connections >= 1 && l.opt.max_connections_per_address >= 1 &&
+                   l.opt.idle_timeout_ms >= 1 && l.opt.max_header_bytes >= 16 && l.opt.min_send_rate >= 1,
                "bad dashboard limits");
   const Endpoint ep = parse_listen(l.opt.listen);
   requires_token_ = l.requires_token = !is_loopback_host(ep.host);

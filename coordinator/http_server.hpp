@@ -12,6 +12,13 @@
 // delays nobody else. Malformed input, a wrong Host and a missing token are answered
 // 4xx and never reach the handler.
 //
+// The slots are shared fairly between addresses (core/net_address.hpp: an IPv4 address or
+// an IPv6 /64). One address holds at most max_connections_per_address of them; beyond, it
+// is answered 503 (a few such answers at a time, then closed unanswered). When every slot is
+// taken, a newcomer whose address holds fewer than the busiest address is let in by closing
+// that address's oldest connection still waiting for its request: a client that keeps slow
+// connections open, however many addresses it uses, cannot keep another one out.
+//
 // A connection's life:
 //
 //   accept -> reading --(a whole, valid head)--> handler ---+
@@ -74,8 +81,9 @@ struct HttpOptions {
   // name is answered 421: a page of another site that points its own name at 127.0.0.1
   // (DNS rebinding) names that site in its Host.
   bool check_host = true;
-  size_t max_header_bytes = 16 << 10;  // request line + headers; more -> 431, connection closed
-  int max_connections = 64;            // beyond: accepted, answered 503, closed
+  size_t max_header_bytes = 16 << 10;    // request line + headers; more -> 431, connection closed
+  int max_connections = 64;              // beyond: accepted, answered 503, closed
+  int max_connections_per_address = 16;  // one address's share (503 beyond)
   // A connection that has not sent a whole request this long after accept is closed (408
   // if it sent bytes). An answer has max(this, its body at min_send_rate) from its first
   // byte to be taken whole, or the connection is reset: a peer reading a byte now and

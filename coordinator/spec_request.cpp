@@ -1,5 +1,6 @@
 #include "coordinator/spec_request.hpp"
 
+#include "plan/fit.hpp"
 #include "plan/hardware.hpp"
 #include "plan/planner.hpp"
 
@@ -50,7 +51,8 @@ JobRequest job_request(const JobSpec& spec, const std::string& default_hardware)
 JobRequest job_request_from_yaml(const std::string& yaml_text, const std::string& filename,
                                  const std::string& default_hardware) {
   JobSpec spec = parse_spec(yaml_text, filename);
-  require_runnable(spec);  // a job no worker can start is refused at submit, not retried
+  require_runnable(spec);             // a job no worker can start is refused at submit, not retried
+  plan::require_fits_hardware(spec);  // nor one no device could hold
   JobRequest r = job_request(spec, default_hardware);
   // An auto job is planned at launch, for the devices there are then.
   if (r.auto_plan) return r;

@@ -10,6 +10,8 @@
 
 #include "coordinator/state.hpp"
 #include "core/error.hpp"
+#include "core/hostile_file.hpp"
+#include "core/json_read.hpp"
 
 namespace troupe::coord {
 
@@ -245,14 +247,19 @@ void save_table(const std::string& state_dir, const nlohmann::json& table) {
   }
 }
 
+// The job table lists every job the coordinator knows, each with its resolved spec.
+constexpr uint64_t kMaxTableBytes = uint64_t(256) << 20;
+
 nlohmann::json load_table_file(const std::string& state_dir) {
   const std::string path = state_file(state_dir);
   if (!std::filesystem::exists(path)) return nullptr;
-  std::ifstream in(path);
-  TROUPE_CHECK(in.good(), "cannot read ", path);
-  auto table = nlohmann::json::parse(in, nullptr, false);
-  TROUPE_CHECK(!table.is_discarded(), "the job table ", path, " is not valid JSON");
-  return table;
+  json_read::Limits limits;
+  limits.max_bytes = kMaxTableBytes;
+  try {
+    return json_read::read_file(path, "job table", limits, Links::refuse);
+  } catch (const Error& e) {
+    throw Error(std::string("the job table ") + e.what());
+  }
 }
 
 }  // namespace troupe::coord

@@ -11,6 +11,7 @@
 
 #include "core/error.hpp"
 #include "core/hostile_file.hpp"
+#include "core/json_read.hpp"
 
 namespace troupe::bpe {
 
@@ -365,9 +366,15 @@ Tokenizer Tokenizer::load(const std::string& path) {
 
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw Error(where + "not JSON (at byte " + std::to_string(e.byte) + ")");
+    json_read::Limits limits;
+    limits.max_bytes = kMaxFileBytes;
+    limits.max_depth = 4;
+    j = json_read::parse(text, "", limits);
+  } catch (const Error& e) {
+    // ": not valid JSON (byte 9): syntax error ..." -> "not JSON (byte 9): syntax error ..."
+    std::string why = std::string(e.what()).substr(2);
+    if (why.rfind("not valid JSON ", 0) == 0) why = "not JSON " + why.substr(15);
+    throw Error(where + why);
   }
   require(j.is_object(), where, "not a JSON object");
   for (const auto& [key, value] : j.items()) {

@@ -15,7 +15,14 @@ namespace troupe {
 int open_regular_file(const std::string& path, const char* what, uint64_t* size, Links links) {
   const int fd =
       ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | (links == Links::refuse ? O_NOFOLLOW : 0));
-  require(fd >= 0, path, ": cannot open: ", std::strerror(errno));
+  if (fd < 0) {
+    const int e = errno;
+    if (e == ELOOP && links == Links::refuse)
+      throw IoError(
+          path + ": is a symbolic link; a " + what + " is read only as a regular file, not through a link",
+          e);
+    throw IoError(path + ": cannot open: " + std::strerror(e), e);
+  }
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     const bool dir = S_ISDIR(st.st_mode);
@@ -43,7 +50,7 @@ std::string read_regular_file(const std::string& path, uint64_t max_bytes, const
     if (n < 0) {
       const int e = errno;
       ::close(fd);
-      require(false, path, ": cannot read: ", std::strerror(e));
+      throw IoError(path + ": cannot read: " + std::strerror(e), e);
     }
     if (n == 0) break;
     text.append(buf, static_cast<size_t>(n));

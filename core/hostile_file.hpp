@@ -12,10 +12,12 @@ namespace troupe {
 // Opens `path` read-only (O_NONBLOCK: a FIFO opens at once instead of waiting for a writer)
 // and refuses anything but a regular file: "<path>: is a directory, not a <what>" or
 // "<path>: not a regular file" (troupe::Error). Returns the descriptor, which the caller
-// closes, and its size in *size.
+// closes, and its size in *size. A failed open is a troupe::IoError with its errno
+// ("<path>: cannot open: No such file or directory", ENOENT).
 //
-// Links::refuse: a symbolic link as the last component is refused too (O_NOFOLLOW) — for a
-// file served to others from a directory other users might write into.
+// Links::refuse: a symbolic link as the last component is refused too (O_NOFOLLOW, IoError
+// ELOOP "<path>: is a symbolic link; ...") — for a file served to others, or read from a
+// directory other users might write into (a checkpoint's shards and manifest).
 enum class Links { follow, refuse };
 int open_regular_file(const std::string& path, const char* what, uint64_t* size, Links links = Links::follow);
 

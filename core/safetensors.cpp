@@ -10,12 +10,16 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "core/json_read.hpp"
+
 namespace troupe::safetensors {
 namespace {
 
 // The reference implementation refuses headers above 100 MB; so do we, so that a
 // corrupt length cannot make us allocate gigabytes.
 constexpr uint64_t kMaxHeader = 100'000'000;
+// {"name": {"shape": [..]}}: three levels; metadata values are strings.
+constexpr int kMaxHeaderDepth = 4;
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
   throw FormatError("safetensors " + path + ": " + what);
@@ -133,13 +137,13 @@ uint64_t write(const std::string& path, const std::vector<WriteEntry>& entries, 
   return 8 + hlen + offset;
 }
 
-Reader::Reader(const std::string& path) : path_(path) {
-  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) throw Error("safetensors " + path + ": cannot open: " + std::strerror(errno));
+Reader::Reader(const std::string& path, Links links) : path_(path) {
   try {
-    struct stat st {};
-    TROUPE_CHECK(::fstat(fd_, &st) == 0, "fstat ", path);
-    file_size_ = static_cast<uint64_t>(st.st_size);
+    fd_ = open_regular_file(path, "safetensors file", &file_size_, links);
+  } catch (const Error& e) {
+    throw FormatError(std::string("safetensors ") + e.what());
+  }
+  try {
     if (file_size_ < 8) fail(path, "file of " + std::to_string(file_size_) + " bytes has no header length");
     unsigned char len_le[8];
     pread_all(fd_, len_le, 8, 0, path);
@@ -156,9 +160,12 @@ Reader::Reader(const std::string& path) : path_(path) {
 
     nlohmann::json header;
     try {
-      header = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::exception& e) {
-      fail(path, std::string("header is not valid JSON: ") + e.what());
+      json_read::Limits limits;
+      limits.max_bytes = kMaxHeader;
+      limits.max_depth = kMaxHeaderDepth;
+      header = json_read::parse(text, "header", limits);
+    } catch (const Error& e) {
+      fail(path, e.what());
     }
     if (!header.is_object()) fail(path, "header is not a JSON object");
     for (auto it = header.begin(); it != header.end(); ++it) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/hostile_file.hpp"
 #include "core/tensor.hpp"
 
 namespace troupe::safetensors {
@@ -61,7 +62,10 @@ struct TensorInfo {
 
 class Reader {
  public:
-  explicit Reader(const std::string& path);  // opens and validates; throws FormatError
+  // Opens and validates; throws FormatError. The file is opened as a regular file only (a FIFO
+  // is refused, never waited on), and with Links::refuse never through a symbolic link (a
+  // checkpoint's shards); its header goes through core/json_read's limits.
+  explicit Reader(const std::string& path, Links links = Links::follow);
   ~Reader();
   Reader(const Reader&) = delete;
   Reader& operator=(const Reader&) = delete;

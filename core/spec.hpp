@@ -128,6 +128,12 @@ struct TrainSpec {
   int64_t log_every = 1;
 };
 
+// The largest degrees a spec may ask for (checked by load_spec; a checkpoint's manifest is
+// held to the same).
+inline constexpr int kMaxDataParallel = 65536;
+inline constexpr int kMaxPipelineParallel = 4096;
+inline constexpr int kMaxTensorParallel = 4096;
+
 struct ParallelSpec {
   int data = 1, pipeline = 1, tensor = 1;  // 0 means "auto"
   Schedule schedule = Schedule::one_f_one_b;

@@ -535,9 +535,10 @@ void parallel_rules(Section& s, JobSpec& j) {
 const Table& parallel_table() {
   static const Table t{
       {
-          {"data", [](S& s, K& k, JobSpec& j) { s.degree(k, j.parallel.data, 65536); }},
-          {"pipeline", [](S& s, K& k, JobSpec& j) { s.degree(k, j.parallel.pipeline, 4096); }},
-          {"tensor", [](S& s, K& k, JobSpec& j) { s.degree(k, j.parallel.tensor, 4096); }},
+          {"data", [](S& s, K& k, JobSpec& j) { s.degree(k, j.parallel.data, kMaxDataParallel); }},
+          {"pipeline",
+           [](S& s, K& k, JobSpec& j) { s.degree(k, j.parallel.pipeline, kMaxPipelineParallel); }},
+          {"tensor", [](S& s, K& k, JobSpec& j) { s.degree(k, j.parallel.tensor, kMaxTensorParallel); }},
           {"schedule", [](S& s, K& k, JobSpec& j) { s.enumeration(k, j.parallel.schedule); }},
           // A positive integer, or auto (0) for the planner to choose under the interleaved schedule.
           {"virtual_stages", [](S& s, K& k, JobSpec& j) { s.degree(k, j.parallel.virtual_stages, 1024); }},

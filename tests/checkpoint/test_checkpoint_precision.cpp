@@ -150,7 +150,7 @@ TEST_CASE("fp16: a manifest with a bad loss_scale is refused with its name, not 
       {{{"scale", 1024.0}, {"clean_steps", -1}, {"skipped_steps", 0}}, "counts >= 0"},
       {{{"scale", "big"}, {"clean_steps", 0}, {"skipped_steps", 0}}, "malformed loss_scale"},
       {{{"scale", 1024.0}}, "malformed loss_scale"},
-      {nlohmann::json::array({1, 2}), "loss_scale is not an object"}};
+      {nlohmann::json::array({1, 2}), "loss_scale is [1,2], not an object"}};
   for (const auto& [bad, says] : bad_ones) {
     INFO(bad.dump());
     nlohmann::json j = good;

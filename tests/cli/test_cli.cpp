@@ -154,6 +154,40 @@ TEST_CASE("cli: an invalid spec exits 2 with file:line:col and starts nothing", 
   fs::remove_all(dir);
 }
 
+TEST_CASE("cli: a model no known device can hold is refused by validate and run, naming its size", "[cli]") {
+  const std::string dir = temp_dir("too_big");
+  // d_model 65536 x 4096 layers: 211 trillion parameters, 3.4 PB on one device (run reached the
+  // allocator before: "out of memory allocating 844438964797440 bytes").
+  const std::string spec = write_file(
+      dir, "huge.yaml",
+      "name: huge\nmodel: {type: gpt, seq_len: 16, d_model: 65536, n_layers: 4096, n_heads: 1024}\n"
+      "data: {source: synthetic}\ntrain: {steps: 5, global_batch: 4}\n");
+  Result v = cli("validate " + spec);
+  INFO(v.out);
+  CHECK(v.code == 2);
+  CHECK(v.out.find("huge.yaml:2:") != std::string::npos);
+  CHECK(v.out.find("the model has 211,109,740,150,784 parameters") != std::string::npos);
+  CHECK(v.out.find("each device holds at least 3.38 PB") != std::string::npos);
+  CHECK(v.out.find(" PB of weights, gradients and optimizer state") != std::string::npos);
+  CHECK(v.out.find("of the largest device troupe knows (hardware profile h200-sxm)") != std::string::npos);
+  Result r = cli("run " + spec + " --runs-dir " + dir + "/runs");
+  INFO(r.out);
+  CHECK(r.code == 2);
+  CHECK(r.out.find("each device holds at least") != std::string::npos);
+  CHECK(r.out.find("out of memory") == std::string::npos);
+  CHECK_FALSE(fs::exists(dir + "/runs"));
+  // Split as far as the spec lets the planner split it, the same model fits: not refused here.
+  const std::string split = write_file(
+      dir, "split.yaml",
+      "name: split\nmodel: {type: gpt, seq_len: 16, d_model: 65536, n_layers: 4096, n_heads: 1024}\n"
+      "data: {source: synthetic}\ntrain: {steps: 5, global_batch: 4}\n"
+      "parallel: {data: 1, pipeline: auto, tensor: auto}\n");
+  Result a = cli("validate -q " + split);
+  INFO(a.out);
+  CHECK(a.out.find("each device holds at least") == std::string::npos);
+  fs::remove_all(dir);
+}
+
 TEST_CASE("cli: cuda with a tensor group, or on a host without a GPU, is refused and starts nothing",
           "[cli]") {
   const std::string dir = temp_dir("unrunnable");
@@ -269,7 +303,7 @@ TEST_CASE("cli: run --resume refuses a damaged or missing checkpoint before anyt
 
   const std::string garbled = damaged_copy("garbled");
   std::ofstream(garbled + "/" + step + "/manifest.json") << "{\"format_version\": 1, \"fi";
-  refused(garbled + "/" + step, "manifest.json is not valid JSON");
+  refused(garbled + "/" + step, "manifest.json: not valid JSON");
 
   refused(dir + "/nowhere", dir + "/nowhere: no such directory");
   refused(only_subdir(dir + "/runs"), "a run directory, not a checkpoint; its checkpoints are in");

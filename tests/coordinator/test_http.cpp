@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
@@ -324,6 +325,73 @@ TEST_CASE("http connections beyond max_connections are answered 503", "[http]") 
   CHECK(b.reply().status == 200);
   a.close();
   CHECK(s.calls == 1);
+}
+
+TEST_CASE("http one address holds at most its share of slots, another address is served meanwhile",
+          "[http]") {
+  HttpOptions o;
+  o.max_connections = 8;
+  o.max_connections_per_address = 3;
+  Served s(o);
+  // 127.0.0.2 holds three slots with half-sent requests; its fourth is answered 503 by name.
+  std::vector<std::unique_ptr<HttpConn>> slow;
+  for (int i = 0; i < 3; ++i) {
+    slow.push_back(std::make_unique<HttpConn>(s.addr(), 0, "127.0.0.2"));
+    REQUIRE(slow.back()->ok());
+    slow.back()->send("GET / HTTP/1.1\r\nHost: 127.0");
+  }
+  HttpConn fourth(s.addr(), 0, "127.0.0.2");
+  REQUIRE(fourth.ok());
+  const HttpReply over = fourth.reply();
+  CHECK(over.status == 503);
+  CHECK(over.body.find("too many connections from 127.0.0.2 (at most 3)") != std::string::npos);
+  // A flood from the same address gets no slot: each connection is answered 503 or, past a few
+  // 503s held at once, closed unanswered. 127.0.0.1 is served all along.
+  std::vector<std::unique_ptr<HttpConn>> flood;
+  for (int i = 0; i < 20; ++i) flood.push_back(std::make_unique<HttpConn>(s.addr(), 0, "127.0.0.2"));
+  for (int i = 0; i < 5; ++i) CHECK(get(s.addr(), "/").status == 200);
+  for (auto& c : flood) {
+    const int status = c->reply().status;
+    CHECK((status == 503 || status == 0));
+  }
+  CHECK(s.calls == 5);
+}
+
+TEST_CASE("http with every slot taken, the busiest address gives its oldest waiting connection to a newcomer",
+          "[http]") {
+  HttpOptions o;
+  o.max_connections = 6;
+  o.max_connections_per_address = 6;
+  Served s(o);
+  auto waiting = [&](const char* from) {
+    auto c = std::make_unique<HttpConn>(s.addr(), 0, from);
+    REQUIRE(c->ok());
+    c->send("GET / HTTP/1.1\r\n");  // a request it does not finish (yet)
+    return c;
+  };
+  // Two addresses take every slot: 4 from .2, then 2 from .3 (accepted in this order).
+  std::vector<std::unique_ptr<HttpConn>> slow;
+  for (const char* from : {"127.0.0.2", "127.0.0.2", "127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3"})
+    slow.push_back(waiting(from));
+  // Each newcomer takes the oldest waiting connection of the busiest address, which is closed
+  // unanswered: .2 holds 4, then 3, then ties with .3 at 2 (and goes first by name).
+  std::vector<std::unique_ptr<HttpConn>> fresh;
+  for (const char* from : {"127.0.0.4", "127.0.0.5", "127.0.0.6"}) {
+    fresh.push_back(waiting(from));
+    CHECK(slow[fresh.size() - 1]->reply().status == 0);
+  }
+  // .3 holds 2 like .2: it takes nothing from a peer with its own share, and is answered 503.
+  HttpConn third(s.addr(), 0, "127.0.0.3");
+  REQUIRE(third.ok());
+  CHECK(third.reply().status == 503);
+  // Everyone left finishes the request and is answered.
+  for (auto* group : {&fresh, &slow})
+    for (auto& c : *group) {
+      if (!c->ok()) continue;
+      c->send("Host: 127.0.0.1\r\n\r\n");
+      CHECK(c->reply().status == 200);
+    }
+  CHECK(s.calls == 6);
 }
 
 TEST_CASE("http a silent connection is closed at idle_timeout, a partial one answered 408", "[http]") {

@@ -1,13 +1,19 @@
-// Mutation fuzzing of the spec parser: every shipped config, mutated thousands of times with a
-// fixed seed, must either parse (and then round-trip through to_yaml) or throw SpecError with
+// Mutation fuzzing of the hostile-input parsers. The spec parser: every shipped config, mutated thousands of
+// times with a fixed seed, must either parse (and then round-trip through to_yaml) or throw SpecError with
 // usable diagnostics. Any other exception, a crash or a sanitizer report fails the test.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
 
+#include "core/bpe.hpp"
+#include "core/error.hpp"
+#include "core/json_read.hpp"
 #include "core/spec.hpp"
+#include "core/trace.hpp"
 
 namespace fs = std::filesystem;
 
@@ -169,4 +175,107 @@ TEST_CASE("spec fuzz: mutated configs parse or throw SpecError", "[core][spec][f
   CHECK(parsed > 0);
   CHECK(rejected > 0);
   CHECK(parsed + rejected == static_cast<int>(files.size()) * kMutationsPerFile);
+}
+
+namespace {
+
+// The inputs that attacked the JSON readers, as they were found.
+std::vector<std::string> json_attacks() {
+  std::string objects = "{\"traceEvents\": [";
+  for (int i = 0; i < 200000; ++i) objects += i ? ",{}" : "{}";
+  std::string keys = "{\"traceEvents\": [{\"ph\": \"X\", \"args\": {";
+  for (int i = 0; i < 100000; ++i) keys += (i ? ",\"k" : "\"k") + std::to_string(i) + "\": 1";
+  return {std::string(1000000, '['),
+          std::string(100000, '[') + std::string(100000, ']'),
+          std::string(5 << 20, '['),
+          objects + "]}",
+          keys + "}}]}",
+          R"({"a": 1, "a": 2})",
+          R"({"traceEvents": [], "traceEvents": []})",
+          "[1e999, -1e999, 18446744073709551616]",
+          "\"" + std::string(1 << 20, 'x') + "\"",
+          "{\"\xff\": 1}",
+          ""};
+}
+
+// Random damage to a text: bytes overwritten, cut, structural characters inserted.
+std::string damage(std::mt19937_64& rng, std::string t) {
+  for (int k = 1 + int(rng() % 4); k > 0; --k) {
+    if (t.empty()) return t;
+    const size_t at = rng() % t.size();
+    switch (rng() % 4) {
+      case 0:
+        t[at] = static_cast<char>(rng());
+        break;
+      case 1:
+        t = t.substr(0, at);
+        break;
+      case 2:
+        t.insert(at, std::string(1 + rng() % 2000, "[{\",:}]1"[rng() % 8]));
+        break;
+      default:
+        t.erase(at, 1 + rng() % 16);
+    }
+  }
+  return t;
+}
+
+// read(path) either reads the file or throws troupe::Error; nothing else.
+template <class Read>
+void fuzz_file(const std::string& what, const std::string& path, const std::vector<std::string>& corpus,
+               int n, Read&& read) {
+  std::mt19937_64 rng(20261202);
+  int ok = 0, refused = 0;
+  auto once = [&](const std::string& text) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+    try {
+      read(path);
+      ++ok;
+    } catch (const troupe::Error&) {
+      ++refused;
+    } catch (const std::exception& e) {
+      INFO(what << ": " << text.substr(0, 300));
+      FAIL(what << ": something other than troupe::Error: " << e.what());
+    }
+  };
+  for (const auto& a : json_attacks()) once(a);
+  for (int i = 0; i < n; ++i) once(damage(rng, corpus[size_t(rng() % corpus.size())]));
+  CHECK(refused > 0);
+  CHECK(ok + refused == n + int(json_attacks().size()));
+}
+
+}  // namespace
+
+TEST_CASE("json fuzz: traces, tokenizers and plain JSON, mutated and hostile, read or refused by name",
+          "[core][fuzz][json]") {
+  const fs::path dir = fs::temp_directory_path() / ("troupe_json_fuzz_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  // A real rank trace and a real tokenizer to mutate.
+  const std::string trace_path = (dir / "rank0.json").string();
+  troupe::trace::Span s;
+  s.cat = "compute";
+  s.name = "F0";
+  s.ts_us = 10;
+  s.dur_us = 5;
+  s.step = 0;
+  s.args = {{"op", "x"}};
+  troupe::trace::write_rank_trace(trace_path, troupe::trace::RankInfo{0, 1, "1x1x1", "rank 0", 0, 0, 1},
+                                  {s, s});
+  std::ifstream tin(trace_path, std::ios::binary);
+  const std::string trace((std::istreambuf_iterator<char>(tin)), std::istreambuf_iterator<char>());
+  troupe::bpe::Tokenizer::train({"the cat sat on the mat, the cat ran"}, 270)
+      .save((dir / "tok.json").string());
+  std::ifstream kin(dir / "tok.json", std::ios::binary);
+  const std::string tokenizer((std::istreambuf_iterator<char>(kin)), std::istreambuf_iterator<char>());
+
+  const std::string path = (dir / "input.json").string();
+  fuzz_file("trace", path, {trace}, 1500, [](const std::string& p) { troupe::trace::read_rank_trace(p); });
+  fuzz_file("tokenizer", path, {tokenizer}, 1500,
+            [](const std::string& p) { troupe::bpe::Tokenizer::load(p); });
+  fuzz_file("json", path, {trace, tokenizer}, 1500, [](const std::string& p) {
+    troupe::json_read::Limits l;
+    l.max_depth = 16;
+    troupe::json_read::read_file(p, "JSON file", l);
+  });
+  fs::remove_all(dir);
 }

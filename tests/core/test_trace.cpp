@@ -277,14 +277,17 @@ TEST_CASE("trace: hostile trace files are refused by name", "[core][trace]") {
   has(refusal(p, R"({"traceEvents": [], "troupe": {"rank": 2, "world": 2, "layout": "", "place": "",
                     "clock_offset_us": 0, "from_step": 0, "steps": 1}})"),
       "\"troupe\": \"rank\" is 2, outside [0, 1]");
-  has(refusal(p, std::string(200, '[') + std::string(200, ']')), "nested deeper");
+  has(refusal(p, std::string(200, '[') + std::string(200, ']')), "the top level is array");
+  // Deep where a reader passes over: still counted, and refused at the limit.
+  has(refusal(p, "{\"meta\": " + std::string(1000000, '[') + std::string(1000000, ']') + "}"),
+      "JSON nested deeper than 32 levels");
 
   ReadLimits small;
   small.max_bytes = 64;
   has(refusal(p, file_with_event(good), small), "a trace file is at most 64 bytes");
   ReadLimits few;
   few.max_events = 1;
-  has(refusal(p, file_with_event(good + ", " + good), few), "2 events, more than the 1");
+  has(refusal(p, file_with_event(good + ", " + good), few), "more than the 1 events a trace file may hold");
 
   const std::string fifo = dir + "/fifo.json";
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
@@ -302,6 +305,46 @@ TEST_CASE("trace: hostile trace files are refused by name", "[core][trace]") {
     has(e.what(), "is a directory, not a trace file");
   }
   CHECK_THROWS_WITH(read_rank_trace(dir + "/missing.json"), Catch::Contains("missing.json: cannot open"));
+}
+
+TEST_CASE("trace: hostile shapes cost linear time and bounded memory, or are refused by name",
+          "[core][trace]") {
+  const std::string dir = troupe::testing::temp_dir("trace_shapes");
+  const std::string p = dir + "/rank0.json";
+  auto has = [](const std::string& msg, const std::string& part) {
+    INFO(msg);
+    CHECK(msg.find(part) != std::string::npos);
+  };
+  const std::string head = R"({"ph": "X", "pid": 0, "tid": 0, "cat": "c", "name": "n", "ts": 1, "dur": 2, )";
+  // 100k arguments in one event (quadratic before: 50 s for 1 MB): refused at the 65th.
+  std::string many = head + R"("args": {)";
+  for (int i = 0; i < 100000; ++i) many += (i ? ",\"k" : "\"k") + std::to_string(i) + "\": \"v\"";
+  has(refusal(p, file_with_event(many + "}}")), "event 0: more than 64 arguments");
+  // 100k keys in a section the reader passes over: read in one pass.
+  std::string meta = R"({"meta": {)";
+  for (int i = 0; i < 100000; ++i) meta += (i ? ",\"k" : "\"k") + std::to_string(i) + "\": 1";
+  CHECK(refusal(p, meta + "}, " + file_with_event(head + R"("args": {"step": 0}})").substr(1)).empty());
+  // Keys twice: in an event, among its arguments, at the top.
+  has(refusal(p, file_with_event(head + R"("ts": 3})")), "event 0: the key \"ts\" appears twice");
+  has(refusal(p, file_with_event(head + R"("args": {"a": "1", "a": "2"}})")),
+      "the argument \"a\" appears twice");
+  has(refusal(p, std::string(R"({"traceEvents": [], "traceEvents": [], )") + kInfo + "}"),
+      "the key \"traceEvents\" appears twice");
+  // Spans that would take more than 4x the file (64 tiny arguments each): refused.
+  std::string wide = head + R"("args": {)";
+  for (int i = 0; i < 64; ++i) wide += (i ? ",\"" : "\"") + std::to_string(i) + "\": 1";
+  wide += "}}";
+  std::string events;
+  for (int i = 0; i < 4000; ++i) events += (i ? ", " : "") + wide;
+  has(refusal(p, file_with_event(events)),
+      "bytes (4 times the file): arguments or names too many or too long");
+  // An argument that is a container is kept as its JSON text.
+  REQUIRE(refusal(p, file_with_event(head + R"("args": {"shape": [2, {"k": null}], "step": 4}})")).empty());
+  const RankTrace t = read_rank_trace(p);
+  REQUIRE(t.spans.size() == 1);
+  CHECK(t.spans[0].step == 4);
+  CHECK(t.spans[0].args == Args{{"shape", R"([2,{"k":null}])"}});
+  fs::remove_all(dir);
 }
 
 TEST_CASE("trace: rank trace files sort by rank number", "[core][trace]") {

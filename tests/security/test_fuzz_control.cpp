@@ -6,14 +6,19 @@
 // also runs this under AddressSanitizer and UndefinedBehaviorSanitizer.
 //
 // TROUPE_FUZZ_SEED=<n> replays one seed; TROUPE_FUZZ_ROUNDS=<n> sets the length.
+#include <sys/stat.h>
+
 #include <catch2/catch.hpp>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <random>
 #include <zmq.hpp>
 
 #include "actors/protocol.hpp"
 #include "actors/secret.hpp"
 #include "actors/system.hpp"
+#include "checkpoint/checkpoint.hpp"
 #include "coordinator/api.hpp"
 #include "coordinator/api_server.hpp"
 #include "coordinator/coordinator_actor.hpp"
@@ -120,6 +125,35 @@ struct Gen {
       }
     }
   }
+  // JSON texts that attacked the readers: nesting a million deep, a bomb of empty containers,
+  // a key many times, numbers past every range, and one of Gen's values.
+  std::string hostile_json() {
+    switch (u(7)) {
+      case 0:
+        return std::string(1 + u(1000000), '[') + std::string(u(2) ? 0 : 1000000, ']');
+      case 1: {
+        std::string t = "{\"op\":\"list\",\"x\":";
+        for (size_t i = u(200000); i > 0; --i) t += "{\"a\":";
+        return t;
+      }
+      case 2: {
+        std::string t = "[";
+        for (size_t i = 100000 + u(100000); i > 0; --i) t += i > 1 ? "{}," : "{}]";
+        return t;
+      }
+      case 3: {
+        std::string t = "{";
+        for (size_t i = 1 + u(50000); i > 0; --i) t += "\"k\":1,";
+        return t + "\"op\":\"list\"}";
+      }
+      case 4:
+        return R"({"op":"scale","job":"x","devices":1e999})";
+      case 5:
+        return R"({"op":"status","job":18446744073709551616})";
+      default:
+        return json_text(value());
+    }
+  }
   json request() {
     static const char* ops[] = {"submit", "status", "list", "cancel", "scale", "info", "nope"};
     json r = {{"op", ops[u(7)]}};
@@ -195,7 +229,9 @@ TEST_CASE("fuzz: every control-plane message type with random fields, the coordi
             .receive([&](bool) { ++answered; }, failed);
         break;
       case 5: {
-        CkptShard m{g.str(), g.i32(), g.i32(), g.i32(), g.i64(), g.str(), g.i32(), g.str(), {}};
+        CkptShard m{g.str(), g.i32(), g.i32(), g.i32(),
+                    g.i64(), g.str(), g.i32(), g.u(3) == 0 ? g.hostile_json() : g.str(),
+                    {}};
         for (size_t k = g.u(3); k > 0; --k) m.files.push_back({g.str(), g.rng(), g.str()});
         self->request(c, 5s, ckpt_shard_atom::value, m)
             .receive([&](const CkptCommitted&) { ++answered; }, failed);
@@ -215,7 +251,10 @@ TEST_CASE("fuzz: every control-plane message type with random fields, the coordi
             .receive([&](const StoreValue&) { ++answered; }, failed);
         break;
       case 9: {
-        std::string text = g.u(3) == 0 ? g.bytes(g.u(64)) : json_text(g.request());
+        const auto pick = g.u(4);
+        std::string text = pick == 0   ? g.bytes(g.u(64))
+                           : pick == 1 ? g.hostile_json()
+                                       : json_text(g.request());
         auto reply = json::parse(api(text), nullptr, false);
         CHECK(reply.is_object());
         ++answered;
@@ -264,9 +303,12 @@ TEST_CASE("fuzz: the ZeroMQ API answers random and mutated requests with a JSON 
     json r = g.request();
     if (g.u(3)) r["token"] = g.u(4) ? json("tok") : g.value();
     std::string text = json_text(r);
-    switch (g.u(4)) {
+    switch (g.u(5)) {
       case 0:
         text = g.bytes(g.u(200));
+        break;
+      case 3:
+        text = g.hostile_json();
         break;
       case 1:
         for (size_t k = g.u(4) + 1; k > 0 && !text.empty(); --k)
@@ -291,4 +333,95 @@ TEST_CASE("fuzz: the ZeroMQ API answers random and mutated requests with a JSON 
   REQUIRE(sock.recv(m));
   CHECK(json::parse(m.to_string())["ok"] == true);
   server.stop();
+}
+
+TEST_CASE("fuzz: checkpoint manifests, mutated and hostile, are read or refused with a CheckpointError",
+          "[security][fuzz][checkpoint]") {
+  const uint64_t s = seed() + 2;
+  INFO("seed " << s);
+  Gen g(s);
+  const std::string dir = troupe::testing::temp_dir("fuzz_manifest");
+  // A real checkpoint to start from.
+  const std::string tmp = checkpoint::prepare(dir + "/root", 7);
+  Tensor t = Tensor::zeros({3, 5});
+  checkpoint::Manifest m;
+  m.step = 7;
+  m.data_cursor = 7;
+  m.files = {checkpoint::write_shard(tmp, "rank0.safetensors", {safetensors::entry("w", t)})};
+  const std::string real = checkpoint::commit(dir + "/root", m, 0);
+  const std::string good = checkpoint::to_json(m).dump();
+  std::filesystem::copy_file(real + "/rank0.safetensors", dir + "/outside.bin");
+  const std::string victim = dir + "/victim";
+  std::filesystem::create_directories(victim);
+  std::filesystem::copy_file(real + "/rank0.safetensors", victim + "/rank0.safetensors");
+  int accepted = 0, refused = 0;
+  const int n = rounds(3000);
+  for (int i = 0; i < n; ++i) {
+    std::string text;
+    switch (g.u(6)) {
+      case 0:
+        text = g.hostile_json();
+        break;
+      case 1: {  // a field replaced by any value
+        json j = json::parse(good);
+        static const char* keys[] = {"step",           "data_cursor", "layout",     "rng",  "files",
+                                     "format_version", "optimizer",   "loss_scale", "spec", "format"};
+        j[keys[g.u(10)]] = g.value();
+        text = j.dump(-1, ' ', false, json::error_handler_t::replace);
+        break;
+      }
+      case 2: {  // a file entry replaced or renamed
+        json j = json::parse(good);
+        static const char* names[] = {"../outside.bin", "/etc/passwd",      "a/b", "..", ".", "",
+                                      "manifest.json",  "rank0.safetensors"};
+        if (g.u(2))
+          j["files"][0]["name"] = names[g.u(8)];
+        else
+          j["files"][0][g.u(2) ? "size" : "xxh64"] = g.value();
+        text = j.dump(-1, ' ', false, json::error_handler_t::replace);
+        break;
+      }
+      default: {  // bytes flipped, cut or repeated
+        text = good;
+        for (size_t k = 1 + g.u(4); k > 0 && !text.empty(); --k) {
+          const size_t at = g.u(text.size());
+          switch (g.u(3)) {
+            case 0:
+              text[at] = static_cast<char>(g.rng());
+              break;
+            case 1:
+              text = text.substr(0, at);
+              break;
+            default:
+              text.insert(at, std::string(1 + g.u(64), "[{\",:1"[g.u(6)]));
+          }
+        }
+      }
+    }
+    std::ofstream(victim + "/manifest.json", std::ios::binary | std::ios::trunc) << text;
+    try {
+      checkpoint::verify(victim);
+      ++accepted;
+    } catch (const checkpoint::CheckpointError&) {
+      ++refused;
+    } catch (const std::exception& e) {
+      INFO("manifest " << i << ": " << sanitize_utf8(text, 300));
+      FAIL("verify threw something other than CheckpointError: " << e.what());
+    }
+  }
+  CHECK(refused > 0);
+  CHECK(accepted + refused == n);
+  // Files that are not regular files: a FIFO manifest or shard, a shard that links outside.
+  std::ofstream(victim + "/manifest.json", std::ios::binary | std::ios::trunc) << good;
+  CHECK_NOTHROW(checkpoint::verify(victim));
+  std::filesystem::remove(victim + "/rank0.safetensors");
+  std::filesystem::create_symlink(dir + "/outside.bin", victim + "/rank0.safetensors");
+  CHECK_THROWS_AS(checkpoint::verify(victim), checkpoint::RefusedCheckpoint);
+  std::filesystem::remove(victim + "/rank0.safetensors");
+  REQUIRE(::mkfifo((victim + "/rank0.safetensors").c_str(), 0600) == 0);
+  CHECK_THROWS_AS(checkpoint::verify(victim), checkpoint::RefusedCheckpoint);
+  std::filesystem::remove(victim + "/manifest.json");
+  REQUIRE(::mkfifo((victim + "/manifest.json").c_str(), 0600) == 0);
+  CHECK_THROWS_AS(checkpoint::verify(victim), checkpoint::RefusedCheckpoint);
+  std::filesystem::remove_all(dir);
 }

@@ -115,6 +115,37 @@ TEST_CASE("hostile: an API request that is not UTF-8 gets bad_request, the coord
   CHECK(c.call({{"op", "list"}})["ok"] == true);
 }
 
+TEST_CASE(
+    "hostile: API requests nested a million deep, bombs of empty objects and keys twice are refused by name",
+    "[security][api][multiprocess]") {
+  Cluster c;
+  REQUIRE(c.ready());
+  std::string objects = "{\"op\":\"list\",\"x\":[";
+  for (int i = 0; i < 1000000; ++i) objects += i ? ",{}" : "{}";
+  objects += "]}";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{\"op\":\"list\",\"x\":" + std::string(1000000, '[') + std::string(1000000, ']') + "}",
+       "JSON nested deeper than 16 levels"},
+      {std::string(10 << 20, '['), "JSON nested deeper than 16 levels"},
+      {objects, "the JSON would take more than"},
+      {R"({"op":"list","op":"status"})", "the key \"op\" appears twice"},
+  };
+  for (const auto& [text, expect] : cases) {
+    auto reply = json::parse(zmq_exchange(c.api(), text), nullptr, false);
+    INFO(reply.dump());
+    REQUIRE(reply.is_object());
+    CHECK(reply["error"] == "bad_json");
+    CHECK(reply["message"].get<std::string>().find(expect) != std::string::npos);
+  }
+  CHECK(process_alive(c.coordinator_pid()));
+  CHECK(c.call({{"op", "list"}})["ok"] == true);
+  // Over the message limit (16 MiB): the connection is dropped before the bytes are kept.
+  const long before = peak_rss_kib(c.coordinator_pid());
+  CHECK(zmq_exchange(c.api(), std::string(20 << 20, '[')).empty());
+  CHECK(peak_rss_kib(c.coordinator_pid()) < before + 8 * 1024);
+  CHECK(c.call({{"op", "list"}})["ok"] == true);
+}
+
 TEST_CASE("hostile: a peer without the cluster secret gets no connection, the job trains on",
           "[security][multiprocess]") {
   Busy b;

@@ -65,8 +65,9 @@ class HttpConn {
  public:
   // Connects to "host:port": an IPv4 literal or "[IPv6]"; 0.0.0.0 and [::] are reached on
   // loopback. recv_buffer > 0 sets SO_RCVBUF before connecting, which keeps the window
-  // small, so that an answer the test does not read stays in the server's hands.
-  explicit HttpConn(const std::string& address, int recv_buffer = 0) {
+  // small, so that an answer the test does not read stays in the server's hands. `source`
+  // (an IPv4 literal, "127.0.0.2") binds the local end first: a second client on loopback.
+  explicit HttpConn(const std::string& address, int recv_buffer = 0, const std::string& source = "") {
     const size_t colon = address.rfind(':');
     if (colon == std::string::npos || colon == 0) return;
     std::string host = address.substr(0, colon);
@@ -97,6 +98,15 @@ class HttpConn {
     timeval tv{60, 0};
     ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     if (recv_buffer > 0) ::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &recv_buffer, sizeof recv_buffer);
+    if (!source.empty()) {
+      sockaddr_in local{};
+      local.sin_family = AF_INET;
+      if (::inet_pton(AF_INET, source.c_str(), &local.sin_addr) != 1 ||
+          ::bind(fd_, reinterpret_cast<sockaddr*>(&local), sizeof local) != 0) {
+        close();
+        return;
+      }
+    }
     if (::connect(fd_, reinterpret_cast<sockaddr*>(&ss), len) != 0) close();
   }
   ~HttpConn() { close(); }
@@ -147,6 +157,7 @@ class HttpConn {
 
   const std::string& received() const { return received_; }
   int error() const { return error_; }
+  int fd() const { return fd_; }
 
   void close() {
     if (fd_ >= 0) ::close(fd_);
