@@ -5,7 +5,7 @@
 //   "Hi"                         -> H i -> Hi                        BPE, lowest merge rank first
 #include <algorithm>
 #include <deque>
-#include <queue>
+#include <functional>
 
 #include "core/error.hpp"
 #include "core/hf_tokenizer_impl.hpp"
@@ -42,16 +42,19 @@ struct Span {
   size_t b, e;
   bool match;
 };
-void apply_behavior(std::string_view text, std::vector<Span>& marks, Behavior behavior,
-                    std::vector<std::string_view>& out) {
-  std::vector<Span> keep;  // match here means "remove"
+template <class Emit>
+void apply_behavior(std::string_view text, const std::vector<Span>& marks, Behavior behavior, std::vector<Span>& keep,
+                    Emit&& emit) {
+  keep.clear();  // match here means "remove"
   switch (behavior) {
     case Behavior::isolated:
-      for (Span s : marks) keep.push_back({s.b, s.e, false});
-      break;
+      for (Span s : marks)
+        if (s.e > s.b) emit(text.substr(s.b, s.e - s.b));
+      return;
     case Behavior::removed:
-      keep = marks;
-      break;
+      for (Span s : marks)
+        if (!s.match && s.e > s.b) emit(text.substr(s.b, s.e - s.b));
+      return;
     case Behavior::merged_with_previous: {
       bool prev = false;
       for (Span s : marks) {
@@ -89,46 +92,54 @@ void apply_behavior(std::string_view text, std::vector<Span>& marks, Behavior be
     }
   }
   for (Span s : keep)
-    if (!s.match && s.e > s.b) out.push_back(text.substr(s.b, s.e - s.b));
+    if (s.e > s.b) emit(text.substr(s.b, s.e - s.b));
 }
 
-// What one encode call keeps: pieces of text it made (a prepended space), and the ids of each
-// distinct piece, so that "the" is merged once per call.
-struct Work {
-  std::deque<std::string> arena;
-  std::unordered_map<std::string_view, std::pair<uint32_t, uint32_t>> cache;  // piece -> (offset, count)
+}  // namespace
+
+// What an Encoder keeps between texts: the ids of each distinct piece, so that " the" is merged
+// once (bounded: it starts again past 2^24 ids), and buffers.
+struct Encoder::Work {
+  std::deque<std::string> arena;  // pieces made (a prepended space), for one text
+  BytesMap cache;                 // piece -> (offset, count) in pool
   std::vector<uint32_t> pool;
-  std::vector<Span> marks;
-  std::vector<std::string_view> pieces, next;
-  std::string mapped;
+  std::vector<std::vector<Span>> marks, keep;  // per pre-tokenizer step
   // BPE state of one piece.
   std::vector<uint32_t> sym;
   std::vector<int64_t> prev, nxt;
+  std::vector<bool> dead;
+  struct Entry {
+    uint32_t rank;
+    int64_t pos;
+    uint32_t id;
+    bool operator>(const Entry& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+  };
+  std::vector<Entry> heap;  // a min-heap of merges (std::push_heap with greater)
 };
-
-}  // namespace
 
 uint32_t byte_char(uint8_t b) { return alphabet().to_char[b]; }
 int char_byte(uint32_t c) { return c < 0x144 ? alphabet().to_byte[c] : -1; }
 
 namespace {
 
-void split_piece(const PreTokenizer& p, std::string_view piece, Work& w, std::vector<std::string_view>& out) {
+using Work = Encoder::Work;
+
+// Step k of the pre-tokenizer on one piece: emit(p) for each piece it makes.
+template <class Emit>
+void split_piece(const PreTokenizer& p, size_t k, std::string_view piece, Work& w, Emit&& emit) {
   if (p.kind == PreTokenizer::Kind::byte_level) {
     if (p.add_prefix_space && piece[0] != ' ') {
       w.arena.push_back(" " + std::string(piece));
       piece = w.arena.back();
     }
-    if (!p.regex) {
-      out.push_back(piece);
-      return;
-    }
+    if (!p.regex) return emit(piece);
   }
-  w.marks.clear();
+  std::vector<Span>& marks = w.marks[k];
+  marks.clear();
   size_t prev = 0;
   auto mark = [&](size_t b, size_t e) {
-    if (b > prev) w.marks.push_back({prev, b, p.invert});
-    w.marks.push_back({b, e, !p.invert});
+    if (b > prev) marks.push_back({prev, b, p.invert});
+    marks.push_back({b, e, !p.invert});
     prev = e;
   };
   if (p.kind == PreTokenizer::Kind::split_string) {
@@ -137,19 +148,16 @@ void split_piece(const PreTokenizer& p, std::string_view piece, Work& w, std::ve
   } else {
     p.regex->for_each_match(piece, mark);
   }
-  if (prev < piece.size()) w.marks.push_back({prev, piece.size(), p.invert});
-  apply_behavior(piece, w.marks, p.behavior, out);
+  if (prev < piece.size()) marks.push_back({prev, piece.size(), p.invert});
+  apply_behavior(piece, marks, p.behavior, w.keep[k], emit);
 }
 
 // BPE of one piece (raw bytes), as the library's Word::merge_all: a min-heap of (rank, position)
 // over a linked list of symbols; an entry whose pair has changed since it was pushed is skipped.
 void merge_piece(const Tokenizer::Impl& t, std::string_view piece, Work& w, std::vector<uint32_t>& out) {
   if (t.ignore_merges) {
-    w.mapped.clear();
-    for (char c : piece) w.mapped += t.byte_utf8[static_cast<unsigned char>(c)];
-    auto it = t.vocab.find(w.mapped);
-    if (it != t.vocab.end()) {
-      out.push_back(it->second);
+    if (const BytesMap::Value* v = t.vocab_bytes.find(piece)) {
+      out.push_back(v->a);
       return;
     }
   }
@@ -162,30 +170,30 @@ void merge_piece(const Tokenizer::Impl& t, std::string_view piece, Work& w, std:
     w.prev[i] = int64_t(i) - 1;
     w.nxt[i] = i + 1 < n ? int64_t(i) + 1 : -1;
   }
-  struct Entry {
-    uint32_t rank;
-    int64_t pos;
-    uint32_t id;
-    bool operator>(const Entry& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
-  };
-  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
+  using Entry = Work::Entry;
+  std::vector<Entry>& heap = w.heap;
+  heap.clear();
+  const std::greater<Entry> later;
   auto push = [&](int64_t i) {
     if (i < 0 || w.nxt[size_t(i)] < 0) return;
-    auto it = t.merges.find(uint64_t(w.sym[size_t(i)]) << 32 | w.sym[size_t(w.nxt[size_t(i)])]);
-    if (it != t.merges.end()) heap.push({it->second.first, i, it->second.second});
+    if (const PairMap::Merge* m = t.merges.find(w.sym[size_t(i)], w.sym[size_t(w.nxt[size_t(i)])])) {
+      heap.push_back({m->rank, i, m->id});
+      std::push_heap(heap.begin(), heap.end(), later);
+    }
   };
   for (size_t i = 0; i + 1 < n; ++i) push(int64_t(i));
-  std::vector<bool> dead(n, false);
+  w.dead.assign(n, false);
   while (!heap.empty()) {
-    const Entry top = heap.top();
-    heap.pop();
+    std::pop_heap(heap.begin(), heap.end(), later);
+    const Entry top = heap.back();
+    heap.pop_back();
     const size_t i = size_t(top.pos);
-    if (dead[i] || w.nxt[i] < 0) continue;
+    if (w.dead[i] || w.nxt[i] < 0) continue;
     const size_t j = size_t(w.nxt[i]);
-    auto it = t.merges.find(uint64_t(w.sym[i]) << 32 | w.sym[j]);
-    if (it == t.merges.end() || it->second.second != top.id) continue;
+    const PairMap::Merge* m = t.merges.find(w.sym[i], w.sym[j]);
+    if (m == nullptr || m->id != top.id) continue;
     w.sym[i] = top.id;
-    dead[j] = true;
+    w.dead[j] = true;
     w.nxt[i] = w.nxt[j];
     if (w.nxt[j] >= 0) w.prev[size_t(w.nxt[j])] = int64_t(i);
     push(w.prev[i]);
@@ -194,33 +202,39 @@ void merge_piece(const Tokenizer::Impl& t, std::string_view piece, Work& w, std:
   for (int64_t i = 0; i >= 0; i = w.nxt[size_t(i)]) out.push_back(w.sym[size_t(i)]);
 }
 
-// A segment with no added token in it: pre-tokenized, each piece merged (once per call).
+// The ids of one pre-tokenized piece: from the cache, else merged (and cached).
+void emit_piece(const Tokenizer::Impl& t, std::string_view piece, Work& w, std::vector<uint32_t>& out) {
+  constexpr size_t kMaxCachedIds = size_t(1) << 24;  // then the cache starts again: flat memory
+  if (piece.size() == 1) {
+    out.push_back(t.byte_id[static_cast<unsigned char>(piece[0])]);
+    return;
+  }
+  const BytesMap::Value* v = w.cache.find(piece);
+  if (v == nullptr) {
+    if (w.pool.size() + piece.size() > kMaxCachedIds || w.cache.arena_bytes() > kMaxCachedIds) {
+      w.cache.clear();
+      w.pool.clear();
+    }
+    const size_t start = w.pool.size();
+    merge_piece(t, piece, w, w.pool);
+    w.cache.put(piece, {uint32_t(start), uint32_t(w.pool.size() - start)});
+    v = w.cache.find(piece);
+  }
+  out.insert(out.end(), w.pool.begin() + v->a, w.pool.begin() + v->a + v->b);
+}
+
+// Pre-tokenizer steps k.. on a piece, then BPE: the pieces stream through the steps.
+void run_steps(const Tokenizer::Impl& t, size_t k, std::string_view piece, Work& w, std::vector<uint32_t>& out) {
+  if (k == t.pre.size()) return emit_piece(t, piece, w, out);
+  split_piece(t.pre[k], k, piece, w, [&](std::string_view p) { run_steps(t, k + 1, p, w, out); });
+}
+
+// A segment with no added token in it.
 void encode_segment(const Tokenizer::Impl& t, std::string_view seg, Work& w, std::vector<uint32_t>& out) {
   if (seg.empty()) return;
-  w.pieces.assign(1, seg);
-  for (const PreTokenizer& p : t.pre) {
-    w.next.clear();
-    for (std::string_view piece : w.pieces) split_piece(p, piece, w, w.next);
-    w.pieces.swap(w.next);
-  }
-  constexpr size_t kMaxCachedIds = size_t(1) << 24;  // then the cache starts again: flat memory
-  for (std::string_view piece : w.pieces) {
-    if (piece.size() == 1) {
-      out.push_back(t.byte_id[static_cast<unsigned char>(piece[0])]);
-      continue;
-    }
-    auto it = w.cache.find(piece);
-    if (it == w.cache.end()) {
-      if (w.pool.size() + piece.size() > kMaxCachedIds) {
-        w.cache.clear();
-        w.pool.clear();
-      }
-      const size_t start = w.pool.size();
-      merge_piece(t, piece, w, w.pool);
-      it = w.cache.emplace(piece, std::make_pair(uint32_t(start), uint32_t(w.pool.size() - start))).first;
-    }
-    out.insert(out.end(), w.pool.begin() + it->second.first, w.pool.begin() + it->second.first + it->second.second);
-  }
+  w.marks.resize(t.pre.size());
+  w.keep.resize(t.pre.size());
+  run_steps(t, 0, seg, w, out);
 }
 
 // Cuts the added tokens of `m` out of `text` (leftmost-longest); calls seg(text) for the text
@@ -252,16 +266,26 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
 std::vector<uint32_t> Tokenizer::encode(std::string_view raw, bool special) const {
-  const Impl& t = *impl_;
+  Encoder e(*this);
+  std::vector<uint32_t> out;
+  e.encode(raw, special, out);
+  return out;
+}
+
+Encoder::Encoder(const Tokenizer& t) : t_(&t), w_(std::make_unique<Work>()) {}
+Encoder::~Encoder() = default;
+
+void Encoder::encode(std::string_view raw, bool special, std::vector<uint32_t>& out) {
+  const Tokenizer::Impl& t = *t_->impl_;
+  Work& w = *w_;
   std::string fixed;
   std::string_view text = raw;
   if (!valid_utf8(raw)) {
     fixed = replace_invalid_utf8(raw);
     text = fixed;
   }
-  std::vector<uint32_t> out;
-  out.reserve(text.size() / 3);
-  Work w;
+  out.reserve(out.size() + text.size() / 3);
+  w.arena.clear();
   const AddedMatcher* m = special ? t.all : t.plain;
   auto emit = [&](uint32_t id) { out.push_back(id); };
   // Pass 0: the tokens matched on the raw text; pass 1, in what is left: the "normalized"
@@ -270,7 +294,6 @@ std::vector<uint32_t> Tokenizer::encode(std::string_view raw, bool special) cons
       t, m[0], text,
       [&](std::string_view s) { cut_added(t, m[1], s, [&](std::string_view x) { encode_segment(t, x, w, out); }, emit); },
       emit);
-  return out;
 }
 
 std::string_view Tokenizer::token_bytes(uint32_t id) const {

@@ -195,7 +195,6 @@ void read_model(const Reader& r, const json& m, Tokenizer::Impl& t, std::vector<
     ch += char(0xC0 | (c >> 6));
     ch += char(0x80 | (c & 0x3F));
     if (c < 0x80) ch = std::string(1, char(c));
-    t.byte_utf8[size_t(b)] = ch;
     auto it = t.vocab.find(ch);
     if (it == t.vocab.end())
       r.fail("model.vocab", "has no token for the byte-level character \"" + ch + "\" (byte " + std::to_string(b) +
@@ -206,6 +205,21 @@ void read_model(const Reader& r, const json& m, Tokenizer::Impl& t, std::vector<
   if (!m.contains("merges")) r.fail("model", "has no \"merges\"");
   const json& merges = r.array(m["merges"], "model.merges");
   t.merges.reserve(merges.size());
+  if (t.ignore_merges) {  // a piece is looked up by its bytes: each token's characters mapped back
+    for (const auto& [text, id] : t.vocab) {
+      std::string raw;
+      bool mapped = true;
+      for (size_t i = 0; i < text.size() && mapped;) {
+        const auto c0 = static_cast<unsigned char>(text[i]);
+        const uint32_t c = c0 < 0x80 ? c0 : (c0 & 0x1Fu) << 6 | (static_cast<unsigned char>(text[i + 1]) & 0x3Fu);
+        const int b = c0 < 0x80 || (c0 >= 0xC0 && c0 < 0xE0) ? char_byte(c) : -1;
+        mapped = b >= 0;
+        raw += char(b);
+        i += c0 < 0x80 ? 1 : 2;
+      }
+      if (mapped) t.vocab_bytes.put(raw, {id, 0});
+    }
+  }
   std::string joined;
   for (size_t i = 0; i < merges.size(); ++i) {
     const std::string path = "model.merges[" + std::to_string(i) + "]";
@@ -230,7 +244,7 @@ void read_model(const Reader& r, const json& m, Tokenizer::Impl& t, std::vector<
     if (ib == t.vocab.end()) r.fail(path, "uses " + brief(b) + ", which is not in model.vocab");
     if (ij == t.vocab.end()) r.fail(path, "makes " + brief(joined) + ", which is not in model.vocab");
     // A repeated pair takes its later rank, as the library's map of merges keeps the last one.
-    t.merges[uint64_t(ia->second) << 32 | ib->second] = {uint32_t(i), ij->second};
+    t.merges.put(ia->second, ib->second, {uint32_t(i), ij->second});
   }
 }
 
