@@ -399,7 +399,7 @@ LlamaBlock::LlamaBlock(ParamStore& ps, int layer, const ModelConfig& cfg, int n_
       NKV_(tp.shard.n_kv_head(cfg)),
       HS_(cfg.head_dim()),
       F_(static_cast<int>(tp.shard.hidden(cfg))),
-      theta_(cfg.rope_theta),
+      inv_freq_(rope_inv_freq(cfg.head_dim(), cfg.rope_theta, cfg.rope_scaling)),
       acts_(std::make_shared<std::vector<Acts>>()) {
   const std::string h = "h." + std::to_string(layer);
   ln_1_ = RmsNorm::bind(ps, h + ".ln_1", *k_, cfg.norm_eps);
@@ -440,7 +440,7 @@ void LlamaBlock::forward(int slot, float* y, const float* x, int B, int T, Works
   ln_1_.forward(a.ln1, a.rstd1.f32(), x, N, ws);
   copy_to_tensor_region_forward(tp_, a.ln1);
   c_attn_.forward(a.qkv.f32(), a.ln1, N);
-  k_->rope_forward(a.qkv.f32(), B, T, NH_ + NKV_, HS_, ld, theta_);  // q and k heads lead each row
+  k_->rope_forward(a.qkv.f32(), B, T, NH_ + NKV_, HS_, ld, inv_freq_.data());  // q and k heads lead each row
   float* atty = staging(a.atty, ws);
   k_->attention_forward(atty, probabilities(a.att, ws), a.qkv.f32(), B, T, NH_, HS_, NKV_);
   keep(*k_, a.atty, atty, sz(int64_t{N} * NH_ * HS_));
@@ -486,7 +486,7 @@ void LlamaBlock::backward_pass(int slot, float* dres, const float* x, int B, int
   float* dqkv = ws.dqkv.f32();
   k_->attention_backward(dqkv, ws.datt.f32(), dtmp, a.qkv.f32(), probabilities(a.att, ws), B, T, NH_, HS_,
                          Out::overwrite, NKV_);
-  k_->rope_backward(dqkv, B, T, NH_ + NKV_, HS_, ld, theta_);
+  k_->rope_backward(dqkv, B, T, NH_ + NKV_, HS_, ld, inv_freq_.data());
   linear_backward(c_attn_, dtmp, dqkv, a.ln1, N, ws, kept_at(dy, 3));  // dln_1
   copy_to_tensor_region_backward(tp_, dtmp, nd);
   ln_1_.backward(dres, dtmp, x, a.rstd1.f32(), N);

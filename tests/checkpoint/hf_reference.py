@@ -111,9 +111,34 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def rope_cos_sin(t, hs, theta):
-    """cos, sin (T, HS): position p, pair (i, i + HS/2) turned by p * theta^(-2i/HS)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, hs, 2, dtype=torch.float64) / hs))
+def rope_inv_freq(hs, theta, rope_scaling=None):
+    """(HS/2,) inverse frequencies as Hugging Face's LlamaRotaryEmbedding forms them, in float32:
+    _compute_default_rope_parameters, then for rope_type "llama3" _compute_llama3_parameters
+    (Llama 3.1: low frequencies slowed by `factor`, high ones kept, a blend between)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hs, 2, dtype=torch.int64).to(dtype=torch.float32) / hs))
+    if not rope_scaling:
+        return inv_freq.to(torch.float64)
+    kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
+    assert kind == "llama3", "rope_scaling %r" % rope_scaling
+    factor = rope_scaling["factor"]
+    low_freq_factor = rope_scaling["low_freq_factor"]
+    high_freq_factor = rope_scaling["high_freq_factor"]
+    old_context_len = rope_scaling["original_max_position_embeddings"]
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth_factor = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+    is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    inv_freq_llama = torch.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama)
+    return inv_freq_llama.to(torch.float64)
+
+
+def rope_cos_sin(t, hs, theta, rope_scaling=None):
+    """cos, sin (T, HS): position p, pair (i, i + HS/2) turned by p * inv_freq[i]
+    (theta^(-2i/HS), llama3-scaled when rope_scaling says so)."""
+    inv_freq = rope_inv_freq(hs, theta, rope_scaling)
     angles = torch.outer(torch.arange(t, dtype=torch.float64), inv_freq)
     emb = torch.cat((angles, angles), dim=-1)
     return emb.cos(), emb.sin()
@@ -159,9 +184,9 @@ def llama_forward(cfg, t, tokens):
     nkv = cfg.get("num_key_value_heads") or nh
     hs = cfg.get("head_dim") or d // nh
     eps = cfg.get("rms_norm_eps", 1e-6)
-    assert cfg.get("hidden_act", "silu") == "silu" and not cfg.get("rope_scaling")
+    assert cfg.get("hidden_act", "silu") == "silu"
     ids = torch.tensor(tokens, dtype=torch.long)
-    cos, sin = rope_cos_sin(len(tokens), hs, cfg.get("rope_theta", 10000.0))
+    cos, sin = rope_cos_sin(len(tokens), hs, cfg.get("rope_theta", 10000.0), cfg.get("rope_scaling"))
 
     def linear(x, name):
         return x @ t[name + ".weight"].T
@@ -296,6 +321,29 @@ def self_test():
             z[:, p, i] = x[:, p, i] * math.cos(a) - x[:, p, i + 4] * math.sin(a)
             z[:, p, i + 4] = x[:, p, i + 4] * math.cos(a) + x[:, p, i] * math.sin(a)
     check(torch.allclose(y, z), "llama: rotary pairs (i, i + HS/2) turned by p * theta^(-2i/HS)")
+    # llama3 scaling against its definition per channel, in double: wavelength 2 pi / f above
+    # old / low: f / factor; below old / high: f; between: (1 - s) f / factor + s f with
+    # s = (old / wavelength - low) / (high - low). HS 16, theta 500, old 32: every regime.
+    rs = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 32}
+    got = rope_inv_freq(16, 500.0, rs)
+    regimes = set()
+    for i in range(8):
+        f = 500.0 ** (-2.0 * i / 16)
+        w = 2 * math.pi / f
+        if w > 32 / 1.0:
+            want, regime = f / 8.0, "low"
+        elif w < 32 / 4.0:
+            want, regime = f, "high"
+        else:
+            s = (32 / w - 1.0) / 3.0
+            want, regime = (1 - s) * f / 8.0 + s * f, "medium"
+        regimes.add(regime)
+        check(abs(got[i].item() - want) <= 1e-6 * want, "llama3 rope scaling: channel %d (%s frequency)" % (i, regime))
+    check(regimes == {"low", "medium", "high"}, "llama3 rope scaling: the test covers all three regimes")
+    cfg_s, t_s = llama()
+    cfg_s = dict(cfg_s, rope_scaling=rs)
+    check(not torch.allclose(llama_forward(cfg_s, t_s, tokens), out), "llama: rope_scaling changes the logits")
     cfg_t, t_t = llama(tie=True)
     out_t = llama_forward(cfg_t, t_t, tokens)
     t_t["lm_head.weight"] = rand(40, 16)  # ignored when tied

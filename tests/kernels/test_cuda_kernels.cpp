@@ -14,6 +14,7 @@
 #include "core/error.hpp"
 #include "core/tensor.hpp"
 #include "kernels/cpu/gemm_half.hpp"
+#include "model/config.hpp"
 #include "kernels/cpu/kernels.hpp"
 #include "kernels/cuda/cuda.hpp"
 #include "kernels/kernels.hpp"
@@ -139,11 +140,17 @@ TEST_CASE("cuda kernels: element-wise, GELU, SwiGLU and rotary embeddings", "[ke
     const int B = 2, T = 9, H = 3, HS = 10, ld = 4 * HS + 6;  // heads at the start of wider rows
     auto x = random_vec(size_t(B) * T * ld, 6);
     Dev<float> dx(x);
-    cpu::rope_forward(x.data(), B, T, H, HS, ld, 10000.0);
-    gpu().rope_forward(dx.get(), B, T, H, HS, ld, 10000.0);
+    const std::vector<float> plain = model::rope_inv_freq(HS, 10000.0, {});
+    model::RopeScaling llama3;
+    llama3.llama3 = true;
+    llama3.factor = 32;
+    llama3.original_max_positions = 64;
+    const std::vector<float> scaled = model::rope_inv_freq(HS, 500000.0, llama3);
+    cpu::rope_forward(x.data(), B, T, H, HS, ld, plain.data());
+    gpu().rope_forward(dx.get(), B, T, H, HS, ld, plain.data());
     require_f32(dx.host(), x, "rope_forward");
-    cpu::rope_backward(x.data(), B, T, H, HS, ld, 500000.0);
-    gpu().rope_backward(dx.get(), B, T, H, HS, ld, 500000.0);
+    cpu::rope_backward(x.data(), B, T, H, HS, ld, scaled.data());
+    gpu().rope_backward(dx.get(), B, T, H, HS, ld, scaled.data());
     require_f32(dx.host(), x, "rope_backward");
   }
 }
