@@ -447,8 +447,8 @@ class Parser {
             negate = !negate;
             name.erase(0, 1);
           }
-        } else if (i_ < p_.size()) {
-          name = std::string(1, p_[i_++]);
+        } else {
+          fail("a \\p or \\P without braces (write \\p{L})", start);
         }
         if (!category(name, set)) fail("the property \\p{" + name + "} (general categories only)", start);
         no_icase("a \\p property");

@@ -6,7 +6,7 @@
 // Supported, and nothing else (any other construct is refused by name and offset):
 //   literals, escapes \t \n \r \f \v \a \e \xHH \x{H..} \uHHHH and escaped punctuation;
 //   .  (any character but \n);
-//   classes [...] [^...] with ranges, \p{..} \P{..} \pL (general categories: L, Lu, Ll, Lt, Lm,
+//   classes [...] [^...] with ranges, \p{..} \P{..} \p{^..} (general categories: L, Lu, Ll, Lt, Lm,
 //   Lo, M, Mn, Mc, Me, N, Nd, Nl, No, P.., S.., Z.., C.., one or two letters, and the long
 //   names Letter, Mark, Number, Punctuation, Symbol, Separator, Other), \s \S (White_Space:
 //   U+0009..U+000D, U+0085, Zs, Zl, Zp), \d \D (Nd), \w \W (L, M, N, Pc);

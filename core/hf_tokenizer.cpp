@@ -312,6 +312,31 @@ std::string Tokenizer::decode(const uint32_t* ids, size_t n, bool skip_special) 
   return out;
 }
 
+std::vector<std::string> Tokenizer::pre_tokenize(std::string_view text) const {
+  require(valid_utf8(text), "pre_tokenize: the text is not UTF-8");
+  const Impl& t = *impl_;
+  Work w;
+  w.marks.resize(t.pre.size());
+  w.keep.resize(t.pre.size());
+  std::vector<std::string> out;
+  std::function<void(size_t, std::string_view)> step = [&](size_t k, std::string_view piece) {
+    if (k < t.pre.size()) return split_piece(t.pre[k], k, piece, w, [&](std::string_view p) { step(k + 1, p); });
+    std::string mapped;
+    for (char c : piece) {
+      const uint32_t ch = byte_char(static_cast<uint8_t>(c));
+      if (ch < 0x80) {
+        mapped += char(ch);
+      } else {
+        mapped += char(0xC0 | (ch >> 6));
+        mapped += char(0x80 | (ch & 0x3F));
+      }
+    }
+    out.push_back(std::move(mapped));
+  };
+  if (!text.empty()) step(0, text);
+  return out;
+}
+
 uint32_t Tokenizer::vocab_size() const { return uint32_t(impl_->present.size()); }
 bool Tokenizer::has_token(uint32_t id) const { return id < impl_->present.size() && impl_->present[id]; }
 bool Tokenizer::is_special(uint32_t id) const { return id < impl_->special.size() && impl_->special[id]; }

@@ -53,6 +53,9 @@ class Tokenizer {
   // tokens; the library would replace such bytes with U+FFFD, troupe hands them on unchanged.
   std::string decode(const uint32_t* ids, size_t n, bool skip_special = false) const;
   std::string_view token_bytes(uint32_t id) const;  // throws troupe::Error for an id without a token
+  // The pieces the pre-tokenizer cuts `text` (UTF-8) into, each in the ByteLevel alphabet
+  // ("Ġworld"): what the library's pre_tokenize_str shows, for tests.
+  std::vector<std::string> pre_tokenize(std::string_view text) const;
 
   uint32_t vocab_size() const;  // the largest id + 1
   bool has_token(uint32_t id) const;
