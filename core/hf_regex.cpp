@@ -793,7 +793,7 @@ Regex::Regex(std::string_view pattern) : pattern_(pattern), impl_(new Impl) {
     const Node root = parser.parse();
     if (nullable(root))
       throw Error("regex \"" + sanitize_utf8(pattern, 200) +
-                  "\": can match the empty string, which a pre-tokenizer split does not support");
+                  "\": a pattern that can match the empty string is not supported (a split needs non-empty pieces)");
     impl_->gen(root, pattern_);
     impl_->emit({Op::kMatch}, pattern_);
     impl_->first.assign(impl_->prog.size(), First{});

@@ -14,7 +14,6 @@
 #include "core/error.hpp"
 #include "core/tensor.hpp"
 #include "kernels/cpu/gemm_half.hpp"
-#include "model/config.hpp"
 #include "kernels/cpu/kernels.hpp"
 #include "kernels/cuda/cuda.hpp"
 #include "kernels/kernels.hpp"
@@ -140,12 +139,13 @@ TEST_CASE("cuda kernels: element-wise, GELU, SwiGLU and rotary embeddings", "[ke
     const int B = 2, T = 9, H = 3, HS = 10, ld = 4 * HS + 6;  // heads at the start of wider rows
     auto x = random_vec(size_t(B) * T * ld, 6);
     Dev<float> dx(x);
-    const std::vector<float> plain = model::rope_inv_freq(HS, 10000.0, {});
-    model::RopeScaling llama3;
-    llama3.llama3 = true;
-    llama3.factor = 32;
-    llama3.original_max_positions = 64;
-    const std::vector<float> scaled = model::rope_inv_freq(HS, 500000.0, llama3);
+    // Any table of inverse frequencies (model::rope_inv_freq makes the real ones): theta 10000's,
+    // and one scaled unevenly per pair as llama3 scaling does.
+    std::vector<float> plain(HS / 2), scaled(HS / 2);
+    for (int i = 0; i < HS / 2; ++i) {
+      plain[size_t(i)] = float(std::pow(10000.0, -2.0 * i / HS));
+      scaled[size_t(i)] = float(std::pow(500000.0, -2.0 * i / HS) / (1.0 + 7.0 * i / HS));
+    }
     cpu::rope_forward(x.data(), B, T, H, HS, ld, plain.data());
     gpu().rope_forward(dx.get(), B, T, H, HS, ld, plain.data());
     require_f32(dx.host(), x, "rope_forward");
