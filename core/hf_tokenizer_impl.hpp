@@ -47,7 +47,8 @@ inline uint64_t hash_u64(uint64_t x) {
   return x ^ (x >> 33);
 }
 
-// Byte strings (held in the map's own arena) -> two uint32 values.
+// Byte strings -> two uint32 values. A key of at most 8 bytes (most pieces of text) is kept in
+// its slot, a longer one in the map's arena: a lookup touches one cache line.
 class BytesMap {
  public:
   struct Value {
@@ -57,26 +58,27 @@ class BytesMap {
   const Value* find(std::string_view key) const {
     if (slots_.empty()) return nullptr;
     const uint64_t h = hash_bytes(key.data(), key.size());
+    const uint64_t packed = pack(key);
     for (size_t i = h & mask_;; i = (i + 1) & mask_) {
       const Slot& s = slots_[i];
       if (s.len == kEmpty) return nullptr;
-      if (s.hash == h && s.len == key.size() && std::memcmp(arena_.data() + s.off, key.data(), key.size()) == 0)
-        return &s.value;
+      if (s.hash == h && same(s, key, packed)) return &s.value;
     }
   }
   // Inserts (or overwrites) key -> v.
   void put(std::string_view key, Value v) {
     if ((count_ + 1) * 4 > slots_.size() * 3) grow();
     const uint64_t h = hash_bytes(key.data(), key.size());
+    const uint64_t packed = pack(key);
     for (size_t i = h & mask_;; i = (i + 1) & mask_) {
       Slot& s = slots_[i];
       if (s.len == kEmpty) {
-        s = {h, uint64_t(arena_.size()), uint32_t(key.size()), v};
-        arena_.append(key);
+        s = {h, key.size() <= 8 ? packed : uint64_t(arena_.size()), uint32_t(key.size()), v};
+        if (key.size() > 8) arena_.append(key);
         ++count_;
         return;
       }
-      if (s.hash == h && s.len == key.size() && std::memcmp(arena_.data() + s.off, key.data(), key.size()) == 0) {
+      if (s.hash == h && same(s, key, packed)) {
         s.value = v;
         return;
       }
@@ -95,10 +97,20 @@ class BytesMap {
   static constexpr uint32_t kEmpty = ~uint32_t(0);
   struct Slot {
     uint64_t hash = 0;
-    uint64_t off = 0;
+    uint64_t key = 0;  // the bytes (len <= 8), else the offset in arena_
     uint32_t len = kEmpty;
     Value value;
   };
+  static uint64_t pack(std::string_view key) {
+    uint64_t v = 0;
+    if (key.size() <= 8) std::memcpy(&v, key.data(), key.size());
+    return v;
+  }
+  bool same(const Slot& s, std::string_view key, uint64_t packed) const {
+    if (s.len != key.size()) return false;
+    if (key.size() <= 8) return s.key == packed;
+    return std::memcmp(arena_.data() + s.key, key.data(), key.size()) == 0;
+  }
   void grow() {
     std::vector<Slot> old = std::move(slots_);
     slots_.assign(old.empty() ? 1024 : old.size() * 2, Slot{});
