@@ -12,8 +12,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <ctime>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
   std::printf("corpus %s: %zu documents, %.2f MB\n", corpus.c_str(), docs.size(), bytes / 1e6);
   if (!vocabs.empty())
     std::printf("%6s %8s %10s %11s %11s %12s %6s\n", "vocab", "train s", "train MB/s", "encode MB/s",
-              "decode MB/s", "bytes/token", "check");
+                "decode MB/s", "bytes/token", "check");
   for (int64_t vocab : vocabs) {
     const auto t0 = clk::now();
     const bpe::Tokenizer tok = bpe::Tokenizer::train(views, vocab);
@@ -116,10 +116,11 @@ int main(int argc, char** argv) {
     });
     const bool ok = back == docs;
     std::printf(
-        "%s (Hugging Face, %u ids): load %.2f s, encode %.2f MB/s (%.2f MB/s of CPU time), decode %.1f MB/s, %.3f "
+        "%s (Hugging Face, %u ids): load %.2f s, encode %.2f MB/s (%.2f MB/s of CPU time), decode %.1f MB/s, "
+        "%.3f "
         "bytes/token, %s\n",
-        file.c_str(), tok.vocab_size(), load_s, bytes / 1e6 / enc_s, bytes / 1e6 / enc_cpu_s, bytes / 1e6 / dec_s,
-        double(bytes) / double(tokens), ok ? "ok" : "FAILED");
+        file.c_str(), tok.vocab_size(), load_s, bytes / 1e6 / enc_s, bytes / 1e6 / enc_cpu_s,
+        bytes / 1e6 / dec_s, double(bytes) / double(tokens), ok ? "ok" : "FAILED");
   }
   return 0;
 }

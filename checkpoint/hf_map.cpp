@@ -346,7 +346,8 @@ void check_rope_scaling(ConfigCheck& c, const RopeScalingSpec& want) {
       "original_max_position_embeddings: N} with the config's values";
   if (rs == nullptr) {
     if (!want.type.empty())
-      c.fail("rope_scaling", "is null, the job's model.rope_scaling is " + want.type + " (delete it from the spec)");
+      c.fail("rope_scaling",
+             "is null, the job's model.rope_scaling is " + want.type + " (delete it from the spec)");
     return;
   }
   if (!rs->is_object()) return c.fail("rope_scaling", "is " + rs->dump() + ", not an object or null");
@@ -356,11 +357,12 @@ void check_rope_scaling(ConfigCheck& c, const RopeScalingSpec& want) {
     if (it != rs->end() && it->is_string()) type = it->get<std::string>();
   }
   if (type != "llama3")
-    return c.fail("rope_scaling", "has rope_type \"" + type + "\": troupe's llama supports \"llama3\" scaling (or none)");
+    return c.fail("rope_scaling",
+                  "has rope_type \"" + type + "\": troupe's llama supports \"llama3\" scaling (or none)");
   for (auto it = rs->begin(); it != rs->end(); ++it) {
     const std::string& k = it.key();
-    if (k != "rope_type" && k != "type" && k != "factor" && k != "low_freq_factor" && k != "high_freq_factor" &&
-        k != "original_max_position_embeddings")
+    if (k != "rope_type" && k != "type" && k != "factor" && k != "low_freq_factor" &&
+        k != "high_freq_factor" && k != "original_max_position_embeddings")
       c.fail("rope_scaling", "has the key \"" + k + "\", which llama3 scaling does not read (not guessed)");
   }
   if (want.type.empty())
@@ -371,8 +373,8 @@ void check_rope_scaling(ConfigCheck& c, const RopeScalingSpec& want) {
       return c.fail("rope_scaling", std::string("has no number \"") + key + "\"");
     const double v = it->get<double>();
     if (!(std::fabs(v - spec_value) <= 1e-9 * std::fabs(spec_value)))
-      c.fail("rope_scaling", std::string(key) + " is " + num(v) + ", the job's model.rope_scaling." + key + " is " +
-                                 num(spec_value));
+      c.fail("rope_scaling", std::string(key) + " is " + num(v) + ", the job's model.rope_scaling." + key +
+                                 " is " + num(spec_value));
   };
   number("factor", want.factor);
   number("low_freq_factor", want.low_freq_factor);

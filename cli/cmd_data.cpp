@@ -28,9 +28,9 @@
 #include "core/corpus_files.hpp"
 #include "core/error.hpp"
 #include "core/text.hpp"
-#include "core/tokenizer.hpp"
 #include "core/token_file.hpp"
 #include "core/token_writer.hpp"
+#include "core/tokenizer.hpp"
 
 namespace troupe::cli {
 
@@ -94,7 +94,8 @@ std::vector<uint32_t> encode_corpus(const TextTokenizer& tok, const Corpus& c, b
     size_t bad = 0;
     for (const auto& d : c.docs) bad += valid_utf8(d) ? 0 : 1;
     if (bad)
-      std::cerr << "  " << bad << " document(s) hold bytes that are not UTF-8: each ill-formed sequence is read "
+      std::cerr << "  " << bad
+                << " document(s) hold bytes that are not UTF-8: each ill-formed sequence is read "
                 << "as U+FFFD (as Python's decode(errors=\"replace\"))\n";
   }
   return encode_documents(tok, c.docs, special, starts);
@@ -150,8 +151,8 @@ int tokenize(const TokenizeOptions& o) {
     });
     train_s = seconds_since(t0);
     if (t.vocab_size() < o.vocab)
-      std::cerr << "  the corpus ran out of pairs: the vocabulary has " << t.vocab_size() << " tokens, not " << o.vocab
-                << "\n";
+      std::cerr << "  the corpus ran out of pairs: the vocabulary has " << t.vocab_size() << " tokens, not "
+                << o.vocab << "\n";
     trained = from_bpe(std::move(t));
   }
   const TextTokenizer& tok = o.tokenizer.empty() ? *trained : *given;
@@ -283,7 +284,8 @@ void add_data_command(CLI::App& app, int* exit_code) {
       "tokenize",
       "Train a byte-level BPE on text files (or take --tokenizer, troupe's or a Hugging Face tokenizer.json) "
       "and write DIR/tokenizer.json, DIR/train.bin and DIR/val.bin. Each file is a document; troupe's BPE "
-      "joins documents with its end-of-text token, a Hugging Face tokenizer puts its bos before and eos after "
+      "joins documents with its end-of-text token, a Hugging Face tokenizer puts its bos before and eos "
+      "after "
       "each (tokenizer_config.json). The validation split starts at the document boundary nearest to the "
       "last --val-fraction of the tokens (with a single document, at the nearest token)");
   tk->add_option("corpus", t.corpus, "Text files or directories (read recursively, sorted by path)")
@@ -296,9 +298,10 @@ void add_data_command(CLI::App& app, int* exit_code) {
   tk->add_option("--tokenizer", t.tokenizer,
                  "Use this tokenizer instead of training one: troupe's JSON or a Hugging Face tokenizer.json")
       ->excludes(vocab);
-  tk->add_flag("--special", t.special,
-               "Special tokens written in the text (\"<|eot_id|>\") become their ids (Hugging Face tokenizers; "
-               "default: they are ordinary text)");
+  tk->add_flag(
+      "--special", t.special,
+      "Special tokens written in the text (\"<|eot_id|>\") become their ids (Hugging Face tokenizers; "
+      "default: they are ordinary text)");
   tk->callback([exit_code] { *exit_code = guarded("tokenize", [] { return tokenize(t); }); });
 
   static EncodeOptions e;
@@ -312,10 +315,10 @@ void add_data_command(CLI::App& app, int* exit_code) {
   en->callback([exit_code] { *exit_code = guarded("encode", [] { return encode(e); }); });
 
   static DecodeOptions d;
-  auto* de =
-      data->add_subcommand("decode",
-                           "Decode a token file to text on stdout (troupe's end-of-text prints nothing, a Hugging "
-                           "Face special token its text)");
+  auto* de = data->add_subcommand(
+      "decode",
+      "Decode a token file to text on stdout (troupe's end-of-text prints nothing, a Hugging "
+      "Face special token its text)");
   de->add_option("--tokenizer", d.tokenizer, "Tokenizer: troupe's JSON or a Hugging Face tokenizer.json")
       ->required();
   de->add_option("in", d.in, "Token file (.bin, with an llm.c header or raw)")->required();

@@ -10,9 +10,9 @@
 
 #include "checkpoint/checkpoint.hpp"
 #include "cli/commands.hpp"
-#include "core/tokenizer.hpp"
 #include "core/rng.hpp"
 #include "core/spec.hpp"
+#include "core/tokenizer.hpp"
 #include "model/from_spec.hpp"
 #include "model/sample.hpp"
 #include "model/stage.hpp"
@@ -81,7 +81,8 @@ int sample(const SampleOptions& o) {
   int V = cfg.vocab_size;
   std::vector<int32_t> ctx;
   if (o.special && !(tok && tok->has_special_tokens())) {
-    std::cerr << "troupe sample: --special needs a Hugging Face tokenizer (troupe's BPE has no special tokens)\n";
+    std::cerr
+        << "troupe sample: --special needs a Hugging Face tokenizer (troupe's BPE has no special tokens)\n";
     return kUsage;
   }
   if (tok) {
@@ -161,7 +162,8 @@ void add_sample_command(CLI::App& app, int* exit_code) {
       "--tokenizer", opt.tokenizer,
       "Tokenizer (troupe's JSON or a Hugging Face tokenizer.json): encode the prompt, decode tokens, stop at "
       "end-of-text; default: the job's data.tokenizer");
-  cmd->add_flag("--special", opt.special, "Special tokens written in the prompt (\"<|eot_id|>\") become their ids");
+  cmd->add_flag("--special", opt.special,
+                "Special tokens written in the prompt (\"<|eot_id|>\") become their ids");
   cmd->callback([exit_code] { *exit_code = sample(opt); });
 }
 

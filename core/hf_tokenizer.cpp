@@ -43,8 +43,8 @@ struct Span {
   bool match;
 };
 template <class Emit>
-void apply_behavior(std::string_view text, const std::vector<Span>& marks, Behavior behavior, std::vector<Span>& keep,
-                    Emit&& emit) {
+void apply_behavior(std::string_view text, const std::vector<Span>& marks, Behavior behavior,
+                    std::vector<Span>& keep, Emit&& emit) {
   keep.clear();  // match here means "remove"
   switch (behavior) {
     case Behavior::isolated:
@@ -224,7 +224,8 @@ void emit_piece(const Tokenizer::Impl& t, std::string_view piece, Work& w, std::
 }
 
 // Pre-tokenizer steps k.. on a piece, then BPE: the pieces stream through the steps.
-void run_steps(const Tokenizer::Impl& t, size_t k, std::string_view piece, Work& w, std::vector<uint32_t>& out) {
+void run_steps(const Tokenizer::Impl& t, size_t k, std::string_view piece, Work& w,
+               std::vector<uint32_t>& out) {
   if (k == t.pre.size()) return emit_piece(t, piece, w, out);
   split_piece(t.pre[k], k, piece, w, [&](std::string_view p) { run_steps(t, k + 1, p, w, out); });
 }
@@ -292,20 +293,25 @@ void Encoder::encode(std::string_view raw, bool special, std::vector<uint32_t>& 
   // ones (the same text here: no normalizer is read).
   cut_added(
       t, m[0], text,
-      [&](std::string_view s) { cut_added(t, m[1], s, [&](std::string_view x) { encode_segment(t, x, w, out); }, emit); },
+      [&](std::string_view s) {
+        cut_added(
+            t, m[1], s, [&](std::string_view x) { encode_segment(t, x, w, out); }, emit);
+      },
       emit);
 }
 
 std::string_view Tokenizer::token_bytes(uint32_t id) const {
-  require(has_token(id), "token id ", id, " has no token in the tokenizer (vocabulary of ", vocab_size(), ")");
-  return std::string_view(impl_->bytes).substr(impl_->offsets[id], impl_->offsets[id + 1] - impl_->offsets[id]);
+  require(has_token(id), "token id ", id, " has no token in the tokenizer (vocabulary of ", vocab_size(),
+          ")");
+  return std::string_view(impl_->bytes)
+      .substr(impl_->offsets[id], impl_->offsets[id + 1] - impl_->offsets[id]);
 }
 
 std::string Tokenizer::decode(const uint32_t* ids, size_t n, bool skip_special) const {
   std::string out;
   for (size_t i = 0; i < n; ++i) {
-    require(has_token(ids[i]), "token id ", ids[i], " at position ", i, " has no token in the tokenizer (vocabulary of ",
-            vocab_size(), ")");
+    require(has_token(ids[i]), "token id ", ids[i], " at position ", i,
+            " has no token in the tokenizer (vocabulary of ", vocab_size(), ")");
     if (skip_special && impl_->special[ids[i]]) continue;
     out += token_bytes(ids[i]);
   }
@@ -320,7 +326,8 @@ std::vector<std::string> Tokenizer::pre_tokenize(std::string_view text) const {
   w.keep.resize(t.pre.size());
   std::vector<std::string> out;
   std::function<void(size_t, std::string_view)> step = [&](size_t k, std::string_view piece) {
-    if (k < t.pre.size()) return split_piece(t.pre[k], k, piece, w, [&](std::string_view p) { step(k + 1, p); });
+    if (k < t.pre.size())
+      return split_piece(t.pre[k], k, piece, w, [&](std::string_view p) { step(k + 1, p); });
     std::string mapped;
     for (char c : piece) {
       const uint32_t ch = byte_char(static_cast<uint8_t>(c));

@@ -197,14 +197,14 @@ struct Tokenizer::Impl {
   std::unordered_map<std::string, uint32_t> vocab;  // model.vocab
   BytesMap vocab_bytes;  // a model token's bytes (its characters mapped back) -> (id, 0), for ignore_merges
   PairMap merges;
-  std::array<uint32_t, 256> byte_id{};                                     // the token of each byte
+  std::array<uint32_t, 256> byte_id{};  // the token of each byte
   bool ignore_merges = false;
 
   // Every id, model and added: present, its decoded bytes, special or not.
   std::vector<uint8_t> present;
   std::vector<uint8_t> special;
   std::string bytes;
-  std::vector<uint64_t> offsets;  // id i is bytes[offsets[i], offsets[i + 1])
+  std::vector<uint64_t> offsets;                        // id i is bytes[offsets[i], offsets[i + 1])
   std::unordered_map<std::string, uint32_t> added_ids;  // added token text -> id
   std::vector<AddedToken> added;
   // Pass 0 matches the tokens with "normalized": false, pass 1 the others (the library's two

@@ -23,7 +23,8 @@ constexpr uint32_t kMaxId = (uint32_t(1) << 24) - 1;  // as model.vocab_size
 constexpr int kMaxDepth = 16;
 
 // The `tokenizers` library's ByteLevel pre-tokenizer regex (use_regex: true).
-constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr const char* kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 std::string brief(const json& v) {
   std::string s = json_text(v);
@@ -64,7 +65,8 @@ class Reader {
   void only(const json& obj, const std::string& path, std::initializer_list<const char*> known) const {
     for (auto it = obj.begin(); it != obj.end(); ++it) {
       const bool ok = std::any_of(known.begin(), known.end(), [&](const char* k) { return it.key() == k; });
-      if (!ok) fail(child(path, it.key()), "is not a key this troupe reads (an unknown setting is not guessed)");
+      if (!ok)
+        fail(child(path, it.key()), "is not a key this troupe reads (an unknown setting is not guessed)");
     }
   }
   static std::string child(const std::string& path, const std::string& key) {
@@ -99,8 +101,10 @@ PreTokenizer::Behavior behavior_of(const Reader& r, const json& v, const std::st
   if (b == "MergedWithPrevious") return B::merged_with_previous;
   if (b == "MergedWithNext") return B::merged_with_next;
   if (b == "Contiguous") return B::contiguous;
-  r.fail(path, "\"" + sanitize_utf8(b, 60) +
-                   "\" is not a split behaviour (Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous)");
+  r.fail(
+      path,
+      "\"" + sanitize_utf8(b, 60) +
+          "\" is not a split behaviour (Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous)");
 }
 
 std::shared_ptr<const Regex> compile(const Reader& r, const std::string& pattern, const std::string& path) {
@@ -111,8 +115,8 @@ std::shared_ptr<const Regex> compile(const Reader& r, const std::string& pattern
   }
 }
 
-void read_pre_tokenizer(const Reader& r, const json& v, const std::string& path, std::vector<PreTokenizer>& out,
-                        int depth) {
+void read_pre_tokenizer(const Reader& r, const json& v, const std::string& path,
+                        std::vector<PreTokenizer>& out, int depth) {
   const std::string type = type_of(r, v, path);
   if (type == "Sequence") {
     r.only(v, path, {"type", "pretokenizers"});
@@ -124,7 +128,8 @@ void read_pre_tokenizer(const Reader& r, const json& v, const std::string& path,
     return;
   }
   if (!out.empty() && out.back().kind == PreTokenizer::Kind::byte_level)
-    r.fail(path, "a " + type + " after ByteLevel is not supported (it would see the byte alphabet's characters)");
+    r.fail(path,
+           "a " + type + " after ByteLevel is not supported (it would see the byte alphabet's characters)");
   PreTokenizer p;
   if (type == "Split") {
     r.only(v, path, {"type", "pattern", "behavior", "invert"});
@@ -137,7 +142,8 @@ void read_pre_tokenizer(const Reader& r, const json& v, const std::string& path,
     } else if (pat.contains("String")) {
       p.kind = PreTokenizer::Kind::split_string;
       p.literal = r.string(pat["String"], path + ".pattern.String");
-      if (p.literal.empty() || !valid_utf8(p.literal)) r.fail(path + ".pattern.String", "must be non-empty UTF-8");
+      if (p.literal.empty() || !valid_utf8(p.literal))
+        r.fail(path + ".pattern.String", "must be non-empty UTF-8");
     } else {
       r.fail(path + ".pattern", "must be {\"Regex\": ...} or {\"String\": ...}");
     }
@@ -147,13 +153,15 @@ void read_pre_tokenizer(const Reader& r, const json& v, const std::string& path,
   } else if (type == "ByteLevel") {
     r.only(v, path, {"type", "add_prefix_space", "trim_offsets", "use_regex"});
     p.kind = PreTokenizer::Kind::byte_level;
-    p.add_prefix_space = v.contains("add_prefix_space") && r.boolean(v["add_prefix_space"], path + ".add_prefix_space");
+    p.add_prefix_space =
+        v.contains("add_prefix_space") && r.boolean(v["add_prefix_space"], path + ".add_prefix_space");
     const bool use_regex = !v.contains("use_regex") || r.boolean(v["use_regex"], path + ".use_regex");
     if (use_regex) p.regex = compile(r, kGpt2Pattern, path);
     p.behavior = PreTokenizer::Behavior::isolated;
   } else {
-    r.fail(path + ".type", "\"" + sanitize_utf8(type, 60) +
-                               "\" is not supported (troupe reads Split, ByteLevel and Sequence pre-tokenizers)");
+    r.fail(path + ".type",
+           "\"" + sanitize_utf8(type, 60) +
+               "\" is not supported (troupe reads Split, ByteLevel and Sequence pre-tokenizers)");
   }
   out.push_back(std::move(p));
 }
@@ -161,16 +169,19 @@ void read_pre_tokenizer(const Reader& r, const json& v, const std::string& path,
 void read_model(const Reader& r, const json& m, Tokenizer::Impl& t, std::vector<std::string>& model_text) {
   const std::string type = type_of(r, m, "model");
   if (type != "BPE")
-    r.fail("model.type", "\"" + sanitize_utf8(type, 60) + "\" is not supported (troupe reads byte-level BPE models)");
+    r.fail("model.type",
+           "\"" + sanitize_utf8(type, 60) + "\" is not supported (troupe reads byte-level BPE models)");
   r.only(m, "model",
-         {"type", "dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix", "fuse_unk", "byte_fallback",
-          "ignore_merges", "vocab", "merges"});
+         {"type", "dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix", "fuse_unk",
+          "byte_fallback", "ignore_merges", "vocab", "merges"});
   if (m.contains("dropout") && !m["dropout"].is_null() && !(m["dropout"].is_number() && m["dropout"] == 0))
     r.fail("model.dropout", "is " + brief(m["dropout"]) + ": BPE dropout makes encoding random");
   for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (m.contains(k) && !m[k].is_null() && !(m[k].is_string() && m[k].get<std::string>().empty()))
-      r.fail(std::string("model.") + k, "is " + brief(m[k]) + ": only byte-level BPE without one is supported");
-  r.flag(m, "model", "byte_fallback", false, false, "byte fallback is not supported (a byte-level BPE needs none)");
+      r.fail(std::string("model.") + k,
+             "is " + brief(m[k]) + ": only byte-level BPE without one is supported");
+  r.flag(m, "model", "byte_fallback", false, false,
+         "byte fallback is not supported (a byte-level BPE needs none)");
   if (m.contains("unk_token") && !m["unk_token"].is_null()) r.string(m["unk_token"], "model.unk_token");
   if (m.contains("fuse_unk") && !m["fuse_unk"].is_null()) r.boolean(m["fuse_unk"], "model.fuse_unk");
   t.ignore_merges = m.contains("ignore_merges") && !m["ignore_merges"].is_null() &&
@@ -184,7 +195,8 @@ void read_model(const Reader& r, const json& m, Tokenizer::Impl& t, std::vector<
     const uint32_t id = r.id(it.value(), path);
     if (id >= model_text.size()) model_text.resize(size_t(id) + 1);
     if (t.present.size() <= id) t.present.resize(size_t(id) + 1, 0);
-    if (t.present[id]) r.fail(path, "id " + std::to_string(id) + " is also given to " + brief(model_text[id]));
+    if (t.present[id])
+      r.fail(path, "id " + std::to_string(id) + " is also given to " + brief(model_text[id]));
     t.present[id] = 1;
     model_text[id] = it.key();
     t.vocab.emplace(it.key(), id);
@@ -197,8 +209,8 @@ void read_model(const Reader& r, const json& m, Tokenizer::Impl& t, std::vector<
     if (c < 0x80) ch = std::string(1, char(c));
     auto it = t.vocab.find(ch);
     if (it == t.vocab.end())
-      r.fail("model.vocab", "has no token for the byte-level character \"" + ch + "\" (byte " + std::to_string(b) +
-                                "): not a byte-level BPE, or a damaged file");
+      r.fail("model.vocab", "has no token for the byte-level character \"" + ch + "\" (byte " +
+                                std::to_string(b) + "): not a byte-level BPE, or a damaged file");
     t.byte_id[size_t(b)] = it->second;
   }
 
@@ -211,7 +223,8 @@ void read_model(const Reader& r, const json& m, Tokenizer::Impl& t, std::vector<
       bool mapped = true;
       for (size_t i = 0; i < text.size() && mapped;) {
         const auto c0 = static_cast<unsigned char>(text[i]);
-        const uint32_t c = c0 < 0x80 ? c0 : (c0 & 0x1Fu) << 6 | (static_cast<unsigned char>(text[i + 1]) & 0x3Fu);
+        const uint32_t c =
+            c0 < 0x80 ? c0 : (c0 & 0x1Fu) << 6 | (static_cast<unsigned char>(text[i + 1]) & 0x3Fu);
         const int b = c0 < 0x80 || (c0 >= 0xC0 && c0 < 0xE0) ? char_byte(c) : -1;
         mapped = b >= 0;
         raw += char(b);
@@ -228,7 +241,8 @@ void read_model(const Reader& r, const json& m, Tokenizer::Impl& t, std::vector<
     if (e.is_string()) {  // "a b"
       const std::string s = e.get<std::string>();
       const size_t sp = s.find(' ');
-      if (sp == std::string::npos || sp == 0 || sp + 1 == s.size() || s.find(' ', sp + 1) != std::string::npos)
+      if (sp == std::string::npos || sp == 0 || sp + 1 == s.size() ||
+          s.find(' ', sp + 1) != std::string::npos)
         r.fail(path, "is " + brief(e) + ", not two tokens separated by one space");
       a = s.substr(0, sp);
       b = s.substr(sp + 1);
@@ -264,18 +278,22 @@ void read_added(const Reader& r, const json& list, Tokenizer::Impl& t, std::vect
     if (tok.content.empty() || !valid_utf8(tok.content)) r.fail(path + ".content", "must be non-empty UTF-8");
     r.flag(a, path, "single_word", false, false, "an added token matched as a single word is not supported");
     r.flag(a, path, "lstrip", false, false, "an added token that strips spaces on its left is not supported");
-    r.flag(a, path, "rstrip", false, false, "an added token that strips spaces on its right is not supported");
-    tok.special = a.contains("special") && !a["special"].is_null() && r.boolean(a["special"], path + ".special");
-    tok.normalized = a.contains("normalized") && !a["normalized"].is_null() && r.boolean(a["normalized"], path + ".normalized");
+    r.flag(a, path, "rstrip", false, false,
+           "an added token that strips spaces on its right is not supported");
+    tok.special =
+        a.contains("special") && !a["special"].is_null() && r.boolean(a["special"], path + ".special");
+    tok.normalized = a.contains("normalized") && !a["normalized"].is_null() &&
+                     r.boolean(a["normalized"], path + ".normalized");
     if (t.added_ids.count(tok.content)) r.fail(path, "repeats the added token " + brief(tok.content));
     auto in_model = t.vocab.find(tok.content);
-    const uint32_t want = in_model != t.vocab.end() ? in_model->second
-                          : !max_added                 ? model_size
-                          : *max_added >= model_size   ? *max_added + 1
-                                                       : model_size;
+    const uint32_t want = in_model != t.vocab.end()  ? in_model->second
+                          : !max_added               ? model_size
+                          : *max_added >= model_size ? *max_added + 1
+                                                     : model_size;
     if (tok.id != want)
-      r.fail(path + ".id", "is " + std::to_string(tok.id) + ", but the tokenizers library gives " + brief(tok.content) +
-                               " id " + std::to_string(want) + " (its text's id in model.vocab, else the next free id)");
+      r.fail(path + ".id", "is " + std::to_string(tok.id) + ", but the tokenizers library gives " +
+                               brief(tok.content) + " id " + std::to_string(want) +
+                               " (its text's id in model.vocab, else the next free id)");
     max_added = std::max(max_added.value_or(0), tok.id);
     if (in_model == t.vocab.end()) {
       if (t.present.size() <= tok.id) t.present.resize(size_t(tok.id) + 1, 0);
@@ -303,12 +321,14 @@ void build_matchers(Tokenizer::Impl& t) {
   }
   for (auto* set : {&t.plain[0], &t.plain[1], &t.all[0], &t.all[1]})
     for (auto& v : set->by_first)
-      std::stable_sort(v.begin(), v.end(),
-                       [&](uint32_t x, uint32_t y) { return t.added[x].content.size() > t.added[y].content.size(); });
+      std::stable_sort(v.begin(), v.end(), [&](uint32_t x, uint32_t y) {
+        return t.added[x].content.size() > t.added[y].content.size();
+      });
 }
 
 // bos_token / eos_token of tokenizer_config.json: a string or {"content": ...}; null: none.
-std::optional<uint32_t> config_token(const Reader& r, const json& cfg, const char* key, const Tokenizer::Impl& t) {
+std::optional<uint32_t> config_token(const Reader& r, const json& cfg, const char* key,
+                                     const Tokenizer::Impl& t) {
   auto it = cfg.find(key);
   if (it == cfg.end() || it->is_null()) return std::nullopt;
   std::string text;
@@ -332,8 +352,9 @@ Tokenizer Tokenizer::parse(std::string_view text, std::string_view config_text, 
   const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) throw Error(where + ": not JSON");
   r.object(j, "(root)");
-  r.only(j, "", {"version", "truncation", "padding", "added_tokens", "normalizer", "pre_tokenizer", "post_processor",
-                 "decoder", "model"});
+  r.only(j, "",
+         {"version", "truncation", "padding", "added_tokens", "normalizer", "pre_tokenizer", "post_processor",
+          "decoder", "model"});
   if (j.contains("normalizer") && !j["normalizer"].is_null())
     r.fail("normalizer", "type " + brief(j["normalizer"].value("type", json("?"))) +
                              " is not supported (troupe reads tokenizers without a normalizer)");
@@ -349,10 +370,12 @@ Tokenizer Tokenizer::parse(std::string_view text, std::string_view config_text, 
   read_pre_tokenizer(r, j["pre_tokenizer"], "pre_tokenizer", t->pre, 0);
   if (t->pre.empty() || t->pre.back().kind != PreTokenizer::Kind::byte_level)
     r.fail("pre_tokenizer", "has no ByteLevel step: not a byte-level BPE");
-  if (!j.contains("decoder") || j["decoder"].is_null()) r.fail("decoder", "is null: a byte-level BPE needs ByteLevel");
+  if (!j.contains("decoder") || j["decoder"].is_null())
+    r.fail("decoder", "is null: a byte-level BPE needs ByteLevel");
   const std::string dec = type_of(r, j["decoder"], "decoder");
   if (dec != "ByteLevel")
-    r.fail("decoder.type", "\"" + sanitize_utf8(dec, 60) + "\" is not supported (troupe decodes with ByteLevel)");
+    r.fail("decoder.type",
+           "\"" + sanitize_utf8(dec, 60) + "\" is not supported (troupe decodes with ByteLevel)");
   r.only(j["decoder"], "decoder", {"type", "add_prefix_space", "trim_offsets", "use_regex"});
 
   // Decoded bytes of every id.
@@ -370,11 +393,15 @@ Tokenizer Tokenizer::parse(std::string_view text, std::string_view config_text, 
       const auto c0 = static_cast<unsigned char>(s[i]);
       uint32_t c = c0;
       size_t len = 1;
-      if (c0 >= 0xC0 && c0 < 0xE0 && i + 1 < s.size()) c = (c0 & 0x1Fu) << 6 | (s[i + 1] & 0x3Fu), len = 2;
-      else if (c0 >= 0x80) len = 0;
+      if (c0 >= 0xC0 && c0 < 0xE0 && i + 1 < s.size())
+        c = (c0 & 0x1Fu) << 6 | (s[i + 1] & 0x3Fu), len = 2;
+      else if (c0 >= 0x80)
+        len = 0;
       const int b = len ? char_byte(c) : -1;
-      if (b < 0) mapped = false;
-      else out += char(b);
+      if (b < 0)
+        mapped = false;
+      else
+        out += char(b);
       i += len;
     }
     t->bytes += mapped ? out : s;  // the library's decoder: a token not of the alphabet gives its UTF-8
@@ -414,7 +441,8 @@ bool looks_like_hf_tokenizer(std::string_view text) {
       if (i >= text.size()) return false;
       if (depth != 1) continue;
       size_t j = i + 1;
-      while (j < text.size() && (text[j] == ' ' || text[j] == '\n' || text[j] == '\r' || text[j] == '\t')) ++j;
+      while (j < text.size() && (text[j] == ' ' || text[j] == '\n' || text[j] == '\r' || text[j] == '\t'))
+        ++j;
       if (j < text.size() && text[j] == ':' && text.substr(start, i - start) == "model") return true;
     } else if (c == '{' || c == '[') {
       ++depth;

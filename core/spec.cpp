@@ -424,7 +424,8 @@ std::string to_yaml(const JobSpec& s) {
     const RopeScalingSpec& r = s.model.rope_scaling;
     if (!r.type.empty())
       y << "  rope_scaling: {type: " << r.type << ", factor: " << real(r.factor)
-        << ", low_freq_factor: " << real(r.low_freq_factor) << ", high_freq_factor: " << real(r.high_freq_factor)
+        << ", low_freq_factor: " << real(r.low_freq_factor)
+        << ", high_freq_factor: " << real(r.high_freq_factor)
         << ", original_max_position_embeddings: " << r.original_max_position_embeddings << "}\n";
     y << "  tie_embeddings: " << (s.model.tie_embeddings ? "true" : "false") << "\n";
   }

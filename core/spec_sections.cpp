@@ -131,16 +131,18 @@ void rope_scaling_rules(Section& s, JobSpec& j) {
   }
   for (const char* k : kKeys)
     if (!s.has(k))
-      s.missing(k, std::string("'") + k +
-                       ": <value>' (a llama3 rope_scaling has all five keys, as in Hugging Face's config.json; "
-                       "Llama 3.2: {type: llama3, factor: 32, low_freq_factor: 1, high_freq_factor: 4, "
-                       "original_max_position_embeddings: 8192})");
+      s.missing(k,
+                std::string("'") + k +
+                    ": <value>' (a llama3 rope_scaling has all five keys, as in Hugging Face's config.json; "
+                    "Llama 3.2: {type: llama3, factor: 32, low_freq_factor: 1, high_freq_factor: 4, "
+                    "original_max_position_embeddings: 8192})");
   if (ctx.ok("model.rope_scaling.low_freq_factor") && ctx.ok("model.rope_scaling.high_freq_factor") &&
       s.has("low_freq_factor") && s.has("high_freq_factor") && r.high_freq_factor <= r.low_freq_factor)
-    ctx.error(ctx.loc("model.rope_scaling.high_freq_factor"),
-              "model.rope_scaling.high_freq_factor (" + fmt_real(r.high_freq_factor) +
-                  ") is not above low_freq_factor (" + fmt_real(r.low_freq_factor) + ")",
-              "the frequencies between the two are blended; Llama 3 uses low_freq_factor: 1, high_freq_factor: 4");
+    ctx.error(
+        ctx.loc("model.rope_scaling.high_freq_factor"),
+        "model.rope_scaling.high_freq_factor (" + fmt_real(r.high_freq_factor) +
+            ") is not above low_freq_factor (" + fmt_real(r.low_freq_factor) + ")",
+        "the frequencies between the two are blended; Llama 3 uses low_freq_factor: 1, high_freq_factor: 4");
 }
 
 const Table& rope_scaling_table() {

@@ -73,15 +73,18 @@ std::string replace_invalid_utf8(std::string_view s) {
     // completed it (table 3-7's ranges for the second byte).
     const auto c = static_cast<unsigned char>(s[i]);
     size_t len = 1;
-    const size_t want = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 1;
+    const size_t want = c >= 0xC2 && c <= 0xDF   ? 2
+                        : c >= 0xE0 && c <= 0xEF ? 3
+                        : c >= 0xF0 && c <= 0xF4 ? 4
+                                                 : 1;
     for (size_t k = 1; k < want && i + k < s.size(); ++k) {
       const auto b = static_cast<unsigned char>(s[i + k]);
-      const bool ok = k > 1 ? (b & 0xC0) == 0x80
-                            : c == 0xE0 ? b >= 0xA0 && b <= 0xBF
-                            : c == 0xED ? b >= 0x80 && b <= 0x9F
-                            : c == 0xF0 ? b >= 0x90 && b <= 0xBF
-                            : c == 0xF4 ? b >= 0x80 && b <= 0x8F
-                                        : (b & 0xC0) == 0x80;
+      const bool ok = k > 1       ? (b & 0xC0) == 0x80
+                      : c == 0xE0 ? b >= 0xA0 && b <= 0xBF
+                      : c == 0xED ? b >= 0x80 && b <= 0x9F
+                      : c == 0xF0 ? b >= 0x90 && b <= 0xBF
+                      : c == 0xF4 ? b >= 0x80 && b <= 0x8F
+                                  : (b & 0xC0) == 0x80;
       if (!ok) break;
       len = k + 1;
     }

@@ -96,7 +96,9 @@ class HuggingFace final : public TextTokenizer {
 
 }  // namespace
 
-std::unique_ptr<TextTokenizer> from_bpe(bpe::Tokenizer t) { return std::make_unique<TroupeBpe>(std::move(t)); }
+std::unique_ptr<TextTokenizer> from_bpe(bpe::Tokenizer t) {
+  return std::make_unique<TroupeBpe>(std::move(t));
+}
 
 std::vector<uint32_t> TextTokenizer::encode(std::string_view text, bool special) const {
   std::vector<uint32_t> out;
@@ -126,8 +128,8 @@ std::unique_ptr<TextTokenizer> load_tokenizer(const std::string& path) {
   return std::make_unique<HuggingFace>(std::move(t), std::move(text), std::move(config));
 }
 
-std::vector<uint32_t> encode_documents(const TextTokenizer& tok, const std::vector<std::string>& docs, bool special,
-                                       std::vector<size_t>* starts) {
+std::vector<uint32_t> encode_documents(const TextTokenizer& tok, const std::vector<std::string>& docs,
+                                       bool special, std::vector<size_t>* starts) {
   std::vector<uint32_t> ids;
   const TextTokenizer::Encode enc = tok.encoder(special);
   const std::optional<uint32_t> start = tok.document_start(), end = tok.end_of_text();

@@ -64,7 +64,7 @@ std::unique_ptr<TextTokenizer> from_bpe(bpe::Tokenizer t);
 
 // The ids of documents framed for token data (see the file comment); starts[i], when given,
 // receives where document i's ids begin.
-std::vector<uint32_t> encode_documents(const TextTokenizer& tok, const std::vector<std::string>& docs, bool special,
-                                       std::vector<size_t>* starts = nullptr);
+std::vector<uint32_t> encode_documents(const TextTokenizer& tok, const std::vector<std::string>& docs,
+                                       bool special, std::vector<size_t>* starts = nullptr);
 
 }  // namespace troupe

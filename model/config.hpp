@@ -12,7 +12,7 @@ enum class ModelKind : uint8_t {
   mlp,    // per-position residual MLP over the embedding (predicts the next byte from the current one)
   llama,  // Llama-family decoder: RMSNorm, rotary embeddings, grouped-query attention, SwiGLU, no biases
 };
-const char* model_kind_name(ModelKind k);              // "gpt" / "mlp" / "llama"
+const char* model_kind_name(ModelKind k);  // "gpt" / "mlp" / "llama"
 
 // Llama 3.1's rotary scaling (Hugging Face's rope_type "llama3"): channel pairs whose wavelength
 // exceeds original_max_positions / low_freq_factor turn `factor` times slower, those shorter than

@@ -24,7 +24,8 @@ using namespace troupe;
 int main(int argc, char** argv) {
   const bool hf = argc > 1 && std::strcmp(argv[1], "--hf") == 0;
   if (argc < (hf ? 6 : 4)) {
-    std::fprintf(stderr, "usage: dump_logits CKPT OUT TOKEN... | dump_logits --hf HF_DIR SPEC OUT TOKEN...\n");
+    std::fprintf(stderr,
+                 "usage: dump_logits CKPT OUT TOKEN... | dump_logits --hf HF_DIR SPEC OUT TOKEN...\n");
     return 2;
   }
   try {

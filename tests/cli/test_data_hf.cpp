@@ -31,13 +31,19 @@ json tokenizer() {
   for (int b = 0; b < 256; ++b) {
     const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
     const uint32_t c = printable ? uint32_t(b) : 0x100 + uint32_t(extra++);
-    vocab[c < 0x80 ? std::string(1, char(c)) : std::string{char(0xC0 | (c >> 6)), char(0x80 | (c & 0x3F))}] = b;
+    vocab[c < 0x80 ? std::string(1, char(c)) : std::string{char(0xC0 | (c >> 6)), char(0x80 | (c & 0x3F))}] =
+        b;
   }
   vocab["hi"] = 256;
   json added = json::array();
   for (auto [id, text] : {std::pair<int, const char*>{257, "<|bos|>"}, {258, "<|eos|>"}})
-    added.push_back({{"id", id}, {"content", text}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
-                     {"normalized", false}, {"special", true}});
+    added.push_back({{"id", id},
+                     {"content", text},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", true}});
   return {{"version", "1.0"},
           {"added_tokens", added},
           {"normalizer", nullptr},
@@ -73,8 +79,8 @@ TEST_CASE("cli: data tokenize with a Hugging Face tokenizer frames documents wit
   CHECK(r.out.find("1 document(s) hold bytes that are not UTF-8") != std::string::npos);
   const uint32_t lt = '<', bar = '|', e = 'e', o = 'o', s = 's', gt = '>', sp = ' ';
   // Plain text: "<|eos|>" is text; each document is <|bos|> ... <|eos|>.
-  CHECK(token_ids(dir + "/out/train.bin") == std::vector<uint32_t>{257, 256, lt, bar, e, o, s, bar, gt, 258, 257, 256,
-                                                                    sp, 0xEF, 0xBF, 0xBD, 258});
+  CHECK(token_ids(dir + "/out/train.bin") ==
+        std::vector<uint32_t>{257, 256, lt, bar, e, o, s, bar, gt, 258, 257, 256, sp, 0xEF, 0xBF, 0xBD, 258});
   CHECK(fs::exists(dir + "/out/tokenizer.json"));
   CHECK(fs::exists(dir + "/out/tokenizer_config.json"));
   // --special: the written special token is its id.
@@ -89,13 +95,15 @@ TEST_CASE("cli: data tokenize with a Hugging Face tokenizer frames documents wit
   fs::remove_all(dir);
 }
 
-TEST_CASE("cli: data refuses what a Hugging Face tokenizer cannot do, by name, with exit code 2", "[cli][data]") {
+TEST_CASE("cli: data refuses what a Hugging Face tokenizer cannot do, by name, with exit code 2",
+          "[cli][data]") {
   const std::string dir = troupe::testing::temp_dir("data_hf_bad");
   write(dir + "/corpus/a.txt", "some text");
   json bad = tokenizer();
   bad["normalizer"] = {{"type", "NFKC"}};
   write(dir + "/nfkc/tokenizer.json", bad.dump());
-  auto r = cli("data tokenize " + dir + "/corpus --tokenizer " + dir + "/nfkc/tokenizer.json --out " + dir + "/o");
+  auto r =
+      cli("data tokenize " + dir + "/corpus --tokenizer " + dir + "/nfkc/tokenizer.json --out " + dir + "/o");
   CHECK(r.code == 2);
   CHECK(r.out.find("normalizer: type \"NFKC\" is not supported") != std::string::npos);
   r = cli("data tokenize " + dir + "/corpus --vocab 300 --special --out " + dir + "/o");

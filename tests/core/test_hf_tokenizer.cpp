@@ -48,34 +48,44 @@ json tiny() {
   vocab["el"] = 261;
   json added = json::array();
   auto add = [&](int id, const char* content, bool special) {
-    added.push_back({{"id", id}, {"content", content}, {"single_word", false}, {"lstrip", false},
-                     {"rstrip", false}, {"normalized", false}, {"special", special}});
+    added.push_back({{"id", id},
+                     {"content", content},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", special}});
   };
-  json t = {{"version", "1.0"},
-            {"truncation", nullptr},
-            {"padding", nullptr},
-            {"normalizer", nullptr},
-            {"pre_tokenizer",
-             {{"type", "Sequence"},
-              {"pretokenizers",
-               {{{"type", "Split"},
-                 {"pattern", {{"Regex", " ?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+|\\s+"}}},
-                 {"behavior", "Isolated"},
-                 {"invert", false}},
-                {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}}}}},
-            {"post_processor", nullptr},
-            {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
-            {"model",
-             {{"type", "BPE"},
-              {"dropout", nullptr},
-              {"unk_token", nullptr},
-              {"continuing_subword_prefix", nullptr},
-              {"end_of_word_suffix", nullptr},
-              {"fuse_unk", false},
-              {"byte_fallback", false},
-              {"ignore_merges", false},
-              {"vocab", vocab},
-              {"merges", {"h e", "l l", "he ll", "hell o", sp + " w", "e l"}}}}};
+  json t = {
+      {"version", "1.0"},
+      {"truncation", nullptr},
+      {"padding", nullptr},
+      {"normalizer", nullptr},
+      {"pre_tokenizer",
+       {{"type", "Sequence"},
+        {"pretokenizers",
+         {{{"type", "Split"},
+           {"pattern", {{"Regex", " ?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+|\\s+"}}},
+           {"behavior", "Isolated"},
+           {"invert", false}},
+          {{"type", "ByteLevel"},
+           {"add_prefix_space", false},
+           {"trim_offsets", true},
+           {"use_regex", false}}}}}},
+      {"post_processor", nullptr},
+      {"decoder",
+       {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
+      {"model",
+       {{"type", "BPE"},
+        {"dropout", nullptr},
+        {"unk_token", nullptr},
+        {"continuing_subword_prefix", nullptr},
+        {"end_of_word_suffix", nullptr},
+        {"fuse_unk", false},
+        {"byte_fallback", false},
+        {"ignore_merges", false},
+        {"vocab", vocab},
+        {"merges", {"h e", "l l", "he ll", "hell o", sp + " w", "e l"}}}}};
   // The library gives an added token that is not in the vocabulary (262 entries) the next id.
   add(262, "<|end|>", true);
   add(263, "<|user|>", true);
@@ -101,7 +111,8 @@ std::string error_of(const std::function<void()>& f) {
 
 }  // namespace
 
-TEST_CASE("hf tokenizer: BPE merges by rank, leftmost first, within the pre-tokenizer's pieces", "[core][hf]") {
+TEST_CASE("hf tokenizer: BPE merges by rank, leftmost first, within the pre-tokenizer's pieces",
+          "[core][hf]") {
   const hf::Tokenizer t = parse(tiny());
   CHECK(t.vocab_size() == 265);
   // "hello" -> h e l l o: "h e" (rank 0) and "l l" (rank 1) before "e l" (rank 5), then "he ll",
@@ -125,7 +136,8 @@ TEST_CASE("hf tokenizer: ignore_merges takes a piece that is a token whole", "[c
   CHECK(parse(j).encode("hello") == std::vector<uint32_t>{259});
 }
 
-TEST_CASE("hf tokenizer: special tokens only when asked, other added tokens always, never split", "[core][hf]") {
+TEST_CASE("hf tokenizer: special tokens only when asked, other added tokens always, never split",
+          "[core][hf]") {
   const hf::Tokenizer t = parse(tiny());
   const std::string text = "hi<|end|>[NS]<|user|>";
   const std::vector<uint32_t> plain = t.encode(text);
@@ -140,15 +152,21 @@ TEST_CASE("hf tokenizer: special tokens only when asked, other added tokens alwa
   CHECK_FALSE(t.is_special(264));
   // Leftmost-longest: of two added tokens at the same place the longer wins.
   json j = tiny();
-  j["added_tokens"].push_back({{"id", 265}, {"content", "<|end|>!"}, {"single_word", false}, {"lstrip", false},
-                               {"rstrip", false}, {"normalized", false}, {"special", true}});
+  j["added_tokens"].push_back({{"id", 265},
+                               {"content", "<|end|>!"},
+                               {"single_word", false},
+                               {"lstrip", false},
+                               {"rstrip", false},
+                               {"normalized", false},
+                               {"special", true}});
   CHECK(parse(j).encode("a<|end|>!b<|end|>", true) == std::vector<uint32_t>{b('a'), 265, b('b'), 262});
 }
 
 TEST_CASE("hf tokenizer: decode gives back any UTF-8 text, ids without a token are refused", "[core][hf]") {
   const hf::Tokenizer t = parse(tiny());
   std::mt19937 rng(5);
-  const std::vector<std::string> parts = {"hello", " world", "  ", "\t", "\n", "é", "日本", "🙂", "'s", "42", "!?"};
+  const std::vector<std::string> parts = {"hello", " world", "  ", "\t", "\n", "é",
+                                          "日本",  "🙂",   "'s", "42", "!?"};
   for (int i = 0; i < 200; ++i) {
     std::string s;
     for (int k = 0; k < 8; ++k) s += parts[rng() % parts.size()];
@@ -168,10 +186,11 @@ TEST_CASE("hf tokenizer: text that is not UTF-8 reads as Python's errors='replac
   const std::string fffd = "\xEF\xBF\xBD";
   CHECK(replace_invalid_utf8("\x61\xF1\x80\x80\xE1\x80\xC2\x62\x80\x63\x80\xBF\x64") ==
         "a" + fffd + fffd + fffd + "b" + fffd + "c" + fffd + fffd + "d");
-  CHECK(replace_invalid_utf8("a\xE2\x82" "b") == "a" + fffd + "b");  // truncated: one subpart
-  CHECK(replace_invalid_utf8("\xF0\x80x") == fffd + fffd + "x");        // 0x80 cannot follow 0xF0
-  CHECK(replace_invalid_utf8("\xED\xA0\x80") == fffd + fffd + fffd);    // a surrogate
-  CHECK(replace_invalid_utf8("\xC0\xAF") == fffd + fffd);               // overlong
+  CHECK(replace_invalid_utf8("a\xE2\x82"
+                             "b") == "a" + fffd + "b");               // truncated: one subpart
+  CHECK(replace_invalid_utf8("\xF0\x80x") == fffd + fffd + "x");      // 0x80 cannot follow 0xF0
+  CHECK(replace_invalid_utf8("\xED\xA0\x80") == fffd + fffd + fffd);  // a surrogate
+  CHECK(replace_invalid_utf8("\xC0\xAF") == fffd + fffd);             // overlong
   CHECK(replace_invalid_utf8("ok é 日本") == "ok é 日本");
   const hf::Tokenizer t = parse(tiny());
   CHECK(t.encode("caf\xE9 x") == t.encode("caf" + fffd + " x"));
@@ -180,7 +199,8 @@ TEST_CASE("hf tokenizer: text that is not UTF-8 reads as Python's errors='replac
 TEST_CASE("hf tokenizer: an Encoder across texts gives what encode gives text by text", "[core][hf]") {
   const hf::Tokenizer t = parse(tiny());
   hf::Encoder e(t);
-  for (const std::string s : {"hello world", "hello hello", "<|end|>hello", "日本 hello", "ell ell", "world"}) {
+  for (const std::string s :
+       {"hello world", "hello hello", "<|end|>hello", "日本 hello", "ell ell", "world"}) {
     std::vector<uint32_t> got;
     e.encode(s, true, got);
     CHECK(got == t.encode(s, true));
@@ -194,8 +214,9 @@ TEST_CASE("hf tokenizer: tokenizer_config.json gives bos, eos and add_bos_token"
   CHECK(t.add_bos());
   CHECK_FALSE(parse(tiny(), R"({"bos_token": "<|user|>", "add_bos_token": false})").add_bos());
   CHECK_FALSE(parse(tiny()).eos());
-  CHECK_THAT(error_of([&] { parse(tiny(), R"({"eos_token": "<|nope|>"})"); }),
-             Catch::Contains("t/tokenizer_config.json: eos_token: \"<|nope|>\" is not a token of the tokenizer"));
+  CHECK_THAT(
+      error_of([&] { parse(tiny(), R"({"eos_token": "<|nope|>"})"); }),
+      Catch::Contains("t/tokenizer_config.json: eos_token: \"<|nope|>\" is not a token of the tokenizer"));
 }
 
 TEST_CASE("hf tokenizer: what is not read faithfully is refused by name and JSON path", "[core][hf]") {
@@ -205,18 +226,25 @@ TEST_CASE("hf tokenizer: what is not read faithfully is refused by name and JSON
   };
   const std::string sp = byte_char(' ');
   const std::vector<Case> cases = {
-      {[](json& j) { j["normalizer"] = {{"type", "NFC"}}; },
+      {[](json& j) {
+         j["normalizer"] = {{"type", "NFC"}};
+       },
        "normalizer: type \"NFC\" is not supported (troupe reads tokenizers without a normalizer)"},
       {[](json& j) { j["model"]["type"] = "Unigram"; }, "model.type: \"Unigram\" is not supported"},
-      {[](json& j) { j["model"]["dropout"] = 0.1; }, "model.dropout: is 0.1: BPE dropout makes encoding random"},
-      {[](json& j) { j["model"]["continuing_subword_prefix"] = "##"; }, "model.continuing_subword_prefix: is \"##\""},
+      {[](json& j) { j["model"]["dropout"] = 0.1; },
+       "model.dropout: is 0.1: BPE dropout makes encoding random"},
+      {[](json& j) { j["model"]["continuing_subword_prefix"] = "##"; },
+       "model.continuing_subword_prefix: is \"##\""},
       {[](json& j) { j["model"]["byte_fallback"] = true; }, "model.byte_fallback: is true"},
       {[](json& j) { j["model"]["foo"] = 1; }, "model.foo: is not a key this troupe reads"},
       {[](json& j) { j["foo"] = 1; }, "foo: is not a key this troupe reads"},
-      {[](json& j) { j["pre_tokenizer"] = {{"type", "Whitespace"}}; },
+      {[](json& j) {
+         j["pre_tokenizer"] = {{"type", "Whitespace"}};
+       },
        "pre_tokenizer.type: \"Whitespace\" is not supported (troupe reads Split, ByteLevel and Sequence"},
       {[](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(?<=a)b"; },
-       "pre_tokenizer.pretokenizers[0].pattern.Regex: regex \"(?<=a)b\": a lookbehind at offset 0 is not supported"},
+       "pre_tokenizer.pretokenizers[0].pattern.Regex: regex \"(?<=a)b\": a lookbehind at offset 0 is not "
+       "supported"},
       {[](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Sideways"; },
        "pre_tokenizer.pretokenizers[0].behavior: \"Sideways\" is not a split behaviour"},
       {[](json& j) { j["pre_tokenizer"] = j["pre_tokenizer"]["pretokenizers"][0]; },
@@ -224,19 +252,26 @@ TEST_CASE("hf tokenizer: what is not read faithfully is refused by name and JSON
       {[](json& j) { j["pre_tokenizer"]["pretokenizers"].push_back(j["pre_tokenizer"]["pretokenizers"][0]); },
        "pre_tokenizer.pretokenizers[2]: a Split after ByteLevel is not supported"},
       {[](json& j) { j["pre_tokenizer"] = nullptr; }, "pre_tokenizer: is null"},
-      {[](json& j) { j["decoder"] = {{"type", "WordPiece"}}; }, "decoder.type: \"WordPiece\" is not supported"},
+      {[](json& j) {
+         j["decoder"] = {{"type", "WordPiece"}};
+       },
+       "decoder.type: \"WordPiece\" is not supported"},
       {[](json& j) { j["decoder"] = nullptr; }, "decoder: is null"},
       {[](json& j) { j["added_tokens"][0]["lstrip"] = true; },
        "added_tokens[0].lstrip: is true: an added token that strips spaces on its left is not supported"},
       {[](json& j) { j["added_tokens"][1]["single_word"] = true; }, "added_tokens[1].single_word: is true"},
       {[](json& j) { j["added_tokens"][0]["id"] = 999; },
        "added_tokens[0].id: is 999, but the tokenizers library gives \"<|end|>\" id 262"},
-      {[](json& j) { j["added_tokens"][1]["content"] = "<|end|>"; }, "added_tokens[1]: repeats the added token"},
-      {[](json& j) { j["model"]["merges"][0] = "z9 e"; }, "model.merges[0]: uses \"z9\", which is not in model.vocab"},
-      {[](json& j) { j["model"]["merges"][0] = "e h"; }, "model.merges[0]: makes \"eh\", which is not in model.vocab"},
+      {[](json& j) { j["added_tokens"][1]["content"] = "<|end|>"; },
+       "added_tokens[1]: repeats the added token"},
+      {[](json& j) { j["model"]["merges"][0] = "z9 e"; },
+       "model.merges[0]: uses \"z9\", which is not in model.vocab"},
+      {[](json& j) { j["model"]["merges"][0] = "e h"; },
+       "model.merges[0]: makes \"eh\", which is not in model.vocab"},
       {[](json& j) { j["model"]["merges"][1] = "l l l"; }, "model.merges[1]: is \"l l l\", not two tokens"},
       {[](json& j) { j["model"]["merges"][1] = json::array({"l"}); }, "model.merges[1]: is [\"l\"], neither"},
-      {[&](json& j) { j["model"]["vocab"].erase(sp); }, "model.vocab: has no token for the byte-level character"},
+      {[&](json& j) { j["model"]["vocab"].erase(sp); },
+       "model.vocab: has no token for the byte-level character"},
       {[](json& j) { j["model"]["vocab"]["dup"] = 5; }, "is also given to"},
       {[](json& j) { j["model"]["vocab"]["big"] = 1 << 24; }, "not a token id in [0, 2^24)"},
   };
@@ -244,10 +279,14 @@ TEST_CASE("hf tokenizer: what is not read faithfully is refused by name and JSON
     json j = tiny();
     c.change(j);
     INFO(c.says);
-    CHECK_THAT(error_of([&] { parse(j); }), Catch::StartsWith("tokenizer t/tokenizer.json: ") && Catch::Contains(c.says));
+    CHECK_THAT(error_of([&] { parse(j); }),
+               Catch::StartsWith("tokenizer t/tokenizer.json: ") && Catch::Contains(c.says));
   }
-  CHECK_THAT(error_of([] { hf::Tokenizer::parse("{\"model\": ", "", "tokenizer x"); }), Catch::Contains("not JSON"));
-  CHECK_THAT(error_of([] { hf::Tokenizer::parse(std::string(100, '[') + std::string(100, ']'), "", "tokenizer x"); }),
+  CHECK_THAT(error_of([] { hf::Tokenizer::parse("{\"model\": ", "", "tokenizer x"); }),
+             Catch::Contains("not JSON"));
+  CHECK_THAT(error_of([] {
+               hf::Tokenizer::parse(std::string(100, '[') + std::string(100, ']'), "", "tokenizer x");
+             }),
              Catch::Contains("nests deeper than a tokenizer does"));
 }
 
@@ -280,7 +319,8 @@ TEST_CASE("hf regex: unsupported constructs are refused by name and offset", "[c
   };
   for (const auto& [pattern, says] : cases) {
     INFO(pattern);
-    CHECK_THAT(error_of([&] { hf::Regex r(pattern); }), Catch::Contains(says) && Catch::Contains("is not supported"));
+    CHECK_THAT(error_of([&] { hf::Regex r(pattern); }),
+               Catch::Contains(says) && Catch::Contains("is not supported"));
   }
   // A pattern that backtracks exponentially is stopped, not run for hours.
   const hf::Regex slow("(?:a|a)+b");
@@ -307,7 +347,8 @@ TEST_CASE("tokenizer files: troupe's and Hugging Face's are told apart and frame
   CHECK(std::string(load_tokenizer(dir + "/tokenizer.json")->format()) == "huggingface");
   CHECK(std::filesystem::exists(dir + "/tokenizer_config.json"));
 
-  std::ofstream(dir + "/troupe.json") << R"({"type": "troupe-bpe", "version": 1, "vocab_size": 257, "eot": 256,
+  std::ofstream(dir + "/troupe.json")
+      << R"({"type": "troupe-bpe", "version": 1, "vocab_size": 257, "eot": 256,
     "pretokenizer": "troupe-v1", "merges": []})";
   const auto own = load_tokenizer(dir + "/troupe.json");
   CHECK(std::string(own->format()) == "troupe-bpe");

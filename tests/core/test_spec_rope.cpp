@@ -34,10 +34,11 @@ bool has_error(const std::vector<Diagnostic>& ds, int line, int col, const std::
 }  // namespace
 
 TEST_CASE("spec: model.rope_scaling llama3 is read, kept by to_yaml and reaches the model", "[core][spec]") {
-  const JobSpec s = parse_spec(spec_with("  rope_scaling: {type: llama3, factor: 32, low_freq_factor: 1,\n"
-                                         "                 high_freq_factor: 4, original_max_position_embeddings: "
-                                         "8192}\n"),
-                               "job.yaml");
+  const JobSpec s =
+      parse_spec(spec_with("  rope_scaling: {type: llama3, factor: 32, low_freq_factor: 1,\n"
+                           "                 high_freq_factor: 4, original_max_position_embeddings: "
+                           "8192}\n"),
+                 "job.yaml");
   CHECK(s.model.rope_scaling.type == "llama3");
   CHECK(s.model.rope_scaling.factor == 32.0);
   CHECK(s.model.rope_scaling.low_freq_factor == 1.0);
@@ -52,23 +53,28 @@ TEST_CASE("spec: model.rope_scaling llama3 is read, kept by to_yaml and reaches 
 
 TEST_CASE("spec: a wrong model.rope_scaling is an error at its file position", "[core][spec]") {
   // Line 9 holds rope_scaling.
-  auto other = errors_of(spec_with("  rope_scaling: {type: linear, factor: 2, low_freq_factor: 1, high_freq_factor: 4,\n"
-                                   "                 original_max_position_embeddings: 64}\n"));
+  auto other = errors_of(
+      spec_with("  rope_scaling: {type: linear, factor: 2, low_freq_factor: 1, high_freq_factor: 4,\n"
+                "                 original_max_position_embeddings: 64}\n"));
   CHECK(has_error(other, 9, 24, "unsupported value 'linear' for 'model.rope_scaling.type'"));
   auto missing = errors_of(spec_with("  rope_scaling: {type: llama3, factor: 8}\n"));
   CHECK(has_error(missing, 9, 3, "missing required key 'model.rope_scaling.low_freq_factor'"));
-  CHECK(has_error(missing, 9, 3, "missing required key 'model.rope_scaling.original_max_position_embeddings'"));
-  auto order = errors_of(spec_with("  rope_scaling: {type: llama3, factor: 8, low_freq_factor: 4, high_freq_factor: 1,\n"
-                                   "                 original_max_position_embeddings: 64}\n"));
+  CHECK(
+      has_error(missing, 9, 3, "missing required key 'model.rope_scaling.original_max_position_embeddings'"));
+  auto order = errors_of(
+      spec_with("  rope_scaling: {type: llama3, factor: 8, low_freq_factor: 4, high_freq_factor: 1,\n"
+                "                 original_max_position_embeddings: 64}\n"));
   CHECK(has_error(order, 9, 81, "high_freq_factor (1) is not above low_freq_factor (4)"));
-  auto small = errors_of(spec_with("  rope_scaling: {type: llama3, factor: 0.5, low_freq_factor: 1, high_freq_factor: 4,\n"
-                                   "                 original_max_position_embeddings: 64}\n"));
+  auto small = errors_of(
+      spec_with("  rope_scaling: {type: llama3, factor: 0.5, low_freq_factor: 1, high_freq_factor: 4,\n"
+                "                 original_max_position_embeddings: 64}\n"));
   CHECK(has_error(small, 9, 40, "model.rope_scaling.factor"));
   auto unknown = errors_of(spec_with("  rope_scaling: {type: llama3, factr: 8}\n"));
   CHECK(has_error(unknown, 9, 32, "unknown key 'factr' in model.rope_scaling"));
   // Only a llama reads it.
   const std::string gpt =
-      "name: r\nmodel:\n  type: gpt\n  vocab_size: 256\n  seq_len: 16\n  d_model: 32\n  n_layers: 1\n  n_heads: 4\n"
+      "name: r\nmodel:\n  type: gpt\n  vocab_size: 256\n  seq_len: 16\n  d_model: 32\n  n_layers: 1\n  "
+      "n_heads: 4\n"
       "  rope_scaling: {type: llama3, factor: 8, low_freq_factor: 1, high_freq_factor: 4,\n"
       "                 original_max_position_embeddings: 64}\n"
       "data: {source: synthetic}\ntrain: {steps: 1, global_batch: 2}\n";

@@ -25,7 +25,8 @@ TEST_CASE("rope_inv_freq: llama3 scaling keeps high frequencies, slows low ones 
   for (int i = 1; i <= 2; ++i) {
     const double w = 2 * M_PI / plain[size_t(i)];
     const double smooth = (32 / w - 1) / 3;
-    CHECK(scaled[size_t(i)] == Approx((1 - smooth) * plain[size_t(i)] / 8 + smooth * plain[size_t(i)]).epsilon(1e-6));
+    CHECK(scaled[size_t(i)] ==
+          Approx((1 - smooth) * plain[size_t(i)] / 8 + smooth * plain[size_t(i)]).epsilon(1e-6));
     CHECK(scaled[size_t(i)] < plain[size_t(i)]);
     CHECK(scaled[size_t(i)] > plain[size_t(i)] / 8);
   }
