@@ -120,6 +120,17 @@ inline std::string self_executable(const char* fallback) {
   return n > 0 ? std::string(buf, size_t(n)) : std::string(fallback);
 }
 
+// The interpreter for the PyTorch reference scripts: $TROUPE_PYTHON, else the system python3
+// (where Debian's python3-torch lives), else python3 on PATH.
+inline std::string python() {
+  if (const char* env = std::getenv("TROUPE_PYTHON")) return env;
+  if (FILE* f = std::fopen("/usr/bin/python3", "r")) {
+    std::fclose(f);
+    return "/usr/bin/python3";
+  }
+  return "python3";
+}
+
 // The text after the last "key=" that starts a word in `out`, up to the end of its
 // line when to_eol, else up to the next blank; "" when absent.
 inline std::string report_text(const std::string& out, const std::string& key, bool to_eol = false) {

@@ -9,3 +9,8 @@ if(TARGET troupe_engine)
   target_link_libraries(train_throughput PRIVATE troupe_engine troupe_kernels troupe_core)
   target_compile_definitions(train_throughput PRIVATE TROUPE_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 endif()
+
+# Causal attention: fused against materialized against PyTorch (bench/attention_reference.py).
+add_executable(attention_bench ${CMAKE_CURRENT_SOURCE_DIR}/attention_bench.cpp)
+target_link_libraries(attention_bench PRIVATE troupe_kernels)
+target_compile_definitions(attention_bench PRIVATE TROUPE_SOURCE_DIR="${PROJECT_SOURCE_DIR}")

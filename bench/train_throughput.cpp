@@ -120,17 +120,6 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// The interpreter for torch_reference.py: $TROUPE_PYTHON, else the system
-// python3 (where Debian's python3-torch lives), else python3 on PATH.
-std::string python() {
-  if (const char* env = std::getenv("TROUPE_PYTHON")) return env;
-  if (FILE* f = std::fopen("/usr/bin/python3", "r")) {
-    std::fclose(f);
-    return "/usr/bin/python3";
-  }
-  return "python3";
-}
-
 std::string torch_script() { return std::string(TROUPE_SOURCE_DIR) + "/bench/torch_reference.py"; }
 
 // Why a child left no figures: it did not start, a signal ended it, or it exited
@@ -238,21 +227,31 @@ Row troupe_row(const std::string& self, const GptConfig& c, Precision precision,
 
 Row torch_row(const GptConfig& c, bool autocast, int steps, int warmup, troupe::bench::PeakProbe* probe,
               double peak) {
-  std::vector<std::string> argv = {python(),    torch_script(),
-                                   "--layers",  std::to_string(c.layers),
-                                   "--d-model", std::to_string(c.d_model),
-                                   "--heads",   std::to_string(c.heads),
-                                   "--seq-len", std::to_string(c.seq_len),
-                                   "--batch",   std::to_string(c.batch),
-                                   "--steps",   std::to_string(steps),
-                                   "--warmup",  std::to_string(warmup),
-                                   "--threads", "1"};
+  std::vector<std::string> argv = {troupe::bench::python(),
+                                   torch_script(),
+                                   "--layers",
+                                   std::to_string(c.layers),
+                                   "--d-model",
+                                   std::to_string(c.d_model),
+                                   "--heads",
+                                   std::to_string(c.heads),
+                                   "--seq-len",
+                                   std::to_string(c.seq_len),
+                                   "--batch",
+                                   std::to_string(c.batch),
+                                   "--steps",
+                                   std::to_string(steps),
+                                   "--warmup",
+                                   std::to_string(warmup),
+                                   "--threads",
+                                   "1"};
   if (autocast) argv.insert(argv.end(), {"--autocast", "bf16"});
   const double p0 = probe ? probe->sample(kProbeSeconds) : 0.0;
   const ChildRun r = troupe::bench::run_child(argv, true);
   const double p1 = probe ? probe->sample(kProbeSeconds) : 0.0;
   Row row = training_row(autocast ? "pytorch bf16 autocast" : "pytorch fp32",
-                         autocast ? "torch_bf16" : "torch_fp32", r, python() + " " + torch_script(), c, peak);
+                         autocast ? "torch_bf16" : "torch_fp32", r,
+                         troupe::bench::python() + " " + torch_script(), c, peak);
   // Its rate as a fraction of the ceiling measured next to it.
   if (row.ok() && probe) row.mfu_paired = row.mfu_cpu * peak / (0.5 * (p0 + p1));
   return row;
@@ -411,7 +410,7 @@ std::vector<GemmRow> torch_mm_rows() {
     shapes += (shapes.empty() ? "" : ",") + std::to_string(s.M) + "x" + std::to_string(s.N) + "x" +
               std::to_string(s.K) + ":" + (s.ta ? "T" : "N") + (s.tb ? "T" : "N");
   const ChildRun r = troupe::bench::run_child(
-      {python(), torch_script(), "--mm", "--mm-shapes", shapes, "--threads", "1"}, true);
+      {troupe::bench::python(), torch_script(), "--mm", "--mm-shapes", shapes, "--threads", "1"}, true);
   std::vector<GemmRow> rows;
   for (const char* dt : {"fp32", "bf16"}) {
     GemmRow g = gemm_row(std::string("pytorch ") + dt + " torch.mm", std::string("torch_") + dt);
@@ -423,7 +422,7 @@ std::vector<GemmRow> torch_mm_rows() {
                            ? kNaN
                            : report_value(r.out.substr(at, r.out.find('\n', at) - at), "gflops");
       if (std::isnan(v)) {
-        g.why = child_failure(r, python() + " " + torch_script() + " --mm");
+        g.why = child_failure(r, troupe::bench::python() + " " + torch_script() + " --mm");
         break;
       }
       g.gflops.push_back(v);

@@ -56,12 +56,18 @@ struct Kernels {
   void (*layernorm_backward)(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                              const float* weight, const float* mean, const float* rstd, int N,
                              int C) = nullptr;
-  // causal attention core, grouped-query with NKV key/value heads (0 = NH):
-  // qkv(B,T,(NH+2*NKV)*HS) -> out(B,T,NH*HS), att(B,NH,T,T)
-  void (*attention_forward)(float* out, float* att, const float* qkv, int B, int T, int NH, int HS,
+  // causal attention core, fused (no T x T buffer), grouped-query with NKV key/value heads
+  // (0 = NH): qkv(B,T,(NH+2*NKV)*HS) -> out(B,T,NH*HS), lse(B,NH,T)
+  void (*attention_forward)(float* out, float* lse, const float* qkv, int B, int T, int NH, int HS,
                             int NKV) = nullptr;
-  void (*attention_backward)(float* dqkv, float* scratch, const float* dout, const float* qkv,
-                             const float* att, int B, int T, int NH, int HS, Out mode, int NKV) = nullptr;
+  void (*attention_backward)(float* dqkv, const float* dout, const float* qkv, const float* out,
+                             const float* lse, int B, int T, int NH, int HS, Out mode, int NKV) = nullptr;
+  // the same with 16-bit qkv and out (bit patterns of dt), f32 statistics and dqkv
+  void (*attention_forward_h)(DType dt, uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int NH,
+                              int HS, int NKV) = nullptr;
+  void (*attention_backward_h)(DType dt, float* dqkv, const float* dout, const uint16_t* qkv,
+                               const uint16_t* out, const float* lse, int B, int T, int NH, int HS, Out mode,
+                               int NKV) = nullptr;
   // llama: RMSNorm, rotary embeddings, SwiGLU, vocabulary-parallel embedding and loss
   void (*rmsnorm_forward)(float* out, float* rstd, const float* inp, const float* weight, int N, int C,
                           float eps) = nullptr;
@@ -104,7 +110,8 @@ struct Kernels {
 #define TROUPE_KERNEL_ENTRIES(X)                                                                     \
   X(linear_forward) X(linear_backward) X(linear_forward_h) X(linear_backward_h) X(to_half)          \
   X(embedding_forward) X(embedding_backward) X(layernorm_forward) X(layernorm_backward)             \
-  X(attention_forward) X(attention_backward) X(rmsnorm_forward) X(rmsnorm_backward)                 \
+  X(attention_forward) X(attention_backward) X(attention_forward_h) X(attention_backward_h)         \
+  X(rmsnorm_forward) X(rmsnorm_backward)                                                            \
   X(rope_forward) X(rope_backward) X(swiglu_forward) X(swiglu_backward)                             \
   X(embedding_rows_forward) X(embedding_rows_backward) X(cross_entropy_stats)                       \
   X(cross_entropy_shard_backward) X(gelu_forward) X(gelu_backward) X(gelu_backward_inplace)         \

@@ -48,11 +48,8 @@ struct ModelConfig {
   // block's input per micro-batch; the blocks share one set of internal activations and
   // each block's forward is re-run right before its backward. Same numbers, less memory.
   bool recompute = false;
-  // Selective recomputation (train.recompute: selective, Korthikanti et al. 2022): the
-  // attention probabilities (B, heads, T, T) are not kept per micro-batch; a block's
-  // backward runs the attention core's forward again from its saved q|k|v into one buffer
-  // the stage's blocks share. The same kernel on the same inputs: the same bits.
-  bool recompute_attention = false;
+  // (train.recompute: selective recomputed the attention probabilities; the fused attention
+  // keeps none, only each query's log-sum-exp, so selective now keeps what none keeps.)
 
   void validate() const;  // throws troupe::Error with the offending field
   int head_dim() const { return d_model / n_head; }

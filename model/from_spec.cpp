@@ -30,7 +30,6 @@ ModelConfig model_config(const JobSpec& spec) {
   if (c.kind == ModelKind::gpt) c.ffn_hidden = spec.model.ffn_hidden;  // 0: 4 d_model
   c.seed = spec.train.seed;
   c.recompute = spec.train.recompute == Recompute::full;
-  c.recompute_attention = spec.train.recompute == Recompute::selective;
   c.validate();
   return c;
 }

@@ -129,8 +129,6 @@ Workspace::Workspace(const ModelConfig& cfg, int max_B, const TensorShard& shard
   if (cfg.kind != ModelKind::mlp) {
     qkv = int64_t{shard.n_head(cfg) + 2 * shard.n_kv_head(cfg)} * cfg.head_dim();
     dqkv = f32({N, qkv});
-    datt = f32({int64_t{max_B}, shard.n_head(cfg), cfg.seq_len, cfg.seq_len});
-    if (cfg.recompute_attention) att = f32({int64_t{max_B}, shard.n_head(cfg), cfg.seq_len, cfg.seq_len});
   }
   if (cfg.kind == ModelKind::llama) {
     fc = 2 * H;
@@ -139,15 +137,11 @@ Workspace::Workspace(const ModelConfig& cfg, int max_B, const TensorShard& shard
   if (compute_dtype != DType::f32) {
     const int64_t widest = std::max({qkv, fc, D});
     dy_h = Tensor::zeros({N * widest}, compute_dtype, alloc);
-    act = f32({N, std::max(D, H)});
+    act = f32({N, std::max({D, H, qkv})});
   }
 }
 
 namespace {
-
-// A slot's attention probabilities: its own, or under selective recomputation the stage's one
-// buffer (Workspace::att), written by the forward and written again before the backward.
-float* probabilities(Tensor& kept, Workspace& ws) { return kept.defined() ? kept.f32() : ws.att.f32(); }
 
 // Where a layer writes an output that a Linear reads again in backward: the saved
 // activation itself in f32; in mixed precision the f32 scratch ws.act, which keep()
@@ -157,6 +151,26 @@ float* staging(Tensor& saved, Workspace& ws) {
 }
 void keep(const kernels::Kernels& k, Tensor& saved, const float* staged, size_t n) {
   if (saved.dtype() != DType::f32) k.to_half(saved.dtype(), saved.h16(), staged, n);
+}
+
+// The fused attention on the saved q|k|v (N, (NH+2*NKV)*HS) of `qkv`'s dtype: out (N, NH*HS)
+// in the same dtype, lse (B,NH,T).
+void attention_forward(const kernels::Kernels& k, Tensor& out, Tensor& lse, const Tensor& qkv, int B, int T,
+                       int NH, int HS, int NKV) {
+  if (qkv.dtype() == DType::f32)
+    k.attention_forward(out.f32(), lse.f32(), qkv.f32(), B, T, NH, HS, NKV);
+  else
+    k.attention_forward_h(qkv.dtype(), out.h16(), lse.f32(), qkv.h16(), B, T, NH, HS, NKV);
+}
+
+// dqkv (N, (NH+2*NKV)*HS) = the gradient of the q|k|v from dout (N, NH*HS), both f32.
+void attention_backward(const kernels::Kernels& k, float* dqkv, const float* dout, const Tensor& qkv,
+                        const Tensor& out, const Tensor& lse, int B, int T, int NH, int HS, int NKV) {
+  if (qkv.dtype() == DType::f32)
+    k.attention_backward(dqkv, dout, qkv.f32(), out.f32(), lse.f32(), B, T, NH, HS, Out::overwrite, NKV);
+  else
+    k.attention_backward_h(qkv.dtype(), dqkv, dout, qkv.h16(), out.h16(), lse.f32(), B, T, NH, HS,
+                           Out::overwrite, NKV);
 }
 
 }  // namespace
@@ -293,8 +307,8 @@ GptBlock::GptBlock(ParamStore& ps, int layer, const ModelConfig& cfg, int n_slot
     a.ln = kept({N, D});
     a.mean = f32({N});
     a.rstd = f32({N});
-    a.qkv = f32({N, 3 * A});
-    if (!cfg.recompute_attention) a.att = f32({int64_t{max_B}, NH_, T, T});  // else ws.att, recomputed
+    a.qkv = kept({N, 3 * A});
+    a.lse = f32({int64_t{max_B}, NH_, T});
     a.atty = kept({N, A});
     a.mid = f32({N, D});
     acts_->push_back(std::move(a));
@@ -306,10 +320,10 @@ void GptBlock::forward(int slot, float* y, const float* x, int B, int T, Workspa
   const int N = B * T;
   ln_1_.forward(a.ln, a.mean.f32(), a.rstd.f32(), x, N, ws);
   copy_to_tensor_region_forward(tp_, a.ln);
-  c_attn_.forward(a.qkv.f32(), a.ln, N);
-  float* atty = staging(a.atty, ws);
-  k_->attention_forward(atty, probabilities(a.att, ws), a.qkv.f32(), B, T, NH_, HS_, NH_);
-  keep(*k_, a.atty, atty, sz(int64_t{N} * NH_ * HS_));
+  float* qkv = staging(a.qkv, ws);
+  c_attn_.forward(qkv, a.ln, N);
+  keep(*k_, a.qkv, qkv, sz(int64_t{N} * 3 * NH_ * HS_));
+  attention_forward(*k_, a.atty, a.lse, a.qkv, B, T, NH_, HS_, NH_);
   row_parallel_forward(c_proj_, tp_, ws.tmp_d.f32(), a.atty, N);
   k_->residual_forward(a.mid.f32(), x, ws.tmp_d.f32(), sz(int64_t{N} * D_));
   mlp_.forward(slot, y, a.mid.f32(), N, ws);
@@ -331,13 +345,9 @@ void GptBlock::backward_pass(int slot, float* dres, const float* x, int B, int T
   mlp_.backward(slot, dres, a.mid.f32(), N, ws, split);
   reduce_from_tensor_region_backward(tp_, dres, sz(nd));
   float* dtmp = ws.tmp_d.f32();
-  // Selective recomputation: the probabilities again, from the saved q|k|v (the output goes to
-  // scratch that the next product overwrites).
-  if (!a.att.defined()) k_->attention_forward(dtmp, ws.att.f32(), a.qkv.f32(), B, T, NH_, HS_, NH_);
   linear_backward(c_proj_, dtmp, dres, a.atty, N, ws, kept_at(dy, 0));  // datty (N, NH_*HS_)
   float* dqkv = ws.dqkv.f32();
-  k_->attention_backward(dqkv, ws.datt.f32(), dtmp, a.qkv.f32(), probabilities(a.att, ws), B, T, NH_, HS_,
-                         Out::overwrite, NH_);
+  attention_backward(*k_, dqkv, dtmp, a.qkv, a.atty, a.lse, B, T, NH_, HS_, NH_);
   linear_backward(c_attn_, dtmp, dqkv, a.ln, N, ws, kept_at(dy, 1));  // dln_1
   // The key bias shifts every score of a query by the same amount, which softmax
   // ignores: its gradient is exactly zero. Computed, it is rounding noise that AdamW
@@ -422,8 +432,8 @@ LlamaBlock::LlamaBlock(ParamStore& ps, int layer, const ModelConfig& cfg, int n_
     Acts a;
     a.ln1 = kept({N, D});
     a.rstd1 = f32({N});
-    a.qkv = f32({N, QKV});
-    if (!cfg.recompute_attention) a.att = f32({int64_t{max_B}, NH_, T, T});  // else ws.att, recomputed
+    a.qkv = kept({N, QKV});
+    a.lse = f32({int64_t{max_B}, NH_, T});
     a.atty = kept({N, A});
     a.mid = f32({N, D});
     a.ln2 = kept({N, D});
@@ -439,11 +449,11 @@ void LlamaBlock::forward(int slot, float* y, const float* x, int B, int T, Works
   const int N = B * T, ld = (NH_ + 2 * NKV_) * HS_;
   ln_1_.forward(a.ln1, a.rstd1.f32(), x, N, ws);
   copy_to_tensor_region_forward(tp_, a.ln1);
-  c_attn_.forward(a.qkv.f32(), a.ln1, N);
-  k_->rope_forward(a.qkv.f32(), B, T, NH_ + NKV_, HS_, ld, inv_freq_.data());  // q and k heads lead each row
-  float* atty = staging(a.atty, ws);
-  k_->attention_forward(atty, probabilities(a.att, ws), a.qkv.f32(), B, T, NH_, HS_, NKV_);
-  keep(*k_, a.atty, atty, sz(int64_t{N} * NH_ * HS_));
+  float* qkv = staging(a.qkv, ws);
+  c_attn_.forward(qkv, a.ln1, N);
+  k_->rope_forward(qkv, B, T, NH_ + NKV_, HS_, ld, inv_freq_.data());  // q and k heads lead each row
+  keep(*k_, a.qkv, qkv, sz(int64_t{N} * ld));
+  attention_forward(*k_, a.atty, a.lse, a.qkv, B, T, NH_, HS_, NKV_);
   row_parallel_forward(c_proj_, tp_, ws.tmp_d.f32(), a.atty, N);
   k_->residual_forward(a.mid.f32(), x, ws.tmp_d.f32(), sz(int64_t{N} * D_));
   ln_2_.forward(a.ln2, a.rstd2.f32(), a.mid.f32(), N, ws);
@@ -480,12 +490,9 @@ void LlamaBlock::backward_pass(int slot, float* dres, const float* x, int B, int
   ln_2_.backward(dres, dtmp, a.mid.f32(), a.rstd2.f32(), N);
   // Attention: dres = dL/dmid on entry, dL/dx on return.
   reduce_from_tensor_region_backward(tp_, dres, nd);
-  if (!a.att.defined())
-    k_->attention_forward(dtmp, ws.att.f32(), a.qkv.f32(), B, T, NH_, HS_, NKV_);  // selective
-  linear_backward(c_proj_, dtmp, dres, a.atty, N, ws, kept_at(dy, 2));             // datty (N, NH_*HS)
+  linear_backward(c_proj_, dtmp, dres, a.atty, N, ws, kept_at(dy, 2));  // datty (N, NH_*HS)
   float* dqkv = ws.dqkv.f32();
-  k_->attention_backward(dqkv, ws.datt.f32(), dtmp, a.qkv.f32(), probabilities(a.att, ws), B, T, NH_, HS_,
-                         Out::overwrite, NKV_);
+  attention_backward(*k_, dqkv, dtmp, a.qkv, a.atty, a.lse, B, T, NH_, HS_, NKV_);
   k_->rope_backward(dqkv, B, T, NH_ + NKV_, HS_, ld, inv_freq_.data());
   linear_backward(c_attn_, dtmp, dqkv, a.ln1, N, ws, kept_at(dy, 3));  // dln_1
   copy_to_tensor_region_backward(tp_, dtmp, nd);

@@ -132,11 +132,9 @@ struct Workspace {
   Tensor dqkv;   // (B,T,3D/tp); llama (B,T,(NH+2*NKV)*HS/tp)
   Tensor dh;     // (B,T,H) gradient wrt the MLP hidden, after GELU, then (in place) before it
   Tensor dgu;    // (B,T,2H) llama: gradient wrt the fused gate|up projection's output
-  Tensor datt;   // (B,NH/tp,T,T) attention backward scratch (gpt, llama)
-  Tensor att;    // (B,NH/tp,T,T) the probabilities under selective recomputation (one set for the stage)
   // Mixed precision only (compute dtype bf16 / f16; undefined in f32):
   Tensor dy_h;  // (B*T*max(q|k|v width, MLP projection width, D)) a linear's output gradient, compute dtype
-  Tensor act;   // (B,T,max(D, H)) f32 output of a layer before it is kept in the compute dtype
+  Tensor act;   // (B,T,max(D, H, q|k|v width)) f32 output of a layer before it is kept in the compute dtype
 };
 
 class Block {
@@ -209,10 +207,10 @@ class GptBlock : public Block {
   KeptGrads kept_;  // dy of c_proj, c_attn (the MLP sublayer keeps its own)
   struct Acts {
     Tensor ln, mean, rstd;  // (N,D) in the compute dtype, (N), (N)
-    Tensor qkv;             // (N,3*NH_*HS_) q|k|v of the local heads, heads contiguous inside each
-    Tensor att;             // (B,NH_,T,T) softmax probabilities
-    Tensor atty;            // (N,NH_*HS_) attention output before c_proj (compute dtype)
-    Tensor mid;             // (N,D) x + attention branch = input of the MLP sublayer
+    Tensor qkv;   // (N,3*NH_*HS_) q|k|v of the local heads, heads contiguous inside each (compute dtype)
+    Tensor lse;   // (B,NH_,T) each query's log-sum-exp: all the fused attention keeps
+    Tensor atty;  // (N,NH_*HS_) attention output before c_proj (compute dtype)
+    Tensor mid;   // (N,D) x + attention branch = input of the MLP sublayer
   };
   std::shared_ptr<std::vector<Acts>> acts_;  // per slot; shared between blocks under recomputation
   MlpSublayer mlp_;
@@ -247,8 +245,8 @@ class LlamaBlock : public Block {
   KeptGrads kept_;  // dy of c_down, c_fc, c_proj, c_attn
   struct Acts {
     Tensor ln1, rstd1;  // (N,D) in the compute dtype, (N)
-    Tensor qkv;         // (N,(NH_+2*NKV_)*HS) after the rotary embedding of q and k
-    Tensor att;         // (B,NH_,T,T) softmax probabilities
+    Tensor qkv;         // (N,(NH_+2*NKV_)*HS) after the rotary embedding of q and k (compute dtype)
+    Tensor lse;         // (B,NH_,T) each query's log-sum-exp
     Tensor atty;        // (N,NH_*HS) attention output (compute dtype)
     Tensor mid;         // (N,D) x + attention branch
     Tensor ln2, rstd2;  // (N,D) compute dtype, (N)

@@ -279,13 +279,11 @@ ParamStore::ParamStore(const std::vector<ParamSpec>& specs, uint64_t seed, DType
 
 void ParamStore::refresh_compute() {
   if (flat_compute_.data() == flat_data_.data()) return;  // f32: the compute copy is the master
-  // One pass over the whole buffer: the zero padding converts to zero.
-  if (device() == Device::cpu)
-    convert(DType::f32, flat_data_.data(), flat_compute_.dtype(), flat_compute_.data(),
+  // One pass over the whole buffer: the zero padding converts to zero. The table's to_half
+  // gives dtype_convert's bits, vectorised.
+  const kernels::Kernels& k = k_ != nullptr ? *k_ : kernels::cpu_kernels();
+  k.to_half(flat_compute_.dtype(), flat_compute_.h16(), flat_data_.f32(),
             static_cast<size_t>(flat_data_.numel()));
-  else
-    k_->to_half(flat_compute_.dtype(), flat_compute_.h16(), flat_data_.f32(),
-                static_cast<size_t>(flat_data_.numel()));
 }
 
 void ParamStore::download(const Tensor& t, float* host) const {

@@ -123,19 +123,21 @@ double block_activation_bytes(const Workload& w, int b, int tp, Recompute r) {
   double bytes = 0;
   if (m.type == ModelType::mlp) return (N * D * e.kept + 2 * N * 4) * rep + N * H * (4 + e.kept);
   const double hd = head_dim(m), ah = a / t, akv = m.kv_heads() / t;
-  const double scores = (r == Recompute::selective ? 0.0 : 1.0) * double(b) * ah * s * s * e.attn_dt;
+  // The fused attention keeps each query's log-sum-exp, (b, heads, s) f32, and no scores:
+  // selective recomputation has nothing left to drop.
+  const double lse = double(b) * ah * s * 4;
   if (is_llama(m)) {
-    bytes += (N * D * e.kept + N * 4) * rep;  // ln1, rstd1
-    bytes += N * (ah + 2 * akv) * hd * 4;     // qkv after rope
-    bytes += scores + N * ah * hd * e.kept;   // att, atty
-    bytes += N * D * 4 * rep;                 // mid
-    bytes += (N * D * e.kept + N * 4) * rep;  // ln2, rstd2
-    bytes += N * 2 * H * 4 + N * H * e.kept;  // gu, h
+    bytes += (N * D * e.kept + N * 4) * rep;    // ln1, rstd1
+    bytes += N * (ah + 2 * akv) * hd * e.kept;  // qkv after rope
+    bytes += lse + N * ah * hd * e.kept;        // lse, atty
+    bytes += N * D * 4 * rep;                   // mid
+    bytes += (N * D * e.kept + N * 4) * rep;    // ln2, rstd2
+    bytes += N * 2 * H * 4 + N * H * e.kept;    // gu, h
     return bytes;
   }
   bytes += (N * D * e.kept + 2 * N * 4) * rep;  // ln, mean, rstd
-  bytes += N * 3 * ah * hd * 4;                 // qkv
-  bytes += scores + N * ah * hd * e.kept;       // att, atty
+  bytes += N * 3 * ah * hd * e.kept;            // qkv
+  bytes += lse + N * ah * hd * e.kept;          // lse, atty
   bytes += N * D * 4 * rep;                     // mid
   bytes += (N * D * e.kept + 2 * N * 4) * rep;  // the MLP's ln, mean, rstd
   bytes += N * H * 4 + N * H * e.kept;          // h_pre, h
@@ -157,8 +159,6 @@ double stage_activation_bytes(const Workload& w, const LayerRange& r, int n_slot
     bytes += nb > 0 ? block_activation_bytes(w, b, tp, Recompute::none) : 0.0;
   else
     bytes += n_slots * nb * block_activation_bytes(w, b, tp, rc);
-  if (rc == Recompute::selective && attention)
-    bytes += double(b) * m.heads() / t * m.seq_len * m.seq_len * e.attn_dt;  // one shared set of scores
   // Per slot: tokens and targets, the residual stream at every block boundary, the head's
   // saved tensors, a later stage's input gradient; a split backward's kept dy (f32).
   double slot = 2 * N * 4 + (nb + 1) * N * D * 4;
@@ -171,10 +171,10 @@ double stage_activation_bytes(const Workload& w, const LayerRange& r, int n_slot
   if (r.has_head) bytes += N * Vl * 4 + (cb < 4 ? N * Vl * cb : 0) + (llama ? (2 * t + 1) * N * 4 : 0);
   // model::Workspace.
   double ws = N * D * 4 * 2 + N * H * 4;
-  if (attention) ws += N * qkv * 4 + double(b) * m.heads() / t * m.seq_len * m.seq_len * 4;
+  if (attention) ws += N * qkv * 4;  // dqkv; the fused attention needs no (T,T) scratch
   const double fc = llama ? 2 * H : H;
   if (llama) ws += N * fc * 4;
-  if (cb < 4) ws += N * std::max({qkv, fc, D}) * cb + N * std::max(D, H) * 4;
+  if (cb < 4) ws += N * std::max({qkv, fc, D}) * cb + N * std::max({D, H, qkv}) * 4;
   return bytes + ws;
 }
 

@@ -1,4 +1,6 @@
-// Causal multi-head self-attention core: softmax(q k^T / sqrt(HS) + causal mask) v per head.
+// The materialized causal attention (the tests' reference for the fused kernels of
+// flash_attention.cpp): softmax(q k^T / sqrt(HS) + causal mask) v per head, the (T,T)
+// probabilities stored.
 // Grouped-query attention (NKV < NH key/value heads): query head h reads key/value head
 // h / (NH/NKV); NKV = NH is GPT's multi-head attention.
 //
@@ -45,7 +47,8 @@ int attention_kv_heads(int B, int T, int NH, int HS, int NKV) {
   return NKV;
 }
 
-void attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int HS, int NKV) {
+void attention_materialized_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int HS,
+                                    int NKV) {
   NKV = attention_kv_heads(B, T, NH, HS, NKV);
   TROUPE_CHECK(out && att && qkv, "null tensor");
   const int C = NH * HS, CKV = NKV * HS, ld = C + 2 * CKV, group = NH / NKV;
@@ -72,8 +75,8 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
     }
 }
 
-void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att,
-                        int B, int T, int NH, int HS, Out mode, int NKV) {
+void attention_materialized_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                                     const float* att, int B, int T, int NH, int HS, Out mode, int NKV) {
   NKV = attention_kv_heads(B, T, NH, HS, NKV);
   TROUPE_CHECK(dqkv && scratch && dout && qkv && att, "null tensor");
   TROUPE_CHECK(scratch != att, "scratch must not alias att");

@@ -7,6 +7,7 @@
 //  * dnnl     oneDNN's dnnl_sgemm (row-major), when found at build time, with its
 //             OpenMP runtime held to one thread on the calling thread.
 //
+// Each shape runs the backend measured fastest on it (gemm_dispatch.hpp);
 // TROUPE_GEMM=avx512|openblas|dnnl forces one. Degenerate products (K == 0 or
 // alpha == 0) never reach a backend, so C = beta * C is computed the same way
 // everywhere and beta == 0 never reads C.
@@ -15,9 +16,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <string>
 
 #include "core/error.hpp"
+#include "kernels/cpu/cpu_features.hpp"
 #include "kernels/cpu/gemm_backends.hpp"
+#include "kernels/cpu/gemm_dispatch.hpp"
 #include "kernels/cpu/kernels.hpp"
 
 #ifdef TROUPE_HAVE_DNNL
@@ -28,13 +32,6 @@ extern "C" void omp_set_num_threads(int);
 
 namespace troupe::kernels::cpu {
 namespace {
-
-bool cpu_has_avx512() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-         __builtin_cpu_supports("fma");
-}
 
 void openblas_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
                    const float* B, int ldb, float beta, float* C, int ldc) {
@@ -113,10 +110,8 @@ const char* gemm_backend_name(GemmBackend b) {
 
 bool gemm_backend_available(GemmBackend b) {
   switch (b) {
-    case GemmBackend::avx512: {
-      static const bool has = cpu_has_avx512();
-      return has;
-    }
+    case GemmBackend::avx512:
+      return cpu_features().avx512;
     case GemmBackend::openblas:
       return true;
     case GemmBackend::dnnl:
@@ -171,16 +166,34 @@ void gemm_bias_with(GemmBackend b, bool trans_a, bool trans_b, int M, int N, int
   gemm_with(b, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, 1.0f, C, ldc);
 }
 
+namespace {
+GemmBackend dispatched(bool trans_a, bool trans_b, int M, int N, int K) {
+  return static_cast<GemmBackend>(gemm_dispatch(DType::f32, trans_a, trans_b, M, N, K));
+}
+}  // namespace
+
 void gemm_bias(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
                const float* B, int ldb, const float* bias, float* C, int ldc) {
-  gemm_bias_with(gemm_default_backend(), trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, bias, C, ldc);
+  gemm_bias_with(dispatched(trans_a, trans_b, M, N, K), trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb,
+                 bias, C, ldc);
 }
 
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
           const float* B, int ldb, float beta, float* C, int ldc) {
-  gemm_with(gemm_default_backend(), trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  gemm_with(dispatched(trans_a, trans_b, M, N, K), trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C,
+            ldc);
 }
 
-const char* gemm_backend() { return gemm_backend_name(gemm_default_backend()); }
+const char* gemm_backend() {
+  if (const char* env = std::getenv("TROUPE_GEMM"); env != nullptr && *env != '\0')
+    return gemm_backend_name(gemm_default_backend());
+  static const std::string measured = [] {
+    std::string s = "measured per shape:";
+    for (GemmBackend b : {GemmBackend::avx512, GemmBackend::dnnl, GemmBackend::openblas})
+      if (gemm_backend_available(b)) s += std::string(" ") + gemm_backend_name(b);
+    return s;
+  }();
+  return measured.c_str();
+}
 
 }  // namespace troupe::kernels::cpu

@@ -17,7 +17,10 @@
 //                matrix would take 200 MiB widened whole). The first K block
 //                applies beta or the bias, later ones accumulate (beta = 1).
 //
-// TROUPE_GEMM_HALF=avx512bf16|convert forces one. Degenerate products (M, N or
+//  * onednn      oneDNN's matmul primitive (gemm_onednn.cpp).
+//
+// Each shape runs the backend measured fastest on it (gemm_dispatch.hpp);
+// TROUPE_GEMM_HALF=avx512bf16|convert|onednn forces one. Degenerate products (M, N or
 // K == 0) never reach a backend, so beta == 0 never reads C anywhere.
 #include "kernels/cpu/gemm_half.hpp"
 
@@ -29,7 +32,10 @@
 
 #include "core/dtype_convert.hpp"
 #include "core/error.hpp"
+#include "kernels/cpu/cpu_features.hpp"
+#include "kernels/cpu/gemm_backends.hpp"
 #include "kernels/cpu/gemm_bf16_packed.hpp"
+#include "kernels/cpu/gemm_dispatch.hpp"
 #include "kernels/cpu/kernels.hpp"
 
 namespace troupe::kernels::cpu {
@@ -37,28 +43,8 @@ namespace {
 
 // ---------------------------------------------------------------- CPU features
 
-bool cpu_has_avx512bf16() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512f") &&
-         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
-}
-
-bool cpu_has_avx2() {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") != 0;
-  }();
-  return has;
-}
-
-bool cpu_has_f16c() {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-  }();
-  return has;
-}
+bool cpu_has_avx2() { return cpu_features().avx2; }
+bool cpu_has_f16c() { return cpu_features().f16c; }
 
 // ---------------------------------------------------------------- conversions
 // Each vector loop does, 8 or 16 lanes at a time, what the scalar function of
@@ -210,6 +196,8 @@ const char* half_gemm_backend_name(HalfGemmBackend b) {
       return "avx512bf16";
     case HalfGemmBackend::convert:
       return "convert";
+    case HalfGemmBackend::onednn:
+      return "onednn";
   }
   return "?";
 }
@@ -217,12 +205,16 @@ const char* half_gemm_backend_name(HalfGemmBackend b) {
 bool half_gemm_backend_available(HalfGemmBackend b, DType dt) {
   if (dt != DType::bf16 && dt != DType::f16) return false;
   switch (b) {
-    case HalfGemmBackend::avx512bf16: {
-      static const bool has = cpu_has_avx512bf16();
-      return has && dt == DType::bf16;
-    }
+    case HalfGemmBackend::avx512bf16:
+      return cpu_features().avx512_bf16 && dt == DType::bf16;
     case HalfGemmBackend::convert:
       return true;
+    case HalfGemmBackend::onednn:
+#ifdef TROUPE_HAVE_DNNL
+      return detail::onednn_half_usable(dt);
+#else
+      return false;
+#endif
   }
   return false;
 }
@@ -232,14 +224,14 @@ HalfGemmBackend half_gemm_backend_for(const char* name, DType dt) {
   if (name == nullptr || *name == '\0')
     return half_gemm_backend_available(HalfGemmBackend::avx512bf16, dt) ? HalfGemmBackend::avx512bf16
                                                                         : HalfGemmBackend::convert;
-  for (HalfGemmBackend b : {HalfGemmBackend::avx512bf16, HalfGemmBackend::convert}) {
+  for (HalfGemmBackend b : {HalfGemmBackend::avx512bf16, HalfGemmBackend::convert, HalfGemmBackend::onednn}) {
     if (std::strcmp(name, half_gemm_backend_name(b)) == 0) {
       TROUPE_CHECK(half_gemm_backend_available(b, dt), "TROUPE_GEMM_HALF=", name, " is not available for ",
                    dtype_name(dt), " on this machine");
       return b;
     }
   }
-  TROUPE_CHECK(false, "TROUPE_GEMM_HALF=", name, " is not one of avx512bf16, convert");
+  TROUPE_CHECK(false, "TROUPE_GEMM_HALF=", name, " is not one of avx512bf16, convert, onednn");
   return HalfGemmBackend::convert;
 }
 
@@ -277,13 +269,38 @@ void gemm_half_with(HalfGemmBackend b, DType dt, bool trans_a, bool trans_b, int
     case HalfGemmBackend::convert:
       convert_gemm(dt, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc, bias);
       return;
+    case HalfGemmBackend::onednn:
+#ifdef TROUPE_HAVE_DNNL
+      detail::gemm_half_onednn(dt, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc, bias);
+#endif
+      return;
   }
 }
 
 void gemm_half(DType dt, bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* A, int lda,
                const uint16_t* B, int ldb, float beta, float* C, int ldc, const float* bias) {
-  gemm_half_with(half_gemm_default_backend(dt), dt, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc,
-                 bias);
+  check_half(dt, "gemm_half");
+  const auto b = static_cast<HalfGemmBackend>(gemm_dispatch(dt, trans_a, trans_b, M, N, K));
+  gemm_half_with(b, dt, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc, bias);
+}
+
+std::string half_gemm_description(DType dt) {
+  try {
+    if (const char* env = std::getenv("TROUPE_GEMM_HALF"); env != nullptr && *env != '\0')
+      return half_gemm_backend_name(half_gemm_default_backend(dt));
+    std::string s = "measured per shape:";
+    for (HalfGemmBackend b :
+         {HalfGemmBackend::onednn, HalfGemmBackend::avx512bf16, HalfGemmBackend::convert}) {
+      if (!half_gemm_backend_available(b, dt)) continue;
+      s += std::string(" ") + half_gemm_backend_name(b);
+#ifdef TROUPE_HAVE_DNNL
+      if (b == HalfGemmBackend::onednn) s += " (" + detail::onednn_half_impl(dt) + ")";
+#endif
+    }
+    return s;
+  } catch (const std::exception& e) {
+    return std::string("unavailable: ") + e.what();
+  }
 }
 
 void to_half(DType dt, uint16_t* dst, const float* src, size_t n) {

@@ -8,7 +8,11 @@
 // are row strides in elements. Every product of two 16-bit values is exact in
 // fp32; the sums are fp32. beta is 0 or 1 (= or +=); beta == 0 never reads C.
 //
-// Backends (one picked per process and dtype, TROUPE_GEMM_HALF forces one):
+// Backends (each shape runs the one measured fastest on it, gemm_dispatch.hpp;
+// TROUPE_GEMM_HALF forces one):
+//  * onednn      oneDNN's matmul primitive, where oneDNN has a real kernel for the
+//                dtype on this CPU: AMX tiles on Sapphire Rapids and later,
+//                vdpbf16ps on AVX512-BF16 (gemm_onednn.cpp).
 //  * avx512bf16  bf16 only: a packed micro-kernel on vdpbf16ps (AVX512-BF16),
 //                two k at a time per fp32 lane, where the CPU has it.
 //  * convert     every CPU: the 16-bit operands widened to fp32 (exactly) panel
@@ -19,26 +23,34 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "core/dtype.hpp"
 
 namespace troupe::kernels::cpu {
 
-enum class HalfGemmBackend { avx512bf16, convert };
+enum class HalfGemmBackend { avx512bf16, convert, onednn };
 
-// "avx512bf16" or "convert" (the names TROUPE_GEMM_HALF accepts).
+// "avx512bf16", "convert" or "onednn" (the names TROUPE_GEMM_HALF accepts).
 const char* half_gemm_backend_name(HalfGemmBackend b);
 
 // avx512bf16: this CPU runs AVX512-BF16 (and AVX-512F/BW/VL) and dt is bf16;
-// convert: dt is bf16 or f16.
+// onednn: the build has oneDNN and oneDNN has more than its reference loop for dt here;
+// convert: dt is bf16 or f16. TROUPE_MAX_CPU_ISA (cpu_features.hpp) hides the first two.
 bool half_gemm_backend_available(HalfGemmBackend b, DType dt);
 
-// The backend gemm_half() uses for dt: TROUPE_GEMM_HALF when set (an unknown name,
-// or one unavailable for dt, throws troupe::Error), else the fastest available.
+// The static choice for dt: TROUPE_GEMM_HALF when set (an unknown name, or one
+// unavailable for dt, throws troupe::Error), else avx512bf16 where available, else
+// convert. gemm_half() runs it when TROUPE_GEMM_HALF is set and for products too small
+// to measure; otherwise the backend measured fastest on the shape (gemm_dispatch.hpp).
 HalfGemmBackend half_gemm_default_backend(DType dt);
 
+// For logs and `troupe version`: the forced backend, or "measured per shape: onednn
+// (brg:avx512_core_amx) avx512bf16 convert" (the candidates for dt), or why there is none.
+std::string half_gemm_description(DType dt);
+
 // The backend that TROUPE_GEMM_HALF=name picks for dt: name null or empty gives the
-// fastest available, an unknown name or one unavailable for dt throws troupe::Error.
+// static preference, an unknown name or one unavailable for dt throws troupe::Error.
 // half_gemm_default_backend(dt) is this of the environment, cached on first use.
 HalfGemmBackend half_gemm_backend_for(const char* name, DType dt);
 

@@ -38,7 +38,8 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
 void gemm_bias(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
                const float* B, int ldb, const float* bias, float* C, int ldc);
 
-// Name of the GEMM path in use, e.g. "avx512" or "openblas" (for benchmarks and logs).
+// The GEMM path in use, for benchmarks and logs: the forced backend ("avx512", "openblas",
+// "dnnl" under TROUPE_GEMM), else "measured per shape: avx512 dnnl openblas" (the candidates).
 const char* gemm_backend();
 
 // ---------------------------------------------------------------- linear
@@ -77,19 +78,36 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         const float* weight, const float* mean, const float* rstd, int N, int C);
 
 // ---------------------------------------------------------------- attention
-// Causal multi-head self-attention core (no projections), grouped-query when NKV < NH.
+// Causal multi-head self-attention core (no projections), grouped-query when NKV < NH,
+// fused (flash_attention.cpp): nothing of size T x T is ever stored.
 // qkv(B,T,(NH+2*NKV)*HS): for each token, NH heads of q, then NKV heads of k, then NKV
 // heads of v; query head h attends with key/value head h / (NH/NKV). NKV = 0 means NH
-// (GPT: qkv(B,T,3*NH*HS)). out(B,T,NH*HS); att(B,NH,T,T) saves the softmax
-// probabilities (upper triangle zero). scale = 1/sqrt(HS).
-void attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int HS, int NKV = 0);
+// (GPT: qkv(B,T,3*NH*HS)). out(B,T,NH*HS); lse(B,NH,T) saves each query's log-sum-exp of
+// its scaled scores (scale = 1/sqrt(HS)), the one statistic the backward needs.
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int HS, int NKV = 0);
 // Checks attention's shapes (every size positive, NKV dividing NH) and returns NKV, with 0
 // resolved to NH. Every kernel set's attention starts with it.
 int attention_kv_heads(int B, int T, int NH, int HS, int NKV);
-// dqkv(B,T,(NH+2*NKV)*HS) += (= with Out::overwrite); scratch(B,NH,T,T) is workspace the
-// kernel may overwrite.
-void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att,
+// dqkv(B,T,(NH+2*NKV)*HS) += (= with Out::overwrite) from dout(B,T,NH*HS); out and lse are
+// the forward's. The probabilities are recomputed block by block from q, k and lse.
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                         int B, int T, int NH, int HS, Out mode = Out::accumulate, int NKV = 0);
+// 16 bits (mixed precision): qkv and out are bit patterns of dt (bf16 or f16); scores,
+// statistics and sums are f32, the probabilities (and in the backward dout and the score
+// gradients) are rounded to dt before the products that read them. dqkv and dout are f32.
+void attention_forward_h(DType dt, uint16_t* out, float* lse, const uint16_t* qkv, int B, int T, int NH,
+                         int HS, int NKV = 0);
+void attention_backward_h(DType dt, float* dqkv, const float* dout, const uint16_t* qkv, const uint16_t* out,
+                          const float* lse, int B, int T, int NH, int HS, Out mode = Out::accumulate,
+                          int NKV = 0);
+
+// The materialized path (attention.cpp), the tests' reference: att(B,NH,T,T) saves the
+// softmax probabilities (upper triangle zero); scratch(B,NH,T,T) is workspace.
+void attention_materialized_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int HS,
+                                    int NKV = 0);
+void attention_materialized_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                                     const float* att, int B, int T, int NH, int HS,
+                                     Out mode = Out::accumulate, int NKV = 0);
 
 // ---------------------------------------------------------------- llama layers
 // RMSNorm over C: out(N,C) = inp * rstd * weight, rstd(N) = 1/sqrt(mean(inp^2) + eps) saved.

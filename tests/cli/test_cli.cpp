@@ -58,6 +58,22 @@ TEST_CASE("cli: version and help exit 0, unknown subcommands and flags exit 2", 
         std::string::npos);
   CHECK(troupe::testing::run_troupe("version", "TROUPE_GEMM_HALF=nope").out.find("bf16 gemm: unavailable") !=
         std::string::npos);
+  CHECK(v.out.find("cpu:       ") != std::string::npos);
+  CHECK(v.out.find("measured per shape:") != std::string::npos);
+  // --bench times every backend on a step's shapes and stars the fastest of each row.
+  const auto bench = troupe::testing::run_troupe("version --bench");
+  CHECK(bench.code == 0);
+  CHECK(bench.out.find("GEMM backends on this core") != std::string::npos);
+  CHECK(bench.out.find("bwd dW") != std::string::npos);
+  CHECK(bench.out.find("*") != std::string::npos);
+  // An unknown TROUPE_MAX_CPU_ISA is a usage error that names the variable.
+  const auto bad_isa = troupe::testing::run_troupe("version", "TROUPE_MAX_CPU_ISA=avx9");
+  CHECK(bad_isa.code == 2);
+  CHECK(bad_isa.out.find("TROUPE_MAX_CPU_ISA=avx9") != std::string::npos);
+  const auto capped = troupe::testing::run_troupe("version", "TROUPE_MAX_CPU_ISA=avx2");
+  CHECK(capped.code == 0);
+  CHECK(capped.out.find("capped at avx2") != std::string::npos);
+  CHECK(capped.out.find("avx512bf16") == std::string::npos);
   CHECK(cli("--help").code == 0);
   CHECK(cli("run --help").code == 0);
   Result bad = cli("frobnicate");

@@ -367,33 +367,66 @@ TEST_CASE("cuda kernels: embeddings, norms and losses", "[kernels][cuda][gpu]") 
   }
 }
 
-TEST_CASE("cuda kernels: causal attention, multi-head and grouped-query", "[kernels][cuda][gpu]") {
+TEST_CASE("cuda kernels: fused causal attention, multi-head and grouped-query, f32 and 16-bit",
+          "[kernels][cuda][gpu]") {
   if (!have_gpu()) return;
   struct Shape {
     int B, T, NH, HS, NKV;
   };
-  for (const Shape s :
-       {Shape{1, 1, 1, 1, 0}, Shape{2, 7, 3, 5, 0}, Shape{2, 33, 4, 16, 2}, Shape{1, 70, 8, 8, 1}}) {
+  for (const Shape s : {Shape{1, 1, 1, 1, 0}, Shape{2, 7, 3, 5, 0}, Shape{2, 33, 4, 16, 2},
+                        Shape{1, 70, 8, 8, 1}, Shape{1, 300, 2, 64, 1}, Shape{1, 129, 2, 128, 0}}) {
     INFO("B=" << s.B << " T=" << s.T << " NH=" << s.NH << " HS=" << s.HS << " NKV=" << s.NKV);
     const int NKV = s.NKV == 0 ? s.NH : s.NKV;
     const size_t ld = size_t(s.NH + 2 * NKV) * s.HS, C = size_t(s.NH) * s.HS;
-    const size_t BT = size_t(s.B) * s.T, TT = size_t(s.B) * s.NH * s.T * s.T;
+    const size_t BT = size_t(s.B) * s.T, NL = size_t(s.B) * s.NH * s.T;
     const auto qkv = random_vec(BT * ld, 41, -2.0f, 2.0f), dout = random_vec(BT * C, 42);
-    std::vector<float> out(BT * C), att(TT);
-    cpu::attention_forward(out.data(), att.data(), qkv.data(), s.B, s.T, s.NH, s.HS, s.NKV);
-    Dev<float> dq(qkv), dd(dout), o(out.size()), a(TT), scratch(TT);
-    gpu().attention_forward(o.get(), a.get(), dq.get(), s.B, s.T, s.NH, s.HS, s.NKV);
-    require_f32(a.host(), att, "attention probabilities");
+    std::vector<float> out(BT * C), lse(NL);
+    cpu::attention_forward(out.data(), lse.data(), qkv.data(), s.B, s.T, s.NH, s.HS, s.NKV);
+    Dev<float> dq(qkv), dd(dout), o(out.size()), l(NL);
+    gpu().attention_forward(o.get(), l.get(), dq.get(), s.B, s.T, s.NH, s.HS, s.NKV);
+    require_f32(l.host(), lse, "attention log-sum-exp");
     require_f32(o.host(), out, "attention_forward");
     for (Out mode : {Out::accumulate, Out::overwrite}) {
       const auto g0 = random_vec(qkv.size(), 43);
-      std::vector<float> g = g0, cpu_scratch(TT);
-      cpu::attention_backward(g.data(), cpu_scratch.data(), dout.data(), qkv.data(), att.data(), s.B, s.T,
-                              s.NH, s.HS, mode, s.NKV);
+      std::vector<float> g = g0;
+      cpu::attention_backward(g.data(), dout.data(), qkv.data(), out.data(), lse.data(), s.B, s.T, s.NH, s.HS,
+                              mode, s.NKV);
       Dev<float> dg(g0);
-      gpu().attention_backward(dg.get(), scratch.get(), dd.get(), dq.get(), a.get(), s.B, s.T, s.NH, s.HS,
-                               mode, s.NKV);
+      gpu().attention_backward(dg.get(), dd.get(), dq.get(), o.get(), l.get(), s.B, s.T, s.NH, s.HS, mode,
+                               s.NKV);
       require_f32(dg.host(), g, "attention_backward");
+    }
+    // 16 bits: the same rounded inputs on both sides; results within the 16-bit rounding.
+    for (DType dt : {DType::bf16, DType::f16}) {
+      INFO(troupe::dtype_name(dt));
+      std::vector<uint16_t> qh(qkv.size()), oh(out.size());
+      cpu::to_half(dt, qh.data(), qkv.data(), qkv.size());
+      std::vector<float> lh(NL), gh(qkv.size());
+      cpu::attention_forward_h(dt, oh.data(), lh.data(), qh.data(), s.B, s.T, s.NH, s.HS, s.NKV);
+      cpu::attention_backward_h(dt, gh.data(), dout.data(), qh.data(), oh.data(), lh.data(), s.B, s.T, s.NH,
+                                s.HS, Out::overwrite, s.NKV);
+      Dev<uint16_t> dqh(qh), doh(oh.size());
+      Dev<float> dlh(NL), dgh(qkv.size());
+      gpu().attention_forward_h(dt, doh.get(), dlh.get(), dqh.get(), s.B, s.T, s.NH, s.HS, s.NKV);
+      require_f32(dlh.host(), lh, "attention_forward_h log-sum-exp");
+      const double eps = dt == DType::bf16 ? 1.0 / 128 : 1.0 / 1024;
+      std::vector<float> got(oh.size()), want(oh.size());
+      const auto goth = doh.host();
+      for (size_t i = 0; i < oh.size(); ++i) {
+        got[i] = dt == DType::bf16 ? troupe::bf16_to_f32(goth[i]) : troupe::f16_to_f32(goth[i]);
+        want[i] = dt == DType::bf16 ? troupe::bf16_to_f32(oh[i]) : troupe::f16_to_f32(oh[i]);
+      }
+      for (size_t i = 0; i < got.size(); ++i)
+        REQUIRE(std::fabs(got[i] - want[i]) <= 2 * eps * (1 + std::fabs(want[i])));
+      // The backward from the CPU's output, so that both read the same 16-bit out.
+      Dev<uint16_t> doh_cpu(oh);
+      Dev<float> dlh_cpu(lh);
+      gpu().attention_backward_h(dt, dgh.get(), dd.get(), dqh.get(), doh_cpu.get(), dlh_cpu.get(), s.B, s.T,
+                                 s.NH, s.HS, Out::overwrite, s.NKV);
+      double scale = 0;
+      for (float x : gh) scale = std::max(scale, double(std::fabs(x)));
+      const auto gg = dgh.host();
+      for (size_t i = 0; i < gg.size(); ++i) REQUIRE(std::fabs(gg[i] - gh[i]) <= 8 * eps * (scale + 1e-6));
     }
   }
 }

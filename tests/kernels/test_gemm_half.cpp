@@ -23,6 +23,7 @@
 #include "core/dtype_convert.hpp"
 #include "core/error.hpp"
 #include "kernels/cpu/gemm_bf16_packed.hpp"
+#include "kernels/cpu/gemm_dispatch.hpp"
 #include "kernels/cpu/gemm_half.hpp"
 
 namespace k = troupe::kernels::cpu;
@@ -88,7 +89,7 @@ Runner scalar_model_runner() {
 // Everything that runs dt here: the available backends, and for bf16 the scalar model.
 std::vector<Runner> runners_for(DType dt) {
   std::vector<Runner> out;
-  for (HalfGemmBackend b : {HalfGemmBackend::avx512bf16, HalfGemmBackend::convert})
+  for (HalfGemmBackend b : {HalfGemmBackend::onednn, HalfGemmBackend::avx512bf16, HalfGemmBackend::convert})
     if (k::half_gemm_backend_available(b, dt)) out.push_back(backend_runner(b));
   if (dt == DType::bf16) out.push_back(scalar_model_runner());
   return out;
@@ -330,9 +331,9 @@ TEST_CASE("TROUPE_GEMM_HALF names a backend and the default is available", "[ker
   CHECK_THROWS_WITH(k::half_gemm_backend_for("avx512bf16", DType::f16),
                     Catch::Contains("TROUPE_GEMM_HALF=avx512bf16 is not available for f16"));
   CHECK_THROWS_WITH(k::half_gemm_backend_for("AVX512BF16", DType::bf16),
-                    Catch::Contains("is not one of avx512bf16, convert"));
+                    Catch::Contains("is not one of avx512bf16, convert, onednn"));
   CHECK_THROWS_WITH(k::half_gemm_backend_for("openblas", DType::f16),
-                    Catch::Contains("is not one of avx512bf16, convert"));
+                    Catch::Contains("is not one of avx512bf16, convert, onednn"));
   CHECK_THROWS_AS(k::half_gemm_backend_for("convert", DType::f32), troupe::Error);
 
   for (DType dt : {DType::bf16, DType::f16}) {
@@ -475,7 +476,8 @@ TEST_CASE("gemm_half refuses bad arguments with troupe::Error", "[kernels][gemm_
       troupe::Error);
 }
 
-TEST_CASE("gemm_half is deterministic and gemm_half is gemm_half_with the default", "[kernels][gemm_half]") {
+TEST_CASE("gemm_half is deterministic and gemm_half is gemm_half_with the dispatched backend",
+          "[kernels][gemm_half]") {
   const int M = 200, N = 150, K = 900;
   for (DType dt : {DType::bf16, DType::f16}) {
     const auto af = random_f32(size_t(M) * K, 11), bf = random_f32(size_t(K) * N, 12);
@@ -494,8 +496,9 @@ TEST_CASE("gemm_half is deterministic and gemm_half is gemm_half_with the defaul
       }
     std::vector<float> C1(size_t(M) * N), C2(size_t(M) * N);
     k::gemm_half(dt, false, false, M, N, K, A.data(), K, B.data(), N, 0.0f, C1.data(), N);
-    k::gemm_half_with(k::half_gemm_default_backend(dt), dt, false, false, M, N, K, A.data(), K, B.data(), N,
-                      0.0f, C2.data(), N);
+    const auto chosen = static_cast<HalfGemmBackend>(k::gemm_dispatch(dt, false, false, M, N, K));
+    CHECK(k::half_gemm_backend_available(chosen, dt));
+    k::gemm_half_with(chosen, dt, false, false, M, N, K, A.data(), K, B.data(), N, 0.0f, C2.data(), N);
     REQUIRE(std::memcmp(C1.data(), C2.data(), sizeof(float) * C1.size()) == 0);
   }
 }

@@ -24,6 +24,8 @@ TEST_CASE("kernel table: the CPU table holds the CPU kernels", "[kernels][table]
   CHECK(t.layernorm_backward == &k::layernorm_backward);
   CHECK(t.attention_forward == &k::attention_forward);
   CHECK(t.attention_backward == &k::attention_backward);
+  CHECK(t.attention_forward_h == &k::attention_forward_h);
+  CHECK(t.attention_backward_h == &k::attention_backward_h);
   CHECK(t.gelu_forward == &k::gelu_forward);
   CHECK(t.gelu_backward == &k::gelu_backward);
   CHECK(t.gelu_backward_inplace == &k::gelu_backward_inplace);

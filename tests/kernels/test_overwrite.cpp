@@ -50,16 +50,16 @@ TEST_CASE("linear backward overwrite equals accumulate onto zeros", "[kernels][l
 }
 
 TEST_CASE("attention backward overwrite equals accumulate onto zeros", "[kernels][attention]") {
-  // T crosses the 64-row query block; heads and batches interleave in dqkv.
-  for (int T : {1, 9, 64, 70, 130}) {
+  // T crosses the 64-row query block and the 256-key block; heads and batches interleave in dqkv.
+  for (int T : {1, 9, 64, 70, 130, 260}) {
     const int B = 2, NH = 3, HS = 16, C = NH * HS;
     INFO("T=" << T);
     const auto qkv = random_vec(size_t(B) * T * 3 * C, 4u + T), dout = random_vec(size_t(B) * T * C, 5u + T);
-    std::vector<float> out(size_t(B) * T * C), att(size_t(B) * NH * T * T), scratch(att.size());
-    k::attention_forward(out.data(), att.data(), qkv.data(), B, T, NH, HS);
+    std::vector<float> out(size_t(B) * T * C), lse(size_t(B) * NH * T);
+    k::attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, HS);
     std::vector<float> want(qkv.size(), 0.0f), got = nans(qkv.size());
-    k::attention_backward(want.data(), scratch.data(), dout.data(), qkv.data(), att.data(), B, T, NH, HS);
-    k::attention_backward(got.data(), scratch.data(), dout.data(), qkv.data(), att.data(), B, T, NH, HS,
+    k::attention_backward(want.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, NH, HS);
+    k::attention_backward(got.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, NH, HS,
                           k::Out::overwrite);
     REQUIRE(same_values(want, got));
   }

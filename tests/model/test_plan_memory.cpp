@@ -95,7 +95,6 @@ TEST_CASE("planner memory: a stage's parameters and allocations are the planner'
                 StageRange{2, 4, false, true}, StageRange{4, 4, false, true}}) {
             ModelConfig c = config(kind);
             c.recompute = mode == Recompute::full;
-            c.recompute_attention = mode == Recompute::selective;
             const int slots = 3, mb = 2;
             INFO(model_kind_name(kind)
                  << " tp " << tp << " " << dtype_name(dt) << " " << to_string(mode) << " blocks [" << r.first
