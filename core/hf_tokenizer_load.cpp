@@ -21,6 +21,8 @@ constexpr uint64_t kMaxConfigBytes = uint64_t(4) << 20;
 constexpr uint32_t kMaxId = (uint32_t(1) << 24) - 1;  // as model.vocab_size
 // [ and { nest 6 deep in the files of released models (post_processor's special_tokens).
 constexpr int kMaxDepth = 16;
+constexpr size_t kMaxIdGap = 65536;  // ids beyond the tokens' count (a vocabulary's gaps)
+constexpr size_t kMaxSteps = 64;     // pre-tokenizer steps, a Sequence flattened
 
 // The `tokenizers` library's ByteLevel pre-tokenizer regex (use_regex: true).
 constexpr const char* kGpt2Pattern =
@@ -193,6 +195,11 @@ void read_model(const Reader& r, const json& m, Tokenizer::Impl& t, std::vector<
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     const std::string path = "model.vocab[" + brief(it.key()) + "]";
     const uint32_t id = r.id(it.value(), path);
+    // Ids may leave gaps (GPT-4o's do), but not so many that tables by id outgrow the file.
+    if (id > vocab.size() + kMaxIdGap)
+      r.fail(path, "id " + std::to_string(id) + " is far beyond the " + std::to_string(vocab.size()) +
+                       " tokens of model.vocab (ids leave gaps of at most " + std::to_string(kMaxIdGap) +
+                       ")");
     if (id >= model_text.size()) model_text.resize(size_t(id) + 1);
     if (t.present.size() <= id) t.present.resize(size_t(id) + 1, 0);
     if (t.present[id])
@@ -274,6 +281,8 @@ void read_added(const Reader& r, const json& list, Tokenizer::Impl& t, std::vect
     if (!a.contains("id") || !a.contains("content")) r.fail(path, "needs \"id\" and \"content\"");
     AddedToken tok;
     tok.id = r.id(a["id"], path + ".id");
+    if (tok.id > t.vocab.size() + list.size() + kMaxIdGap)
+      r.fail(path + ".id", "id " + std::to_string(tok.id) + " is far beyond the tokens of the file");
     tok.content = r.string(a["content"], path + ".content");
     if (tok.content.empty() || !valid_utf8(tok.content)) r.fail(path + ".content", "must be non-empty UTF-8");
     r.flag(a, path, "single_word", false, false, "an added token matched as a single word is not supported");
@@ -368,6 +377,9 @@ Tokenizer Tokenizer::parse(std::string_view text, std::string_view config_text, 
   if (!j.contains("pre_tokenizer") || j["pre_tokenizer"].is_null())
     r.fail("pre_tokenizer", "is null: a byte-level BPE needs the ByteLevel pre-tokenizer");
   read_pre_tokenizer(r, j["pre_tokenizer"], "pre_tokenizer", t->pre, 0);
+  if (t->pre.size() > kMaxSteps)
+    r.fail("pre_tokenizer", "has " + std::to_string(t->pre.size()) + " steps, more than the " +
+                                std::to_string(kMaxSteps) + " a tokenizer needs");
   if (t->pre.empty() || t->pre.back().kind != PreTokenizer::Kind::byte_level)
     r.fail("pre_tokenizer", "has no ByteLevel step: not a byte-level BPE");
   if (!j.contains("decoder") || j["decoder"].is_null())

@@ -274,6 +274,14 @@ TEST_CASE("hf tokenizer: what is not read faithfully is refused by name and JSON
        "model.vocab: has no token for the byte-level character"},
       {[](json& j) { j["model"]["vocab"]["dup"] = 5; }, "is also given to"},
       {[](json& j) { j["model"]["vocab"]["big"] = 1 << 24; }, "not a token id in [0, 2^24)"},
+      {[](json& j) { j["model"]["vocab"]["far"] = 1 << 23; },
+       "model.vocab[\"far\"]: id 8388608 is far beyond the 263"},
+      {[](json& j) {
+         json seq = j["pre_tokenizer"]["pretokenizers"][0];
+         for (int i = 0; i < 70; ++i)
+           j["pre_tokenizer"]["pretokenizers"].insert(j["pre_tokenizer"]["pretokenizers"].begin(), seq);
+       },
+       "pre_tokenizer: has 72 steps, more than the 64"},
   };
   for (const Case& c : cases) {
     json j = tiny();
