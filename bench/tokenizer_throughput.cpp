@@ -1,21 +1,26 @@
 // Tokenizer figures on one core: BPE training MB/s, encoding and decoding MB/s (median of
-// 5 after a warm-up) and bytes per token, at each vocabulary size. Each row is checked:
+// 5 after a warm-up) and bytes per token, at each vocabulary size, and the same for Hugging
+// Face tokenizer.json files (their load time instead of training). Each row is checked:
 // decode(encode(corpus)) must give the corpus back.
 //
-//   tokenizer_throughput [CORPUS (default /usr/share/games/fortunes)] [VOCAB...] (default 1024 4096)
+//   tokenizer_throughput [CORPUS (default /usr/share/games/fortunes)] [VOCAB... | TOKENIZER.json...]
+//       (default 1024 4096)
 //
 // MB are 10^6 bytes of corpus text. Documents (files) are trained on and encoded one by
-// one, as `troupe data tokenize` does.
+// one, as `troupe data tokenize` does: a Hugging Face tokenizer through one hf::Encoder, whose
+// cache of pieces lives across documents (it starts cold in every timed run).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <string>
 #include <vector>
 
 #include "core/bpe.hpp"
 #include "core/corpus_files.hpp"
+#include "core/hf_tokenizer.hpp"
 
 using namespace troupe;
 using clk = std::chrono::steady_clock;
@@ -42,8 +47,15 @@ double median_seconds(int reps, F&& f) {
 int main(int argc, char** argv) {
   const std::string corpus = argc > 1 ? argv[1] : "/usr/share/games/fortunes";
   std::vector<int64_t> vocabs;
-  for (int i = 2; i < argc; ++i) vocabs.push_back(std::atoll(argv[i]));
-  if (vocabs.empty()) vocabs = {1024, 4096};
+  std::vector<std::string> hf_files;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.size() > 5 && a.substr(a.size() - 5) == ".json")
+      hf_files.push_back(a);
+    else
+      vocabs.push_back(std::atoll(argv[i]));
+  }
+  if (vocabs.empty() && hf_files.empty()) vocabs = {1024, 4096};
   if (!std::filesystem::exists(corpus)) {
     std::fprintf(stderr, "tokenizer_throughput: %s does not exist (apt-get install fortunes)\n",
                  corpus.c_str());
@@ -57,8 +69,9 @@ int main(int argc, char** argv) {
   });
   const std::vector<std::string_view> views(docs.begin(), docs.end());
   std::printf("corpus %s: %zu documents, %.2f MB\n", corpus.c_str(), docs.size(), bytes / 1e6);
-  std::printf("%6s %8s %10s %11s %11s %12s %6s\n", "vocab", "train s", "train MB/s", "encode MB/s",
-              "decode MB/s", "bytes/token", "check");
+  if (!vocabs.empty())
+    std::printf("%6s %8s %10s %11s %11s %12s %6s\n", "vocab", "train s", "train MB/s", "encode MB/s",
+                "decode MB/s", "bytes/token", "check");
   for (int64_t vocab : vocabs) {
     const auto t0 = clk::now();
     const bpe::Tokenizer tok = bpe::Tokenizer::train(views, vocab);
@@ -77,6 +90,37 @@ int main(int argc, char** argv) {
     std::printf("%6d %8.2f %10.2f %11.2f %11.1f %12.3f %6s\n", tok.vocab_size(), train_s,
                 bytes / 1e6 / train_s, bytes / 1e6 / enc_s, bytes / 1e6 / dec_s,
                 double(bytes) / double(tokens), ok ? "ok" : "FAILED");
+  }
+  for (const std::string& file : hf_files) {
+    const auto t0 = clk::now();
+    const hf::Tokenizer tok = hf::Tokenizer::load(file);
+    const double load_s = seconds_since(t0);
+    std::vector<std::vector<uint32_t>> ids(docs.size());
+    std::vector<double> cpu;  // CPU seconds of each timed run: on a shared machine, the core's own figure
+    const double enc_s = median_seconds(5, [&] {
+      const std::clock_t c0 = std::clock();
+      hf::Encoder e(tok);
+      for (size_t d = 0; d < docs.size(); ++d) {
+        ids[d].clear();
+        e.encode(docs[d], false, ids[d]);
+      }
+      cpu.push_back(double(std::clock() - c0) / CLOCKS_PER_SEC);
+    });
+    std::sort(cpu.begin() + 1, cpu.end());  // cpu[0] is the warm-up
+    const double enc_cpu_s = cpu[1 + (cpu.size() - 1) / 2];
+    size_t tokens = 0;
+    for (const auto& v : ids) tokens += v.size();
+    std::vector<std::string> back(docs.size());
+    const double dec_s = median_seconds(5, [&] {
+      for (size_t d = 0; d < docs.size(); ++d) back[d] = tok.decode(ids[d].data(), ids[d].size());
+    });
+    const bool ok = back == docs;
+    std::printf(
+        "%s (Hugging Face, %u ids): load %.2f s, encode %.2f MB/s (%.2f MB/s of CPU time), decode %.1f MB/s, "
+        "%.3f "
+        "bytes/token, %s\n",
+        file.c_str(), tok.vocab_size(), load_s, bytes / 1e6 / enc_s, bytes / 1e6 / enc_cpu_s,
+        bytes / 1e6 / dec_s, double(bytes) / double(tokens), ok ? "ok" : "FAILED");
   }
   return 0;
 }

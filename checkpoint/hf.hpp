@@ -33,11 +33,12 @@ namespace troupe::checkpoint::hf {
 struct ModelDims {
   std::string type;  // troupe's model.type: "gpt" | "llama"
   int vocab_size = 0, seq_len = 0, d_model = 0, n_layers = 0, n_heads = 0;
-  int n_kv_heads = 0;           // gpt: n_heads
-  int ffn_hidden = 0;           // gpt: 4 * d_model
-  double norm_eps = 1e-5;       // gpt: LayerNorm's (kernels/cpu/layernorm.cpp), llama: RMSNorm's
-  double rope_theta = 10000.0;  // llama only
-  bool tie_embeddings = true;   // gpt: always (the LM head is wte)
+  int n_kv_heads = 0;            // gpt: n_heads
+  int ffn_hidden = 0;            // gpt: 4 * d_model
+  double norm_eps = 1e-5;        // gpt: LayerNorm's (kernels/cpu/layernorm.cpp), llama: RMSNorm's
+  double rope_theta = 10000.0;   // llama only
+  RopeScalingSpec rope_scaling;  // llama only: config.json's rope_scaling (type "" = null)
+  bool tie_embeddings = true;    // gpt: always (the LM head is wte)
   // Rows of the Hugging Face position table (gpt's wpe): seq_len when exporting; a file may
   // hold more positions (n_positions >= seq_len), of which troupe reads the first seq_len.
   int max_positions = 0;
@@ -69,7 +70,8 @@ struct TensorMap {
 // head), a split tensor's parts in row order.
 std::vector<TensorMap> tensor_map(const ModelDims& d);
 
-// config.json for a model (architectures, model_type, sizes, eps, theta, tying, torch_dtype).
+// config.json for a model (architectures, model_type, sizes, eps, theta, rope scaling, tying,
+// torch_dtype).
 nlohmann::json config_json(const ModelDims& d, DType dtype);
 // Checks a config.json against the job's model: every disagreement, one line each, naming the
 // config key, its value and the spec's ("config.json: n_embd is 64, the job's model.d_model is

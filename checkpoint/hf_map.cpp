@@ -122,6 +122,16 @@ std::string num(double v) {
   return b;
 }
 
+// config.json's rope_scaling: null, or Llama 3.1's object.
+nlohmann::json rope_scaling_json(const RopeScalingSpec& r) {
+  if (r.type.empty()) return nullptr;
+  return {{"rope_type", r.type},
+          {"factor", r.factor},
+          {"low_freq_factor", r.low_freq_factor},
+          {"high_freq_factor", r.high_freq_factor},
+          {"original_max_position_embeddings", r.original_max_position_embeddings}};
+}
+
 }  // namespace
 
 ModelDims dims_of(const JobSpec& spec) {
@@ -147,6 +157,7 @@ ModelDims dims_of(const JobSpec& spec) {
       d.ffn_hidden = m.ffn_hidden;
       d.norm_eps = m.norm_eps;
       d.rope_theta = m.rope_theta;
+      d.rope_scaling = m.rope_scaling;
       d.tie_embeddings = m.tie_embeddings;
       return d;
     default:
@@ -240,7 +251,7 @@ nlohmann::json config_json(const ModelDims& d, DType dtype) {
             {"max_position_embeddings", d.seq_len},
             {"rms_norm_eps", d.norm_eps},
             {"rope_theta", d.rope_theta},
-            {"rope_scaling", nullptr},
+            {"rope_scaling", rope_scaling_json(d.rope_scaling)},
             {"tie_word_embeddings", d.tie_embeddings},
             {"attention_bias", false},
             {"attention_dropout", 0.0},
@@ -332,6 +343,51 @@ struct ConfigCheck {
   }
 };
 
+// rope_scaling: null when the job's model has none, else rope_type (or the older key type)
+// "llama3" and the four numbers of the job's model.rope_scaling.
+void check_rope_scaling(ConfigCheck& c, const RopeScalingSpec& want) {
+  const nlohmann::json* rs = c.get("rope_scaling");
+  const std::string spec_hint =
+      "model.rope_scaling: {type: llama3, factor: F, low_freq_factor: L, high_freq_factor: H, "
+      "original_max_position_embeddings: N} with the config's values";
+  if (rs == nullptr) {
+    if (!want.type.empty())
+      c.fail("rope_scaling",
+             "is null, the job's model.rope_scaling is " + want.type + " (delete it from the spec)");
+    return;
+  }
+  if (!rs->is_object()) return c.fail("rope_scaling", "is " + rs->dump() + ", not an object or null");
+  std::string type;
+  for (const char* key : {"rope_type", "type"}) {
+    auto it = rs->find(key);
+    if (it != rs->end() && it->is_string()) type = it->get<std::string>();
+  }
+  if (type != "llama3")
+    return c.fail("rope_scaling",
+                  "has rope_type \"" + type + "\": troupe's llama supports \"llama3\" scaling (or none)");
+  for (auto it = rs->begin(); it != rs->end(); ++it) {
+    const std::string& k = it.key();
+    if (k != "rope_type" && k != "type" && k != "factor" && k != "low_freq_factor" &&
+        k != "high_freq_factor" && k != "original_max_position_embeddings")
+      c.fail("rope_scaling", "has the key \"" + k + "\", which llama3 scaling does not read (not guessed)");
+  }
+  if (want.type.empty())
+    return c.fail("rope_scaling", "is llama3, the job's model has no rope_scaling: add " + spec_hint);
+  auto number = [&](const char* key, double spec_value) {
+    auto it = rs->find(key);
+    if (it == rs->end() || !it->is_number())
+      return c.fail("rope_scaling", std::string("has no number \"") + key + "\"");
+    const double v = it->get<double>();
+    if (!(std::fabs(v - spec_value) <= 1e-9 * std::fabs(spec_value)))
+      c.fail("rope_scaling", std::string(key) + " is " + num(v) + ", the job's model.rope_scaling." + key +
+                                 " is " + num(spec_value));
+  };
+  number("factor", want.factor);
+  number("low_freq_factor", want.low_freq_factor);
+  number("high_freq_factor", want.high_freq_factor);
+  number("original_max_position_embeddings", want.original_max_position_embeddings);
+}
+
 }  // namespace
 
 ModelDims check_config(const nlohmann::json& config, const ModelDims& spec, const std::string& where) {
@@ -381,8 +437,7 @@ ModelDims check_config(const nlohmann::json& config, const ModelDims& spec, cons
     if (act != "silu") c.fail("hidden_act", "is \"" + act + "\", troupe's llama MLP computes \"silu\"");
     c.same_bool("attention_bias", false, false, "troupe's llama has no biases");
     c.same_bool("mlp_bias", false, false, "troupe's llama has no biases");
-    if (const nlohmann::json* rs = c.get("rope_scaling"))
-      c.fail("rope_scaling", "is " + rs->dump() + ", troupe's llama rotates without scaling (null)");
+    check_rope_scaling(c, spec.rope_scaling);
   }
   if (!c.bad.empty()) {
     std::string why = where + ": the Hugging Face config does not describe the job's model:";

@@ -1,15 +1,18 @@
 // `troupe data tokenize|encode|decode`: turn text corpora into token files with troupe's
-// own byte-level BPE (core/bpe.hpp), and token files back into text.
+// own byte-level BPE (core/bpe.hpp) or a Hugging Face tokenizer.json (core/hf_tokenizer.hpp),
+// and token files back into text.
 //
-//   troupe data tokenize CORPUS... --vocab N --out DIR [--val-fraction F] [--tokenizer FILE]
-//       -> DIR/tokenizer.json, DIR/train.bin, DIR/val.bin
-//   troupe data encode --tokenizer FILE IN... --out FILE.bin
+//   troupe data tokenize CORPUS... --vocab N --out DIR [--val-fraction F]
+//   troupe data tokenize CORPUS... --tokenizer FILE --out DIR [--val-fraction F] [--special]
+//       -> DIR/tokenizer.json (+ tokenizer_config.json), DIR/train.bin, DIR/val.bin
+//   troupe data encode --tokenizer FILE IN... --out FILE.bin [--special]
 //   troupe data decode --tokenizer FILE IN.bin [--max-tokens K] [--dtype uint16|uint32]
 //
 // A corpus path is a file or a directory read as Dataset::from_path reads one
-// (core/corpus_files.hpp); each non-empty file is a document, and documents are joined
-// with the end-of-text token (between documents, none before the first or after the
-// last). Token files are llm.c's format (core/token_writer.hpp).
+// (core/corpus_files.hpp); each non-empty file is a document, framed as the tokenizer's models
+// expect (core/tokenizer.hpp: troupe's BPE puts end-of-text between documents, a Hugging Face
+// tokenizer bos before and eos after each). Token files are llm.c's format
+// (core/token_writer.hpp).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cerrno>
@@ -24,8 +27,10 @@
 #include "core/bpe.hpp"
 #include "core/corpus_files.hpp"
 #include "core/error.hpp"
+#include "core/text.hpp"
 #include "core/token_file.hpp"
 #include "core/token_writer.hpp"
+#include "core/tokenizer.hpp"
 
 namespace troupe::cli {
 
@@ -71,25 +76,29 @@ Corpus read_corpus(const std::vector<std::string>& paths) {
   return c;
 }
 
-bpe::Tokenizer load_tokenizer(const std::string& path) {
+std::unique_ptr<TextTokenizer> read_tokenizer(const std::string& path) {
   try {
-    return bpe::Tokenizer::load(path);
+    return load_tokenizer(path);
   } catch (const Error& e) {
     throw UsageError(e.what());
   }
 }
 
-// The documents' ids joined with eot; starts[i] is where document i begins.
-std::vector<uint32_t> encode_documents(const bpe::Tokenizer& tok, const Corpus& c,
-                                       std::vector<size_t>* starts) {
-  std::vector<uint32_t> ids;
-  for (size_t d = 0; d < c.docs.size(); ++d) {
-    if (d) ids.push_back(tok.eot());
-    if (starts) starts->push_back(ids.size());
-    const std::vector<uint32_t> doc = tok.encode(c.docs[d]);
-    ids.insert(ids.end(), doc.begin(), doc.end());
+// The corpus's ids, framed; reports documents that are not UTF-8 (a Hugging Face tokenizer
+// reads them with U+FFFD for each ill-formed sequence, as Python's errors="replace" does).
+std::vector<uint32_t> encode_corpus(const TextTokenizer& tok, const Corpus& c, bool special,
+                                    std::vector<size_t>* starts) {
+  if (special && !tok.has_special_tokens())
+    throw UsageError("--special: troupe's own BPE has no special tokens to read from text");
+  if (tok.has_special_tokens()) {
+    size_t bad = 0;
+    for (const auto& d : c.docs) bad += valid_utf8(d) ? 0 : 1;
+    if (bad)
+      std::cerr << "  " << bad
+                << " document(s) hold bytes that are not UTF-8: each ill-formed sequence is read "
+                << "as U+FFFD (as Python's decode(errors=\"replace\"))\n";
   }
-  return ids;
+  return encode_documents(tok, c.docs, special, starts);
 }
 
 // Where train ends and val begins in a stream of n tokens: the document start nearest
@@ -118,37 +127,39 @@ struct TokenizeOptions {
   std::string out;
   double val_fraction = 0.05;
   std::string tokenizer;
+  bool special = false;
 };
 
 int tokenize(const TokenizeOptions& o) {
   if (!(o.val_fraction >= 0.0 && o.val_fraction < 1.0))
     throw UsageError("--val-fraction must be in [0, 1), got " + std::to_string(o.val_fraction));
   if (o.tokenizer.empty() && o.vocab == 0) throw UsageError("--vocab N is required (or --tokenizer FILE)");
-  const bpe::Tokenizer given = o.tokenizer.empty() ? bpe::Tokenizer() : load_tokenizer(o.tokenizer);
+  std::unique_ptr<TextTokenizer> given = o.tokenizer.empty() ? nullptr : read_tokenizer(o.tokenizer);
   const Corpus c = read_corpus(o.corpus);
   std::cerr << "troupe data tokenize: " << c.docs.size() << " documents, " << c.bytes << " bytes\n";
 
-  bpe::Tokenizer trained;
+  std::unique_ptr<TextTokenizer> trained;
   double train_s = 0;
   if (o.tokenizer.empty()) {
     const std::vector<std::string_view> views(c.docs.begin(), c.docs.end());
     auto last = clk::now();
     const auto t0 = clk::now();
-    trained = bpe::Tokenizer::train(views, o.vocab, [&](int64_t done, int64_t wanted) {
+    bpe::Tokenizer t = bpe::Tokenizer::train(views, o.vocab, [&](int64_t done, int64_t wanted) {
       if (seconds_since(last) < 1.0 && done < wanted) return;
       last = clk::now();
       std::cerr << "  training: " << done << "/" << wanted << " merges\n";
     });
     train_s = seconds_since(t0);
-    if (trained.vocab_size() < o.vocab)
-      std::cerr << "  the corpus ran out of pairs: the vocabulary has " << trained.vocab_size()
-                << " tokens, not " << o.vocab << "\n";
+    if (t.vocab_size() < o.vocab)
+      std::cerr << "  the corpus ran out of pairs: the vocabulary has " << t.vocab_size() << " tokens, not "
+                << o.vocab << "\n";
+    trained = from_bpe(std::move(t));
   }
-  const bpe::Tokenizer& tok = o.tokenizer.empty() ? trained : given;
+  const TextTokenizer& tok = o.tokenizer.empty() ? *trained : *given;
 
   const auto t1 = clk::now();
   std::vector<size_t> starts;
-  const std::vector<uint32_t> ids = encode_documents(tok, c, &starts);
+  const std::vector<uint32_t> ids = encode_corpus(tok, c, o.special, &starts);
   const double encode_s = seconds_since(t1);
   const size_t split = split_point(starts, ids.size(), o.val_fraction);
 
@@ -158,7 +169,7 @@ int tokenize(const TokenizeOptions& o) {
   const std::string tok_path = o.out + "/tokenizer.json";
   const std::string train_path = o.out + "/train.bin";
   const std::string val_path = o.out + "/val.bin";
-  tok.save(tok_path);
+  tok.save_into(o.out);
   write_token_file(train_path, ids.data(), split, uint64_t(tok.vocab_size()));
   std::string written = tok_path + " (" + std::to_string(tok.vocab_size()) + " tokens), " + train_path +
                         " (" + std::to_string(split) + " tokens)";
@@ -186,15 +197,16 @@ struct EncodeOptions {
   std::string tokenizer;
   std::vector<std::string> in;
   std::string out;
+  bool special = false;
 };
 
 int encode(const EncodeOptions& o) {
-  const bpe::Tokenizer tok = load_tokenizer(o.tokenizer);
+  const std::unique_ptr<TextTokenizer> tok = read_tokenizer(o.tokenizer);
   const Corpus c = read_corpus(o.in);
   const auto t0 = clk::now();
-  const std::vector<uint32_t> ids = encode_documents(tok, c, nullptr);
+  const std::vector<uint32_t> ids = encode_corpus(*tok, c, o.special, nullptr);
   const double s = seconds_since(t0);
-  write_token_file(o.out, ids.data(), ids.size(), uint64_t(tok.vocab_size()));
+  write_token_file(o.out, ids.data(), ids.size(), uint64_t(tok->vocab_size()));
   std::cout << "encoded " << c.docs.size() << " documents, " << c.bytes << " bytes -> " << ids.size()
             << " tokens, " << mb_per_s(c.bytes, s) << " MB/s: wrote " << o.out << "\n";
   return kOk;
@@ -210,7 +222,7 @@ struct DecodeOptions {
 };
 
 int decode(const DecodeOptions& o) {
-  const bpe::Tokenizer tok = load_tokenizer(o.tokenizer);
+  const std::unique_ptr<TextTokenizer> tok = read_tokenizer(o.tokenizer);
   // The checks of data.source tokens (core/token_file.hpp): a header when the first int32
   // is the magic (its version must agree with --dtype when given), else raw --dtype ids.
   TokenFile file;
@@ -232,11 +244,13 @@ int decode(const DecodeOptions& o) {
       const unsigned char* p = bytes + (done + i) * width;
       ids[i] = uint32_t(p[0]) | uint32_t(p[1]) << 8 |
                (width == 4 ? uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24 : 0);
-      if (ids[i] >= uint32_t(tok.vocab_size()))
+      if (!tok->has_token(ids[i]))
         throw UsageError(o.in + ": token " + std::to_string(done + i) + " is " + std::to_string(ids[i]) +
-                         ", outside the tokenizer's vocabulary of " + std::to_string(tok.vocab_size()));
+                         (ids[i] >= tok->vocab_size()
+                              ? ", outside the tokenizer's vocabulary of " + std::to_string(tok->vocab_size())
+                              : ", an id the tokenizer has no token for"));
     }
-    const std::string text = tok.decode(ids);
+    const std::string text = tok->decode(ids.data(), ids.size());
     if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size())
       throw IoError("cannot write to stdout", errno);
     done += n;
@@ -268,10 +282,12 @@ void add_data_command(CLI::App& app, int* exit_code) {
   static TokenizeOptions t;
   auto* tk = data->add_subcommand(
       "tokenize",
-      "Train a byte-level BPE on text files and write DIR/tokenizer.json, DIR/train.bin and DIR/val.bin. "
-      "Each file is a document; documents are joined with the end-of-text token. The validation split "
-      "starts at the document boundary nearest to the last --val-fraction of the tokens (with a single "
-      "document, at the nearest token)");
+      "Train a byte-level BPE on text files (or take --tokenizer, troupe's or a Hugging Face tokenizer.json) "
+      "and write DIR/tokenizer.json, DIR/train.bin and DIR/val.bin. Each file is a document; troupe's BPE "
+      "joins documents with its end-of-text token, a Hugging Face tokenizer puts its bos before and eos "
+      "after "
+      "each (tokenizer_config.json). The validation split starts at the document boundary nearest to the "
+      "last --val-fraction of the tokens (with a single document, at the nearest token)");
   tk->add_option("corpus", t.corpus, "Text files or directories (read recursively, sorted by path)")
       ->required();
   auto* vocab = tk->add_option("--vocab", t.vocab, "Vocabulary size: 256 bytes + end-of-text + merges")
@@ -279,22 +295,32 @@ void add_data_command(CLI::App& app, int* exit_code) {
   tk->add_option("--out", t.out, "Output directory")->required();
   tk->add_option("--val-fraction", t.val_fraction, "Tail of the tokens for validation (0: no val.bin)")
       ->capture_default_str();
-  tk->add_option("--tokenizer", t.tokenizer, "Use this tokenizer JSON instead of training one")
+  tk->add_option("--tokenizer", t.tokenizer,
+                 "Use this tokenizer instead of training one: troupe's JSON or a Hugging Face tokenizer.json")
       ->excludes(vocab);
+  tk->add_flag(
+      "--special", t.special,
+      "Special tokens written in the text (\"<|eot_id|>\") become their ids (Hugging Face tokenizers; "
+      "default: they are ordinary text)");
   tk->callback([exit_code] { *exit_code = guarded("tokenize", [] { return tokenize(t); }); });
 
   static EncodeOptions e;
   auto* en = data->add_subcommand(
-      "encode", "Encode text files into one token file (documents joined with end-of-text)");
-  en->add_option("--tokenizer", e.tokenizer, "Tokenizer JSON")->required();
+      "encode", "Encode text files into one token file (documents framed as `tokenize` frames them)");
+  en->add_option("--tokenizer", e.tokenizer, "Tokenizer: troupe's JSON or a Hugging Face tokenizer.json")
+      ->required();
+  en->add_flag("--special", e.special, "Special tokens written in the text become their ids");
   en->add_option("in", e.in, "Text files or directories")->required();
   en->add_option("--out", e.out, "Token file to write (.bin)")->required();
   en->callback([exit_code] { *exit_code = guarded("encode", [] { return encode(e); }); });
 
   static DecodeOptions d;
-  auto* de =
-      data->add_subcommand("decode", "Decode a token file to text on stdout (end-of-text prints nothing)");
-  de->add_option("--tokenizer", d.tokenizer, "Tokenizer JSON")->required();
+  auto* de = data->add_subcommand(
+      "decode",
+      "Decode a token file to text on stdout (troupe's end-of-text prints nothing, a Hugging "
+      "Face special token its text)");
+  de->add_option("--tokenizer", d.tokenizer, "Tokenizer: troupe's JSON or a Hugging Face tokenizer.json")
+      ->required();
   de->add_option("in", d.in, "Token file (.bin, with an llm.c header or raw)")->required();
   de->add_option("--max-tokens", d.max_tokens, "Decode at most this many tokens")
       ->check(CLI::NonNegativeNumber);

@@ -1,16 +1,18 @@
 // `troupe sample --ckpt DIR --prompt "..." --tokens N [--tokenizer FILE]`: generates text
-// from a checkpoint. Token ids are bytes by default; with a tokenizer (troupe data
-// tokenize's JSON) the prompt is encoded with it, generated ids are decoded with it, and
-// generation stops at its end-of-text token.
+// from a checkpoint. Token ids are bytes by default; with a tokenizer (troupe's BPE JSON or a
+// Hugging Face tokenizer.json, core/tokenizer.hpp) the prompt is encoded with it after the id
+// that starts a document (a Hugging Face bos), generated ids are decoded with it, only ids it
+// has a token for are sampled, and generation stops at its end-of-text (eos) token.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 
 #include "checkpoint/checkpoint.hpp"
 #include "cli/commands.hpp"
-#include "core/bpe.hpp"
 #include "core/rng.hpp"
 #include "core/spec.hpp"
+#include "core/tokenizer.hpp"
 #include "model/from_spec.hpp"
 #include "model/sample.hpp"
 #include "model/stage.hpp"
@@ -27,6 +29,7 @@ struct SampleOptions {
   uint64_t seed = 0;
   int top_k = 0;
   std::string tokenizer;
+  bool special = false;
 };
 
 int sample(const SampleOptions& o) {
@@ -47,11 +50,11 @@ int sample(const SampleOptions& o) {
     return kJobFailed;
   }
   // The tokenizer: --tokenizer, else the one the job trained with (data.tokenizer).
-  std::optional<bpe::Tokenizer> tok;
+  std::unique_ptr<TextTokenizer> tok;
   const std::string tok_path = !o.tokenizer.empty() ? o.tokenizer : spec.data.tokenizer;
   if (!tok_path.empty()) {
     try {
-      tok.emplace(bpe::Tokenizer::load(tok_path));
+      tok = load_tokenizer(tok_path);
     } catch (const std::exception& e) {
       std::cerr << "troupe sample: " << e.what() << "\n";
       if (o.tokenizer.empty())
@@ -77,15 +80,26 @@ int sample(const SampleOptions& o) {
   // vocab_size is often padded past the tokenizer's).
   int V = cfg.vocab_size;
   std::vector<int32_t> ctx;
+  if (o.special && !(tok && tok->has_special_tokens())) {
+    std::cerr
+        << "troupe sample: --special needs a Hugging Face tokenizer (troupe's BPE has no special tokens)\n";
+    return kUsage;
+  }
   if (tok) {
-    if (tok->vocab_size() > cfg.vocab_size) {
+    if (tok->vocab_size() > uint32_t(cfg.vocab_size)) {
       std::cerr << "troupe sample: the tokenizer " << tok_path << " has " << tok->vocab_size()
                 << " tokens, more than the model's vocab_size of " << cfg.vocab_size << "\n";
       return kUsage;
     }
-    V = tok->vocab_size();
-    for (uint32_t id : tok->encode(o.prompt)) ctx.push_back(int32_t(id));
-    if (ctx.empty()) ctx.push_back(int32_t(tok->eot()));  // a document starts after end-of-text
+    V = int(tok->vocab_size());
+    // A document starts as the data framed it: with the tokenizer's bos, or after end-of-text.
+    if (tok->document_start()) ctx.push_back(int32_t(*tok->document_start()));
+    for (uint32_t id : tok->encode(o.prompt, o.special)) ctx.push_back(int32_t(id));
+    if (ctx.empty() && tok->end_of_text()) ctx.push_back(int32_t(*tok->end_of_text()));
+    if (ctx.empty()) {
+      std::cerr << "troupe sample: give --prompt: the tokenizer has no token to start a document with\n";
+      return kUsage;
+    }
   } else {
     if (cfg.vocab_size != 256) {
       std::cerr << "troupe sample: the model's vocab_size is " << cfg.vocab_size
@@ -96,7 +110,7 @@ int sample(const SampleOptions& o) {
     if (ctx.empty()) ctx.push_back('\n');
   }
   // Generation ends at end-of-text: the tokenizer's, or the job's data.eot.
-  const int64_t eot = tok ? int64_t{tok->eot()} : spec.data.eot;
+  const int64_t eot = tok && tok->end_of_text() ? int64_t{*tok->end_of_text()} : spec.data.eot;
   std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
   std::vector<float> logits(size_t(cfg.vocab_size));
   rng::Stream stream(o.seed, rng::name_hash("troupe.sample"));
@@ -104,6 +118,9 @@ int sample(const SampleOptions& o) {
     for (int i = 0; i < o.tokens; ++i) {
       const int T = std::min<int>(int(ctx.size()), cfg.seq_len);
       stage.last_logits(ctx.data() + ctx.size() - size_t(T), T, logits.data());
+      if (tok)  // ids between a tokenizer's tokens (a gap in its vocabulary) are never drawn
+        for (int v = 0; v < V; ++v)
+          if (!tok->has_token(uint32_t(v))) logits[size_t(v)] = -std::numeric_limits<float>::infinity();
       const int32_t next = model::sample_token(logits.data(), V, float(o.temperature), o.top_k, stream);
       ctx.push_back(next);
       if (next == eot) break;
@@ -143,8 +160,10 @@ void add_sample_command(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option(
       "--tokenizer", opt.tokenizer,
-      "Tokenizer JSON (troupe data tokenize): encode the prompt, decode tokens, stop at end-of-text; "
-      "default: the job's data.tokenizer");
+      "Tokenizer (troupe's JSON or a Hugging Face tokenizer.json): encode the prompt, decode tokens, stop at "
+      "end-of-text; default: the job's data.tokenizer");
+  cmd->add_flag("--special", opt.special,
+                "Special tokens written in the prompt (\"<|eot_id|>\") become their ids");
   cmd->callback([exit_code] { *exit_code = sample(opt); });
 }
 

@@ -77,7 +77,12 @@ bool operator==(const ModelSpec& a, const ModelSpec& b) {
   return a.type == b.type && a.vocab_size == b.vocab_size && a.seq_len == b.seq_len &&
          a.d_model == b.d_model && a.n_layers == b.n_layers && a.n_heads == b.n_heads &&
          a.n_kv_heads == b.n_kv_heads && a.ffn_hidden == b.ffn_hidden && a.norm_eps == b.norm_eps &&
-         a.rope_theta == b.rope_theta && a.tie_embeddings == b.tie_embeddings && a.init_from == b.init_from;
+         a.rope_theta == b.rope_theta && a.rope_scaling.type == b.rope_scaling.type &&
+         a.rope_scaling.factor == b.rope_scaling.factor &&
+         a.rope_scaling.low_freq_factor == b.rope_scaling.low_freq_factor &&
+         a.rope_scaling.high_freq_factor == b.rope_scaling.high_freq_factor &&
+         a.rope_scaling.original_max_position_embeddings == b.rope_scaling.original_max_position_embeddings &&
+         a.tie_embeddings == b.tie_embeddings && a.init_from == b.init_from;
 }
 bool operator==(const DataSpec& a, const DataSpec& b) {
   return a.source == b.source && a.path == b.path && a.val_fraction == b.val_fraction && a.dtype == b.dtype &&
@@ -416,6 +421,12 @@ std::string to_yaml(const JobSpec& s) {
     y << "  n_kv_heads: " << s.model.n_kv_heads << "\n";
     y << "  norm_eps: " << real(s.model.norm_eps) << "\n";
     y << "  rope_theta: " << real(s.model.rope_theta) << "\n";
+    const RopeScalingSpec& r = s.model.rope_scaling;
+    if (!r.type.empty())
+      y << "  rope_scaling: {type: " << r.type << ", factor: " << real(r.factor)
+        << ", low_freq_factor: " << real(r.low_freq_factor)
+        << ", high_freq_factor: " << real(r.high_freq_factor)
+        << ", original_max_position_embeddings: " << r.original_max_position_embeddings << "}\n";
     y << "  tie_embeddings: " << (s.model.tie_embeddings ? "true" : "false") << "\n";
   }
   y << "  init_from: " << quote(s.model.init_from) << "\n";

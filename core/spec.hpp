@@ -58,6 +58,13 @@ enum class Schedule { gpipe, one_f_one_b, interleaved, zb_h1 };
 enum class DeviceKind { cpu, cuda };
 enum class LrSchedule { constant, cosine, linear };
 
+// model.rope_scaling: Hugging Face's rope_scaling of rope_type "llama3" (Llama 3.1 and later).
+struct RopeScalingSpec {
+  std::string type;  // "llama3", or "" for none
+  double factor = 0, low_freq_factor = 0, high_freq_factor = 0;
+  int original_max_position_embeddings = 0;
+};
+
 struct ModelSpec {
   ModelType type = ModelType::gpt;
   int vocab_size = 256;
@@ -66,12 +73,13 @@ struct ModelSpec {
   int n_layers = 0;
   int n_heads = 0;  // gpt and llama; 0 for mlp
   // llama only (0 / defaults otherwise):
-  int n_kv_heads = 0;           // grouped-query attention: key/value heads; n_heads when not given
-  int ffn_hidden = 0;           // SwiGLU hidden width; 64 * ceil(8 d_model / 3 / 64) when not given
-  double norm_eps = 1e-5;       // RMSNorm epsilon
-  double rope_theta = 10000.0;  // rotary embedding base
-  bool tie_embeddings = false;  // the LM head reads the embedding (gpt: always)
-  std::string init_from;        // safetensors file or checkpoint dir to start from; "" = fresh init
+  int n_kv_heads = 0;            // grouped-query attention: key/value heads; n_heads when not given
+  int ffn_hidden = 0;            // SwiGLU hidden width; 64 * ceil(8 d_model / 3 / 64) when not given
+  double norm_eps = 1e-5;        // RMSNorm epsilon
+  double rope_theta = 10000.0;   // rotary embedding base
+  RopeScalingSpec rope_scaling;  // llama only
+  bool tie_embeddings = false;   // the LM head reads the embedding (gpt: always)
+  std::string init_from;         // safetensors file or checkpoint dir to start from; "" = fresh init
 };
 
 struct DataSpec {

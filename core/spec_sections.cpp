@@ -88,7 +88,16 @@ void model_rules(Section& s, JobSpec& j) {
   if (ctx.ok("model.type") && m.type == ModelType::gpt && ctx.ok("model.d_model") &&
       ctx.ok("model.ffn_hidden") && m.ffn_hidden == 0 && m.d_model > 0)
     m.ffn_hidden = 4 * m.d_model;  // GPT-2's MLP
-  if (!is_llama(ctx, m)) return;
+  if (!is_llama(ctx, m)) {
+    const RopeScalingSpec& r = m.rope_scaling;
+    const bool read = !r.type.empty() || r.factor != 0 || r.low_freq_factor != 0 || r.high_freq_factor != 0 ||
+                      r.original_max_position_embeddings != 0;
+    if (s.has("rope_scaling") && read && ctx.ok("model.type"))
+      s.refuse("rope_scaling", "'model.rope_scaling' applies only to model.type llama",
+               "delete it, or set model.type: llama");
+    m.rope_scaling = RopeScalingSpec{};
+    return;
+  }
   if (heads_ok && ctx.ok("model.n_kv_heads")) {
     if (m.n_kv_heads == 0) m.n_kv_heads = m.n_heads;
     if (m.n_heads % m.n_kv_heads != 0)
@@ -105,6 +114,63 @@ void model_rules(Section& s, JobSpec& j) {
               "rotary embeddings rotate channel pairs; choose n_heads so that d_model / n_heads is even");
   if (ctx.ok("model.d_model") && ctx.ok("model.ffn_hidden") && m.ffn_hidden == 0 && m.d_model > 0)
     m.ffn_hidden = static_cast<int>((int64_t{8} * m.d_model / 3 + 63) / 64 * 64);
+}
+
+// ---- model.rope_scaling
+
+void rope_scaling_rules(Section& s, JobSpec& j) {
+  Ctx& ctx = s.ctx();
+  RopeScalingSpec& r = j.model.rope_scaling;
+  static const char* const kKeys[] = {"type", "factor", "low_freq_factor", "high_freq_factor",
+                                      "original_max_position_embeddings"};
+  bool written = false;
+  for (const char* k : kKeys) written = written || s.has(k);
+  if (!written) {  // absent, or written empty: no scaling
+    r = RopeScalingSpec{};
+    return;
+  }
+  for (const char* k : kKeys)
+    if (!s.has(k))
+      s.missing(k,
+                std::string("'") + k +
+                    ": <value>' (a llama3 rope_scaling has all five keys, as in Hugging Face's config.json; "
+                    "Llama 3.2: {type: llama3, factor: 32, low_freq_factor: 1, high_freq_factor: 4, "
+                    "original_max_position_embeddings: 8192})");
+  if (ctx.ok("model.rope_scaling.low_freq_factor") && ctx.ok("model.rope_scaling.high_freq_factor") &&
+      s.has("low_freq_factor") && s.has("high_freq_factor") && r.high_freq_factor <= r.low_freq_factor)
+    ctx.error(
+        ctx.loc("model.rope_scaling.high_freq_factor"),
+        "model.rope_scaling.high_freq_factor (" + fmt_real(r.high_freq_factor) +
+            ") is not above low_freq_factor (" + fmt_real(r.low_freq_factor) + ")",
+        "the frequencies between the two are blended; Llama 3 uses low_freq_factor: 1, high_freq_factor: 4");
+}
+
+const Table& rope_scaling_table() {
+  static const Table t{
+      {
+          {"type", [](S& s, K& k, JobSpec& j) { s.choice(k, j.model.rope_scaling.type, {"llama3"}); }},
+          {"factor",
+           [](S& s, K& k, JobSpec& j) {
+             s.real(k, j.model.rope_scaling.factor, 1.0, true, 1e6, true,
+                    "how many times the context is stretched, >= 1; Llama 3.1 uses 8, Llama 3.2 32");
+           }},
+          {"low_freq_factor",
+           [](S& s, K& k, JobSpec& j) {
+             s.real(k, j.model.rope_scaling.low_freq_factor, 0.0, false, 1e6, true, "> 0; Llama 3 uses 1");
+           }},
+          {"high_freq_factor",
+           [](S& s, K& k, JobSpec& j) {
+             s.real(k, j.model.rope_scaling.high_freq_factor, 0.0, false, 1e6, true,
+                    "above low_freq_factor; Llama 3 uses 4");
+           }},
+          {"original_max_position_embeddings",
+           [](S& s, K& k, JobSpec& j) {
+             s.integer(k, j.model.rope_scaling.original_max_position_embeddings, 1, 1 << 24, false,
+                       "the context the model was first trained with; Llama 3 uses 8192");
+           }},
+      },
+      rope_scaling_rules};
+  return t;
 }
 
 const Table& model_table() {
@@ -152,6 +218,7 @@ const Table& model_table() {
                       "the rotary base, above 1; Llama 2 uses 10000, Llama 3 500000");
              });
            }},
+          {"rope_scaling", nullptr, &rope_scaling_table()},
           {"tie_embeddings",
            [](S& s, K& k, JobSpec& j) { llama_key(s, k, j, [&] { s.boolean(k, j.model.tie_embeddings); }); }},
           {"init_from", [](S& s, K& k, JobSpec& j) { s.string(k, j.model.init_from); }},

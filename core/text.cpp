@@ -59,6 +59,41 @@ std::string sanitize_utf8(std::string_view s, size_t max_bytes) {
   return out;
 }
 
+std::string replace_invalid_utf8(std::string_view s) {
+  std::string out;
+  out.reserve(s.size() + 8);
+  for (size_t i = 0; i < s.size();) {
+    const size_t n = sequence_at(s, i);
+    if (n) {
+      out.append(s.substr(i, n));
+      i += n;
+      continue;
+    }
+    // The maximal subpart: the lead byte and the continuation bytes that could still have
+    // completed it (table 3-7's ranges for the second byte).
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t len = 1;
+    const size_t want = c >= 0xC2 && c <= 0xDF   ? 2
+                        : c >= 0xE0 && c <= 0xEF ? 3
+                        : c >= 0xF0 && c <= 0xF4 ? 4
+                                                 : 1;
+    for (size_t k = 1; k < want && i + k < s.size(); ++k) {
+      const auto b = static_cast<unsigned char>(s[i + k]);
+      const bool ok = k > 1       ? (b & 0xC0) == 0x80
+                      : c == 0xE0 ? b >= 0xA0 && b <= 0xBF
+                      : c == 0xED ? b >= 0x80 && b <= 0x9F
+                      : c == 0xF0 ? b >= 0x90 && b <= 0xBF
+                      : c == 0xF4 ? b >= 0x80 && b <= 0x8F
+                                  : (b & 0xC0) == 0x80;
+      if (!ok) break;
+      len = k + 1;
+    }
+    out.append("\xEF\xBF\xBD");
+    i += len;
+  }
+  return out;
+}
+
 std::string json_text(const nlohmann::json& j, int indent) {
   return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
 }

@@ -20,6 +20,12 @@ inline bool valid_utf8(std::string_view s) { return invalid_utf8_at(s) == std::s
 // (never inside a character).
 std::string sanitize_utf8(std::string_view s, size_t max_bytes = std::string::npos);
 
+// s made well-formed as Python's s.decode("utf-8", errors="replace") and a browser's
+// TextDecoder make it: each maximal subpart of an ill-formed sequence (Unicode 15, section 3.9:
+// a truncated sequence is one subpart, a stray continuation byte another) becomes one U+FFFD.
+//   "a\xE2\x82b" -> "a\uFFFDb",  "\xF0\x80" -> "\uFFFD\uFFFD" (0x80 cannot follow 0xF0)
+std::string replace_invalid_utf8(std::string_view s);
+
 // JSON text of j; strings that are not UTF-8 are repaired (U+FFFD), never thrown on.
 std::string json_text(const nlohmann::json& j, int indent = -1);
 

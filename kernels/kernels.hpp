@@ -73,8 +73,10 @@ struct Kernels {
                           float eps) = nullptr;
   void (*rmsnorm_backward)(float* dinp, float* dweight, const float* dout, const float* inp,
                            const float* weight, const float* rstd, int N, int C) = nullptr;
-  void (*rope_forward)(float* x, int B, int T, int n_heads, int HS, int ld, double theta) = nullptr;
-  void (*rope_backward)(float* dx, int B, int T, int n_heads, int HS, int ld, double theta) = nullptr;
+  // inv_freq: HS/2 floats in host memory (model::rope_inv_freq)
+  void (*rope_forward)(float* x, int B, int T, int n_heads, int HS, int ld, const float* inv_freq) = nullptr;
+  void (*rope_backward)(float* dx, int B, int T, int n_heads, int HS, int ld,
+                        const float* inv_freq) = nullptr;
   void (*swiglu_forward)(float* out, const float* gu, int N, int F) = nullptr;
   void (*swiglu_backward)(float* dgu, const float* dout, const float* gu, int N, int F) = nullptr;
   void (*embedding_rows_forward)(float* out, const int32_t* tokens, const float* wte, int N, int C, int v0,

@@ -1,5 +1,7 @@
 #include "model/config.hpp"
 
+#include <cmath>
+
 #include "core/error.hpp"
 
 namespace troupe::model {
@@ -24,6 +26,38 @@ ModelKind model_kind_from_name(const std::string& s) {
   return ModelKind::gpt;
 }
 
+std::vector<float> rope_inv_freq(int HS, double theta, const RopeScaling& s) {
+  TROUPE_CHECK(HS > 0 && HS % 2 == 0 && theta > 1.0, "rope: head size ", HS, ", theta ", theta);
+  std::vector<float> inv(size_t(HS / 2));
+  // torch: 1.0 / (base ** (arange(0, dim, 2).float() / dim)), each step in f32.
+  const float base = float(theta);
+  for (int i = 0; i < HS / 2; ++i) {
+    const float e = float(2 * i) / float(HS);
+    inv[size_t(i)] = 1.0f / std::pow(base, e);
+  }
+  if (!s.llama3) return inv;
+  // _compute_llama3_parameters, its Python scalars meeting f32 tensors as f32.
+  const float factor = float(s.factor), low = float(s.low_freq_factor), high = float(s.high_freq_factor);
+  const float old_len = float(s.original_max_positions);
+  const float low_wavelen = float(double(s.original_max_positions) / s.low_freq_factor);
+  const float high_wavelen = float(double(s.original_max_positions) / s.high_freq_factor);
+  const float two_pi = float(2.0 * M_PI);
+  const float span = float(s.high_freq_factor - s.low_freq_factor);
+  for (float& f : inv) {
+    const float wavelen = two_pi / f;
+    float scaled = wavelen > low_wavelen ? f / factor : f;
+    if (!(wavelen < high_wavelen) && !(wavelen > low_wavelen)) {
+      const float smooth = (old_len / wavelen - low) / span;
+      const float a = (1.0f - smooth) * scaled;
+      const float b = smooth * scaled;
+      scaled = a / factor + b;
+    }
+    f = scaled;
+    (void)high;
+  }
+  return inv;
+}
+
 void ModelConfig::validate() const {
   TROUPE_CHECK(vocab_size > 0, "vocab_size must be positive, got ", vocab_size);
   TROUPE_CHECK(seq_len > 0, "seq_len must be positive, got ", seq_len);
@@ -40,6 +74,12 @@ void ModelConfig::validate() const {
     TROUPE_CHECK(ffn_hidden > 0, "ffn_hidden must be positive, got ", ffn_hidden);
     TROUPE_CHECK(norm_eps > 0.0f && rope_theta > 1.0, "norm_eps (", norm_eps,
                  ") must be > 0 and rope_theta (", rope_theta, ") > 1");
+    if (rope_scaling.llama3)
+      TROUPE_CHECK(rope_scaling.factor >= 1.0 && rope_scaling.low_freq_factor > 0.0 &&
+                       rope_scaling.high_freq_factor > rope_scaling.low_freq_factor &&
+                       rope_scaling.original_max_positions > 0,
+                   "llama3 rope scaling needs factor >= 1, 0 < low_freq_factor < high_freq_factor and "
+                   "original_max_positions > 0");
   }
 }
 

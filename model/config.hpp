@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace troupe::model {
 
@@ -11,7 +12,21 @@ enum class ModelKind : uint8_t {
   mlp,    // per-position residual MLP over the embedding (predicts the next byte from the current one)
   llama,  // Llama-family decoder: RMSNorm, rotary embeddings, grouped-query attention, SwiGLU, no biases
 };
-const char* model_kind_name(ModelKind k);              // "gpt" / "mlp" / "llama"
+const char* model_kind_name(ModelKind k);  // "gpt" / "mlp" / "llama"
+
+// Llama 3.1's rotary scaling (Hugging Face's rope_type "llama3"): channel pairs whose wavelength
+// exceeds original_max_positions / low_freq_factor turn `factor` times slower, those shorter than
+// original_max_positions / high_freq_factor as before, and those between by a blend of the two.
+struct RopeScaling {
+  bool llama3 = false;  // false: unscaled
+  double factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
+  int original_max_positions = 8192;
+};
+
+// The inverse frequency of each channel pair i in [0, HS/2): theta^(-2i/HS), then the scaling,
+// formed in f32 operation by operation as Hugging Face's _compute_default_rope_parameters and
+// _compute_llama3_parameters form them (so the tables agree bit for bit).
+std::vector<float> rope_inv_freq(int head_dim, double theta, const RopeScaling& scaling);
 ModelKind model_kind_from_name(const std::string& s);  // throws troupe::Error on other names
 
 struct ModelConfig {
@@ -26,6 +41,7 @@ struct ModelConfig {
   int ffn_hidden = 0;           // F: the SwiGLU hidden width (llama); gpt's MLP width (0 = 4D)
   float norm_eps = 1e-5f;       // RMSNorm epsilon
   double rope_theta = 10000.0;  // rotary base: channel pair i turns by position * theta^(-2i/HS)
+  RopeScaling rope_scaling;     // llama3 scaling of those frequencies
   bool tie_embeddings = false;  // LM head reads wte (gpt: always tied)
   uint64_t seed = 0;            // parameter init: every element is a function of (seed, name, index)
   // Activation recomputation per block (train.recompute: full): a stage keeps only each

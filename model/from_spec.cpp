@@ -17,6 +17,14 @@ ModelConfig model_config(const JobSpec& spec) {
     c.ffn_hidden = spec.model.ffn_hidden;
     c.norm_eps = static_cast<float>(spec.model.norm_eps);
     c.rope_theta = spec.model.rope_theta;
+    const RopeScalingSpec& rs = spec.model.rope_scaling;
+    if (rs.type == "llama3") {
+      c.rope_scaling.llama3 = true;
+      c.rope_scaling.factor = rs.factor;
+      c.rope_scaling.low_freq_factor = rs.low_freq_factor;
+      c.rope_scaling.high_freq_factor = rs.high_freq_factor;
+      c.rope_scaling.original_max_positions = rs.original_max_position_embeddings;
+    }
     c.tie_embeddings = spec.model.tie_embeddings;
   }
   if (c.kind == ModelKind::gpt) c.ffn_hidden = spec.model.ffn_hidden;  // 0: 4 d_model

@@ -409,7 +409,7 @@ LlamaBlock::LlamaBlock(ParamStore& ps, int layer, const ModelConfig& cfg, int n_
       NKV_(tp.shard.n_kv_head(cfg)),
       HS_(cfg.head_dim()),
       F_(static_cast<int>(tp.shard.hidden(cfg))),
-      theta_(cfg.rope_theta),
+      inv_freq_(rope_inv_freq(cfg.head_dim(), cfg.rope_theta, cfg.rope_scaling)),
       acts_(std::make_shared<std::vector<Acts>>()) {
   const std::string h = "h." + std::to_string(layer);
   ln_1_ = RmsNorm::bind(ps, h + ".ln_1", *k_, cfg.norm_eps);
@@ -451,7 +451,7 @@ void LlamaBlock::forward(int slot, float* y, const float* x, int B, int T, Works
   copy_to_tensor_region_forward(tp_, a.ln1);
   float* qkv = staging(a.qkv, ws);
   c_attn_.forward(qkv, a.ln1, N);
-  k_->rope_forward(qkv, B, T, NH_ + NKV_, HS_, ld, theta_);  // q and k heads lead each row
+  k_->rope_forward(qkv, B, T, NH_ + NKV_, HS_, ld, inv_freq_.data());  // q and k heads lead each row
   keep(*k_, a.qkv, qkv, sz(int64_t{N} * ld));
   attention_forward(*k_, a.atty, a.lse, a.qkv, B, T, NH_, HS_, NKV_);
   row_parallel_forward(c_proj_, tp_, ws.tmp_d.f32(), a.atty, N);
@@ -493,7 +493,7 @@ void LlamaBlock::backward_pass(int slot, float* dres, const float* x, int B, int
   linear_backward(c_proj_, dtmp, dres, a.atty, N, ws, kept_at(dy, 2));  // datty (N, NH_*HS)
   float* dqkv = ws.dqkv.f32();
   attention_backward(*k_, dqkv, dtmp, a.qkv, a.atty, a.lse, B, T, NH_, HS_, NKV_);
-  k_->rope_backward(dqkv, B, T, NH_ + NKV_, HS_, ld, theta_);
+  k_->rope_backward(dqkv, B, T, NH_ + NKV_, HS_, ld, inv_freq_.data());
   linear_backward(c_attn_, dtmp, dqkv, a.ln1, N, ws, kept_at(dy, 3));  // dln_1
   copy_to_tensor_region_backward(tp_, dtmp, nd);
   ln_1_.backward(dres, dtmp, x, a.rstd1.f32(), N);

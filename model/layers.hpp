@@ -238,8 +238,8 @@ class LlamaBlock : public Block {
  private:
   TensorGroup tp_;
   const kernels::Kernels* k_;
-  int D_, NH_, NKV_, HS_, F_;  // local heads, kv heads and hidden units; HS = D/NH
-  double theta_;
+  int D_, NH_, NKV_, HS_, F_;    // local heads, kv heads and hidden units; HS = D/NH
+  std::vector<float> inv_freq_;  // (HS/2) rope_inv_freq of the model's theta and scaling
   RmsNorm ln_1_, ln_2_;
   Linear c_attn_, c_proj_, c_fc_, c_down_;
   KeptGrads kept_;  // dy of c_down, c_fc, c_proj, c_attn

@@ -32,14 +32,14 @@ packages=(
 test_packages=(python3-torch chromium nodejs slurm-wlm munge iproute2 nftables)
 if [ "$mode" = test ]; then packages+=("${test_packages[@]}"); fi
 
+sudo=""
+if [ "$(id -u)" != 0 ]; then sudo=sudo; fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if ((${#missing[@]})); then
   echo "== installing ${#missing[@]} Debian packages: ${missing[*]}"
-  sudo=""
-  if [ "$(id -u)" != 0 ]; then sudo=sudo; fi
   export DEBIAN_FRONTEND=noninteractive
   $sudo apt-get update -qq
   $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
@@ -55,6 +55,15 @@ sed -n '/troupe .* configuration/,/sanitizers/p' "$root/build-configure.log" | s
 cmake --build "$root/build" -j "$jobs"
 
 if [ "$mode" = test ]; then
+  # The tokenizer reference tests' npm packages (tests/tokenizer/package.json): the Hugging Face
+  # tokenizers library's Node binding and released models' tokenizer.json files. Debian's nodejs
+  # ships without npm; NodeSource's includes it.
+  if ! command -v npm >/dev/null; then
+    echo "== installing npm"
+    $sudo apt-get install -y -qq --no-install-recommends npm || echo "npm could not be installed: the tokenizer reference tests will be skipped"
+  fi
+  echo "== npm packages of the tokenizer tests (tests/tokenizer/node_modules)"
+  bash "$root/tests/tokenizer/install.sh" || echo "(the tokenizer reference tests will report SKIPPED)"
   echo "== running the test suite"
   (cd "$root/build" && ctest --output-on-failure -j "$jobs" --timeout 600)
   # The fuzz tests (spec parser, control-plane handlers, API) also run under AddressSanitizer and UBSan.

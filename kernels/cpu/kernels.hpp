@@ -117,10 +117,11 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
                       const float* rstd, int N, int C);
 // Rotary position embeddings, in place, on heads [0, n_heads) at the start of each of the
 // B*T rows of x (row stride ld floats, head h at h*HS): in the head of position t, channel
-// pair (i, i + HS/2) turns by t * theta^(-2i/HS) (Hugging Face's rotate_half layout).
-void rope_forward(float* x, int B, int T, int n_heads, int HS, int ld, double theta);
+// pair (i, i + HS/2) turns by t * inv_freq[i] (Hugging Face's rotate_half layout). inv_freq
+// (HS/2, host memory) is model::rope_inv_freq's table: theta^(-2i/HS), maybe llama3-scaled.
+void rope_forward(float* x, int B, int T, int n_heads, int HS, int ld, const float* inv_freq);
 // The transpose (inverse rotation), in place: dL/d(rotated) -> dL/d(input).
-void rope_backward(float* dx, int B, int T, int n_heads, int HS, int ld, double theta);
+void rope_backward(float* dx, int B, int T, int n_heads, int HS, int ld, const float* inv_freq);
 // SwiGLU: out(N,F) = silu(gate) * up over gu(N,2F), each row gate(F) | up(F).
 void swiglu_forward(float* out, const float* gu, int N, int F);
 // dgu(N,2F) = dL/dgu (overwritten).

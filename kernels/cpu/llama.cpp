@@ -58,27 +58,26 @@ TROUPE_VEC_CLONES void softmax_row_grad(float* __restrict__ dl, const float* __r
   for (int v = 0; v < V; ++v) dl[v] = detail::exp_approx(l[v] - lse) * dloss;
 }
 
-// The rotation of position t, channel pair i: cos and sin of t * theta^(-2i/HS), the
-// angle formed in f32 as Hugging Face's LlamaRotaryEmbedding forms it.
-void rope_table(std::vector<float>& cs, int T, int HS, double theta) {
+// The rotation of position t, channel pair i: cos and sin of t * inv_freq[i], the angle
+// formed in f32 as Hugging Face's LlamaRotaryEmbedding forms it.
+void rope_table(std::vector<float>& cs, int T, int HS, const float* inv_freq) {
   const int half = HS / 2;
   cs.resize(size_t(T) * half * 2);
   for (int i = 0; i < half; ++i) {
-    const float inv_freq = float(1.0 / std::pow(theta, double(2 * i) / double(HS)));
     for (int t = 0; t < T; ++t) {
-      const float angle = float(t) * inv_freq;
+      const float angle = float(t) * inv_freq[i];
       cs[(size_t(t) * half + i) * 2] = float(std::cos(double(angle)));
       cs[(size_t(t) * half + i) * 2 + 1] = float(std::sin(double(angle)));
     }
   }
 }
 
-void rope_apply(float* x, int B, int T, int n_heads, int HS, int ld, double theta, float sign) {
+void rope_apply(float* x, int B, int T, int n_heads, int HS, int ld, const float* inv_freq, float sign) {
   TROUPE_CHECK(B > 0 && T > 0 && n_heads > 0 && HS > 0 && HS % 2 == 0 && ld >= n_heads * HS, "rope: B=", B,
                " T=", T, " heads=", n_heads, " HS=", HS, " ld=", ld);
-  TROUPE_CHECK(x != nullptr, "null tensor");
+  TROUPE_CHECK(x != nullptr && inv_freq != nullptr, "null tensor");
   thread_local std::vector<float> cs;
-  rope_table(cs, T, HS, theta);
+  rope_table(cs, T, HS, inv_freq);
   const int half = HS / 2;
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t) {
@@ -119,12 +118,12 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
                      rstd[n], C);
 }
 
-void rope_forward(float* x, int B, int T, int n_heads, int HS, int ld, double theta) {
-  rope_apply(x, B, T, n_heads, HS, ld, theta, 1.0f);
+void rope_forward(float* x, int B, int T, int n_heads, int HS, int ld, const float* inv_freq) {
+  rope_apply(x, B, T, n_heads, HS, ld, inv_freq, 1.0f);
 }
 
-void rope_backward(float* dx, int B, int T, int n_heads, int HS, int ld, double theta) {
-  rope_apply(dx, B, T, n_heads, HS, ld, theta, -1.0f);
+void rope_backward(float* dx, int B, int T, int n_heads, int HS, int ld, const float* inv_freq) {
+  rope_apply(dx, B, T, n_heads, HS, ld, inv_freq, -1.0f);
 }
 
 void swiglu_forward(float* out, const float* gu, int N, int F) {

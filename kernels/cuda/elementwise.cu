@@ -105,9 +105,16 @@ __global__ void k_swiglu_backward(float* dgu, const float* dout, const float* gu
   }
 }
 
+// The inverse frequencies by value (a kernel argument, no device copy): head sizes up to 2 x
+// kMaxRopePairs.
+constexpr int kMaxRopePairs = 512;
+struct RopeFreqs {
+  float inv[kMaxRopePairs];
+};
+
 // One thread per (row, head, channel pair); the angle formed in f32 as kernels/cpu/llama.cpp
 // forms it, its cosine and sine taken in double and rounded once.
-__global__ void k_rope(float* x, int B, int T, int n_heads, int HS, int ld, double theta, float sign) {
+__global__ void k_rope(float* x, int B, int T, int n_heads, int HS, int ld, RopeFreqs freqs, float sign) {
   const int half = HS / 2;
   TROUPE_GRID_STRIDE(j, size_t(B) * T * n_heads * half) {
     const int i = int(j % half);
@@ -115,8 +122,7 @@ __global__ void k_rope(float* x, int B, int T, int n_heads, int HS, int ld, doub
     const int h = int(rest % n_heads);
     const size_t row = rest / n_heads;  // b * T + t
     const int t = int(row % T);
-    const float inv_freq = float(1.0 / pow(theta, double(2 * i) / double(HS)));
-    const float angle = float(t) * inv_freq;
+    const float angle = float(t) * freqs.inv[i];
     const float c = float(cos(double(angle))), s = sign * float(sin(double(angle)));
     float* p = x + row * ld + size_t(h) * HS;
     const float a = p[i], e = p[i + half];
@@ -232,22 +238,25 @@ void swiglu_backward(float* dgu, const float* dout, const float* gu, int N, int 
 }
 
 namespace {
-void rope_apply(float* x, int B, int T, int n_heads, int HS, int ld, double theta, float sign) {
+void rope_apply(float* x, int B, int T, int n_heads, int HS, int ld, const float* inv_freq, float sign) {
   TROUPE_CHECK(B > 0 && T > 0 && n_heads > 0 && HS > 0 && HS % 2 == 0 && ld >= n_heads * HS, "rope: B=", B,
                " T=", T, " heads=", n_heads, " HS=", HS, " ld=", ld);
-  TROUPE_CHECK(x != nullptr, "null tensor");
+  TROUPE_CHECK(x != nullptr && inv_freq != nullptr, "null tensor");
+  TROUPE_CHECK(HS / 2 <= kMaxRopePairs, "rope on cuda: head size ", HS, " is above ", 2 * kMaxRopePairs);
+  RopeFreqs freqs{};
+  for (int i = 0; i < HS / 2; ++i) freqs.inv[i] = inv_freq[i];
   k_rope<<<grid_for(size_t(B) * T * n_heads * (HS / 2)), kThreads, 0, stream()>>>(x, B, T, n_heads, HS, ld,
-                                                                                  theta, sign);
+                                                                                  freqs, sign);
   TROUPE_CUDA_LAUNCHED();
 }
 }  // namespace
 
-void rope_forward(float* x, int B, int T, int n_heads, int HS, int ld, double theta) {
-  rope_apply(x, B, T, n_heads, HS, ld, theta, 1.0f);
+void rope_forward(float* x, int B, int T, int n_heads, int HS, int ld, const float* inv_freq) {
+  rope_apply(x, B, T, n_heads, HS, ld, inv_freq, 1.0f);
 }
 
-void rope_backward(float* dx, int B, int T, int n_heads, int HS, int ld, double theta) {
-  rope_apply(dx, B, T, n_heads, HS, ld, theta, -1.0f);
+void rope_backward(float* dx, int B, int T, int n_heads, int HS, int ld, const float* inv_freq) {
+  rope_apply(dx, B, T, n_heads, HS, ld, inv_freq, -1.0f);
 }
 
 void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,

@@ -3,12 +3,18 @@
 // t). The model is built and loaded as `troupe sample` does (cli/cmd_sample.cpp): the spec in the
 // manifest, one Stage of every block, the f32 masters read whole. hf_reference.py compares them
 // with a plain-torch forward of the Hugging Face export.
+//
+// dump_logits --hf HF_DIR SPEC OUT TOKEN...: the same for the model of SPEC read from a Hugging
+// Face directory as model.init_from reads it (checkpoint/hf.hpp init_source): troupe's import.
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
+#include <optional>
 #include <vector>
 
 #include "checkpoint/checkpoint.hpp"
+#include "checkpoint/hf.hpp"
 #include "core/spec.hpp"
 #include "model/from_spec.hpp"
 #include "model/stage.hpp"
@@ -16,20 +22,35 @@
 using namespace troupe;
 
 int main(int argc, char** argv) {
-  if (argc < 4) {
-    std::fprintf(stderr, "usage: dump_logits CKPT OUT TOKEN...\n");
+  const bool hf = argc > 1 && std::strcmp(argv[1], "--hf") == 0;
+  if (argc < (hf ? 6 : 4)) {
+    std::fprintf(stderr,
+                 "usage: dump_logits CKPT OUT TOKEN... | dump_logits --hf HF_DIR SPEC OUT TOKEN...\n");
     return 2;
   }
   try {
-    const std::string dir = checkpoint::resolve(argv[1]);
-    const checkpoint::TensorSource src(dir);
-    const JobSpec spec = parse_spec(src.manifest()->spec_yaml, dir + "/manifest.json");
+    JobSpec spec;
+    std::optional<checkpoint::TensorSource> src;
+    if (hf) {
+      spec = load_spec(argv[3]);
+    } else {
+      const std::string dir = checkpoint::resolve(argv[1]);
+      src.emplace(dir);
+      spec = parse_spec(src->manifest()->spec_yaml, dir + "/manifest.json");
+    }
     const model::ModelConfig cfg = model::model_config(spec);
     model::DeviceContext dc = model::DeviceContext::cpu();
     dc.compute_dtype = compute_dtype(spec.train.precision);
     model::Stage stage(cfg, model::StageRange::full(cfg), 1, 1, dc);
-    for (auto& p : stage.params()) src.read(p.name, p.data.shape(), p.data.f32());
+    if (hf) {
+      const checkpoint::hf::SliceReader read = checkpoint::hf::init_source(argv[2], spec);
+      for (auto& p : stage.params()) read(p.name, checkpoint::whole(p.data.shape()), p.data.f32());
+    } else {
+      for (auto& p : stage.params()) src->read(p.name, p.data.shape(), p.data.f32());
+    }
     stage.store().refresh_compute();
+    argv += hf ? 2 : 0;
+    argc -= hf ? 2 : 0;
 
     std::vector<int32_t> tokens;
     for (int i = 3; i < argc; ++i) tokens.push_back(int32_t(std::strtol(argv[i], nullptr, 10)));

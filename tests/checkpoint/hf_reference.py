@@ -6,6 +6,14 @@ directory, to check troupe's export and forward against.
       trains SPEC for its steps (`troupe run`), exports the checkpoint with
       `troupe ckpt export --format hf`, runs dump_logits on a token sequence of seq_len
       tokens and compares troupe's logits with the forward below (max abs within --tol).
+      With --reimport, troupe also reads the export back (dump_logits --hf, as model.init_from
+      reads a Hugging Face directory) and those logits are compared too.
+  hf_reference.py finetune --troupe BIN --dump-logits BIN --tokenizer-dir DIR --corpus PATH --work DIR
+      the fine-tuning path of docs/training.md: a random Llama 3.2-shaped model written in
+      Hugging Face's format with the vocabulary of the tokenizer in DIR (llama3 rope scaling, tied
+      embeddings); troupe reads it (its logits against this forward); `troupe data tokenize` of
+      the corpus with that tokenizer; `troupe run` with model.init_from the directory;
+      `troupe sample` decoding with the tokenizer; the export compared with this forward.
   hf_reference.py compare HF_DIR LOGITS TOKEN...
       the comparison alone: LOGITS is a (T, V) little-endian f32 file.
   hf_reference.py self-test
@@ -66,6 +74,24 @@ def read_safetensors(path):
     return out
 
 
+def write_safetensors(path, tensors):
+    """name -> tensor, written as F32 (the format read_safetensors reads)."""
+    header, blobs, offset = {}, [], 0
+    for name in sorted(tensors):
+        data = tensors[name].to(torch.float32).contiguous().numpy().tobytes()
+        header[name] = {"dtype": "F32", "shape": list(tensors[name].shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    header["__metadata__"] = {"format": "pt"}
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for b in blobs:
+            f.write(b)
+
+
 def load_hf_dir(d):
     with open(os.path.join(d, "config.json")) as f:
         cfg = json.load(f)
@@ -111,9 +137,34 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def rope_cos_sin(t, hs, theta):
-    """cos, sin (T, HS): position p, pair (i, i + HS/2) turned by p * theta^(-2i/HS)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, hs, 2, dtype=torch.float64) / hs))
+def rope_inv_freq(hs, theta, rope_scaling=None):
+    """(HS/2,) inverse frequencies as Hugging Face's LlamaRotaryEmbedding forms them, in float32:
+    _compute_default_rope_parameters, then for rope_type "llama3" _compute_llama3_parameters
+    (Llama 3.1: low frequencies slowed by `factor`, high ones kept, a blend between)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hs, 2, dtype=torch.int64).to(dtype=torch.float32) / hs))
+    if not rope_scaling:
+        return inv_freq.to(torch.float64)
+    kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
+    assert kind == "llama3", "rope_scaling %r" % rope_scaling
+    factor = rope_scaling["factor"]
+    low_freq_factor = rope_scaling["low_freq_factor"]
+    high_freq_factor = rope_scaling["high_freq_factor"]
+    old_context_len = rope_scaling["original_max_position_embeddings"]
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth_factor = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+    is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    inv_freq_llama = torch.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama)
+    return inv_freq_llama.to(torch.float64)
+
+
+def rope_cos_sin(t, hs, theta, rope_scaling=None):
+    """cos, sin (T, HS): position p, pair (i, i + HS/2) turned by p * inv_freq[i]
+    (theta^(-2i/HS), llama3-scaled when rope_scaling says so)."""
+    inv_freq = rope_inv_freq(hs, theta, rope_scaling)
     angles = torch.outer(torch.arange(t, dtype=torch.float64), inv_freq)
     emb = torch.cat((angles, angles), dim=-1)
     return emb.cos(), emb.sin()
@@ -159,9 +210,9 @@ def llama_forward(cfg, t, tokens):
     nkv = cfg.get("num_key_value_heads") or nh
     hs = cfg.get("head_dim") or d // nh
     eps = cfg.get("rms_norm_eps", 1e-6)
-    assert cfg.get("hidden_act", "silu") == "silu" and not cfg.get("rope_scaling")
+    assert cfg.get("hidden_act", "silu") == "silu"
     ids = torch.tensor(tokens, dtype=torch.long)
-    cos, sin = rope_cos_sin(len(tokens), hs, cfg.get("rope_theta", 10000.0))
+    cos, sin = rope_cos_sin(len(tokens), hs, cfg.get("rope_theta", 10000.0), cfg.get("rope_scaling"))
 
     def linear(x, name):
         return x @ t[name + ".weight"].T
@@ -205,7 +256,8 @@ def compare(hf_dir, logits_path, tokens, tol):
 
 def run(cmd):
     print("$ " + " ".join(cmd))
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
+    # Text, with U+FFFD for bytes that are not UTF-8 (a sampled token may end inside a character).
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, encoding="utf-8", errors="replace")
     print(p.stdout, end="")
     if p.returncode != 0:
         raise SystemExit("command failed (%d): %s" % (p.returncode, " ".join(cmd)))
@@ -235,7 +287,125 @@ def pipeline(args):
     tokens = [(7 + 37 * i + (i * i) % 11) % vocab for i in range(seq_len)]
     logits = os.path.join(args.work, "logits.f32")
     run([args.dump_logits, ckpt, logits] + [str(x) for x in tokens])
-    return 0 if compare(hf_dir, logits, tokens, args.tol) else 1
+    ok = compare(hf_dir, logits, tokens, args.tol)
+    if args.reimport:
+        back = os.path.join(args.work, "reimported.f32")
+        run([args.dump_logits, "--hf", hf_dir, args.spec, back] + [str(x) for x in tokens])
+        print("troupe reading its export back (model.init_from):")
+        ok = compare(hf_dir, back, tokens, args.tol) and ok
+    return 0 if ok else 1
+
+
+def finetune(args):
+    """docs/training.md "Fine-tune a released model", on a random model of the tokenizer's size."""
+    shutil.rmtree(args.work, ignore_errors=True)
+    os.makedirs(args.work)
+    with open(os.path.join(args.tokenizer_dir, "tokenizer.json")) as f:
+        tok = json.load(f)
+    vocab = 1 + max(max(tok["model"]["vocab"].values()), max(t["id"] for t in tok["added_tokens"]))
+    ids = {t["content"]: t["id"] for t in tok["added_tokens"]}
+    with open(os.path.join(args.tokenizer_dir, "tokenizer_config.json")) as f:
+        tcfg = json.load(f)
+    bos, eos = ids[tcfg["bos_token"]], ids[tcfg["eos_token"]]
+    d, layers, nh, nkv, ffn, seq = 32, 2, 4, 2, 64, 32
+    rs = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 64}
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab, "hidden_size": d,
+           "intermediate_size": ffn, "num_hidden_layers": layers, "num_attention_heads": nh,
+           "num_key_value_heads": nkv, "head_dim": d // nh, "hidden_act": "silu", "max_position_embeddings": 131072,
+           "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "rope_scaling": rs, "tie_word_embeddings": True,
+           "attention_bias": False, "mlp_bias": False, "bos_token_id": bos, "eos_token_id": eos,
+           "torch_dtype": "float32"}
+    g = torch.Generator().manual_seed(1234)
+    hs = d // nh
+
+    def rand(*shape, std=0.02):
+        return (torch.randn(*shape, generator=g) * std).to(torch.float32)
+
+    t = {"model.embed_tokens.weight": rand(vocab, d, std=0.1), "model.norm.weight": 1 + rand(d, std=0.1)}
+    for i in range(layers):
+        h = "model.layers.%d." % i
+        t.update({h + "input_layernorm.weight": 1 + rand(d, std=0.1),
+                  h + "post_attention_layernorm.weight": 1 + rand(d, std=0.1),
+                  h + "self_attn.q_proj.weight": rand(nh * hs, d, std=0.3),
+                  h + "self_attn.k_proj.weight": rand(nkv * hs, d, std=0.3),
+                  h + "self_attn.v_proj.weight": rand(nkv * hs, d, std=0.3),
+                  h + "self_attn.o_proj.weight": rand(d, nh * hs, std=0.3),
+                  h + "mlp.gate_proj.weight": rand(ffn, d, std=0.3), h + "mlp.up_proj.weight": rand(ffn, d, std=0.3),
+                  h + "mlp.down_proj.weight": rand(d, ffn, std=0.3)})
+    src = os.path.join(args.work, "released")
+    os.makedirs(src)
+    with open(os.path.join(src, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    write_safetensors(os.path.join(src, "model.safetensors"), t)
+
+    data = os.path.join(args.work, "data")
+    run([args.troupe, "data", "tokenize", args.corpus, "--tokenizer", os.path.join(args.tokenizer_dir, "tokenizer.json"),
+         "--out", data, "--val-fraction", "0.1"])
+    spec = os.path.join(args.work, "finetune.yaml")
+    with open(spec, "w") as f:
+        f.write("""name: finetune
+model:
+  type: llama
+  vocab_size: %d
+  seq_len: %d
+  d_model: %d
+  n_layers: %d
+  n_heads: %d
+  n_kv_heads: %d
+  ffn_hidden: %d
+  rope_theta: 500000.0
+  rope_scaling: {type: llama3, factor: 32.0, low_freq_factor: 1.0, high_freq_factor: 4.0,
+                 original_max_position_embeddings: 64}
+  tie_embeddings: true
+  norm_eps: 1.0e-5
+  init_from: %s
+data:
+  source: tokens
+  path: %s/train.bin
+  val_path: %s/val.bin
+  tokenizer: %s/tokenizer.json
+  eot: %d
+train: {steps: 4, global_batch: 2, seed: 3, warmup_steps: 2, lr_schedule: constant, optimizer: {lr: 0.001},
+        eval_every: 4, eval_batches: 1}
+""" % (vocab, seq, d, layers, nh, nkv, ffn, src, data, data, data, eos))
+    # troupe's import: its logits from the released directory against this forward.
+    tokens = [bos] + [(7919 * i + 13) % vocab for i in range(1, seq)]
+    imported = os.path.join(args.work, "imported.f32")
+    run([args.dump_logits, "--hf", src, spec, imported] + [str(x) for x in tokens])
+    print("troupe reading the released model (model.init_from):")
+    ok = compare(src, imported, tokens, args.tol)
+
+    runs = os.path.join(args.work, "runs")
+    run([args.troupe, "run", spec, "-q", "--runs-dir", runs])
+    found = glob.glob(os.path.join(runs, "*", "ckpt"))
+    if len(found) != 1:
+        raise SystemExit("expected one run with a checkpoint under %s, found %s" % (runs, found))
+    ckpt = found[0]
+    with open(os.path.join(os.path.dirname(ckpt), "metrics.jsonl")) as f:
+        losses = [json.loads(line)["loss"] for line in f if line.strip()]
+    print("losses %s (a uniform guess over %d ids: %.2f)" % (losses, vocab, math.log(vocab)))
+    ok = len(losses) == 4 and all(math.isfinite(x) for x in losses) and ok
+
+    prompt = "The computer"
+    out = run([args.troupe, "sample", "--ckpt", ckpt, "--prompt", prompt, "--tokens", "12", "--seed", "1"])
+    if not out.startswith(prompt) or len(out) <= len(prompt) + 1:
+        print("FAIL: troupe sample did not continue the prompt: %r" % out)
+        ok = False
+
+    hf_dir = os.path.join(args.work, "export")
+    run([args.troupe, "ckpt", "export", ckpt, "--format", "hf", "--out", hf_dir])
+    with open(os.path.join(hf_dir, "config.json")) as f:
+        exported = json.load(f)
+    for key in ("rope_scaling", "tie_word_embeddings", "rope_theta", "vocab_size"):
+        if exported.get(key) != cfg[key]:
+            print("FAIL: the export's config.json has %s %r, the released model's %r" % (key, exported.get(key), cfg[key]))
+            ok = False
+    logits = os.path.join(args.work, "finetuned.f32")
+    run([args.dump_logits, ckpt, logits] + [str(x) for x in tokens])
+    print("the fine-tuned checkpoint against the forward of its export:")
+    ok = compare(hf_dir, logits, tokens, args.tol) and ok
+    return 0 if ok else 1
 
 
 def self_test():
@@ -296,6 +466,29 @@ def self_test():
             z[:, p, i] = x[:, p, i] * math.cos(a) - x[:, p, i + 4] * math.sin(a)
             z[:, p, i + 4] = x[:, p, i + 4] * math.cos(a) + x[:, p, i] * math.sin(a)
     check(torch.allclose(y, z), "llama: rotary pairs (i, i + HS/2) turned by p * theta^(-2i/HS)")
+    # llama3 scaling against its definition per channel, in double: wavelength 2 pi / f above
+    # old / low: f / factor; below old / high: f; between: (1 - s) f / factor + s f with
+    # s = (old / wavelength - low) / (high - low). HS 16, theta 500, old 32: every regime.
+    rs = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 32}
+    got = rope_inv_freq(16, 500.0, rs)
+    regimes = set()
+    for i in range(8):
+        f = 500.0 ** (-2.0 * i / 16)
+        w = 2 * math.pi / f
+        if w > 32 / 1.0:
+            want, regime = f / 8.0, "low"
+        elif w < 32 / 4.0:
+            want, regime = f, "high"
+        else:
+            s = (32 / w - 1.0) / 3.0
+            want, regime = (1 - s) * f / 8.0 + s * f, "medium"
+        regimes.add(regime)
+        check(abs(got[i].item() - want) <= 1e-6 * want, "llama3 rope scaling: channel %d (%s frequency)" % (i, regime))
+    check(regimes == {"low", "medium", "high"}, "llama3 rope scaling: the test covers all three regimes")
+    cfg_s, t_s = llama()
+    cfg_s = dict(cfg_s, rope_scaling=rs)
+    check(not torch.allclose(llama_forward(cfg_s, t_s, tokens), out), "llama: rope_scaling changes the logits")
     cfg_t, t_t = llama(tie=True)
     out_t = llama_forward(cfg_t, t_t, tokens)
     t_t["lm_head.weight"] = rand(40, 16)  # ignored when tied
@@ -331,6 +524,14 @@ def main():
     p.add_argument("--spec", required=True)
     p.add_argument("--work", required=True)
     p.add_argument("--tol", type=float, default=1e-4)
+    p.add_argument("--reimport", action="store_true")
+    ft = sub.add_parser("finetune")
+    ft.add_argument("--troupe", required=True)
+    ft.add_argument("--dump-logits", required=True)
+    ft.add_argument("--tokenizer-dir", required=True)
+    ft.add_argument("--corpus", required=True)
+    ft.add_argument("--work", required=True)
+    ft.add_argument("--tol", type=float, default=1e-5)
     c = sub.add_parser("compare")
     c.add_argument("hf_dir")
     c.add_argument("logits")
@@ -340,6 +541,11 @@ def main():
     args = ap.parse_args()
     if args.mode == "pipeline":
         return pipeline(args)
+    if args.mode == "finetune":
+        if not os.path.exists(os.path.join(args.tokenizer_dir, "tokenizer.json")):
+            print("SKIPPED: %s/tokenizer.json is missing (bash tests/tokenizer/install.sh installs it)" % args.tokenizer_dir)
+            return 77
+        return finetune(args)
     if args.mode == "compare":
         return 0 if compare(args.hf_dir, args.logits, args.tokens, args.tol) else 1
     return self_test()

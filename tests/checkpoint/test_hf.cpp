@@ -318,6 +318,18 @@ TEST_CASE("hf: every disagreement of config.json with the job's model is refused
     const char* says;
   };
   const hf::ModelDims g = gpt_dims(), l = llama_dims();
+  hf::ModelDims ls = llama_dims();  // Llama 3.2's rope scaling
+  ls.rope_scaling = {"llama3", 32.0, 1.0, 4.0, 8192};
+  const nlohmann::json llama3 = {{"rope_type", "llama3"},
+                                 {"factor", 32.0},
+                                 {"low_freq_factor", 1.0},
+                                 {"high_freq_factor", 4.0},
+                                 {"original_max_position_embeddings", 8192}};
+  nlohmann::json factor8 = llama3, old_key = llama3, extra = llama3;
+  factor8["factor"] = 8.0;
+  old_key.erase("rope_type");
+  old_key["type"] = "dynamic";
+  extra["attention_factor"] = 1.5;
   const std::vector<Case> cases = {
       {g, "model_type", "llama", "model_type is \"llama\", the job's model.type gpt is \"gpt2\""},
       {g, "vocab_size", 41, "vocab_size is 41, the job's model.vocab_size is 40"},
@@ -348,7 +360,15 @@ TEST_CASE("hf: every disagreement of config.json with the job's model is refused
       {l, "hidden_act", "gelu", "hidden_act is \"gelu\""},
       {l, "attention_bias", true, "attention_bias is true"},
       {l, "mlp_bias", true, "mlp_bias is true"},
-      {l, "rope_scaling", {{"type", "linear"}, {"factor", 2.0}}, "rope_scaling is {"},
+      {l,
+       "rope_scaling",
+       {{"type", "linear"}, {"factor", 2.0}},
+       "rope_scaling has rope_type \"linear\": troupe's llama supports \"llama3\" scaling (or none)"},
+      {l, "rope_scaling", llama3, "rope_scaling is llama3, the job's model has no rope_scaling: add"},
+      {ls, "rope_scaling", nullptr, "rope_scaling is null, the job's model.rope_scaling is llama3"},
+      {ls, "rope_scaling", factor8, "rope_scaling factor is 8, the job's model.rope_scaling.factor is 32"},
+      {ls, "rope_scaling", old_key, "rope_scaling has rope_type \"dynamic\""},
+      {ls, "rope_scaling", extra, "rope_scaling has the key \"attention_factor\""},
       {l, "rms_norm_eps", nlohmann::json::array(), "rms_norm_eps is [], not a number"},
   };
   for (const Case& c : cases) {

@@ -243,5 +243,9 @@ TEST_CASE("cli: sample --tokenizer encodes the prompt and decodes what the model
   Result big = cli("sample --ckpt " + run + "/ckpt --tokenizer " + dir + "/big.json --tokens 3");
   CHECK(big.code == 2);
   CHECK(big.out.find("has 310 tokens, more than the model's vocab_size of 300") != std::string::npos);
+  // --special reads special tokens in the prompt: troupe's BPE has none to read.
+  Result special = cli(args + " --special");
+  CHECK(special.code == 2);
+  CHECK(special.out.find("--special needs a Hugging Face tokenizer") != std::string::npos);
   fs::remove_all(dir);
 }

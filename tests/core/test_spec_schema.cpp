@@ -70,7 +70,11 @@ TEST_CASE("schema: the tables declare every section of the spec, with its keys i
         std::vector<std::string>{"source", "path", "val_fraction", "dtype", "val_path", "eot", "tokenizer"});
   CHECK(s.at("model") == std::vector<std::string>{"type", "vocab_size", "seq_len", "d_model", "n_layers",
                                                   "n_heads", "n_kv_heads", "ffn_hidden", "norm_eps",
-                                                  "rope_theta", "tie_embeddings", "init_from"});
+                                                  "rope_theta", "rope_scaling", "tie_embeddings",
+                                                  "init_from"});
+  CHECK(s.at("model.rope_scaling") == std::vector<std::string>{"type", "factor", "low_freq_factor",
+                                                               "high_freq_factor",
+                                                               "original_max_position_embeddings"});
   for (const auto& [path, keys] : s) {
     INFO("section '" << path << "'");
     CHECK_FALSE(keys.empty());

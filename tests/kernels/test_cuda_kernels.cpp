@@ -139,11 +139,18 @@ TEST_CASE("cuda kernels: element-wise, GELU, SwiGLU and rotary embeddings", "[ke
     const int B = 2, T = 9, H = 3, HS = 10, ld = 4 * HS + 6;  // heads at the start of wider rows
     auto x = random_vec(size_t(B) * T * ld, 6);
     Dev<float> dx(x);
-    cpu::rope_forward(x.data(), B, T, H, HS, ld, 10000.0);
-    gpu().rope_forward(dx.get(), B, T, H, HS, ld, 10000.0);
+    // Any table of inverse frequencies (model::rope_inv_freq makes the real ones): theta 10000's,
+    // and one scaled unevenly per pair as llama3 scaling does.
+    std::vector<float> plain(HS / 2), scaled(HS / 2);
+    for (int i = 0; i < HS / 2; ++i) {
+      plain[size_t(i)] = float(std::pow(10000.0, -2.0 * i / HS));
+      scaled[size_t(i)] = float(std::pow(500000.0, -2.0 * i / HS) / (1.0 + 7.0 * i / HS));
+    }
+    cpu::rope_forward(x.data(), B, T, H, HS, ld, plain.data());
+    gpu().rope_forward(dx.get(), B, T, H, HS, ld, plain.data());
     require_f32(dx.host(), x, "rope_forward");
-    cpu::rope_backward(x.data(), B, T, H, HS, ld, 500000.0);
-    gpu().rope_backward(dx.get(), B, T, H, HS, ld, 500000.0);
+    cpu::rope_backward(x.data(), B, T, H, HS, ld, scaled.data());
+    gpu().rope_backward(dx.get(), B, T, H, HS, ld, scaled.data());
     require_f32(dx.host(), x, "rope_backward");
   }
 }
