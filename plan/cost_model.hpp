@@ -2,7 +2,8 @@
 // a layout, from the model's shape and a hardware profile (plan/hardware.hpp).
 //
 // Time. Every layer is a list of kernels: GEMMs (their FLOPs at the rate the profile
-// gives for that shape and dtype), the attention core (at attention_efficiency of peak),
+// gives for that shape and dtype), the fused causal attention (attention_flops, at
+// attention_efficiency of peak),
 // and memory-bound kernels (their bytes at elementwise_efficiency of the memory
 // bandwidth), each plus a launch overhead; tensor-parallel collectives sit inside the
 // layers, on the critical path. The pipeline is simulated from the real schedule table
@@ -20,13 +21,18 @@
 // from the simulation) by recompute mode and sequence parallelism; the embedding and the
 // logits; scratch; the process's own memory and the allocator's slack. Two accountings:
 //   troupe    exactly what troupe's engine allocates (model/layers.hpp, model/stage.cpp):
-//             f32 residual stream and scores, the compute dtype for the Linear inputs;
+//             f32 residual stream, the compute dtype for the Linear inputs and q|k|v;
 //             master weights f32 (4 B/param, + 2 B 16-bit copy), f32 gradients, AdamW
 //             m and v (8 B/param);
-//   megatron  Megatron-LM's (Korthikanti et al. 2022, table 2: 34 sbh + 5 a s^2 b bytes
-//             per layer in 16 bits with dropout, divided as tensor and sequence
-//             parallelism divide them; 18 B/param, 6 + 12/dp with the distributed
-//             optimizer) — for comparing with published runs.
+//   megatron  Megatron-LM's (Korthikanti et al. 2022, table 2: 34 sbh bytes per layer in
+//             16 bits with dropout, divided as tensor and sequence parallelism divide
+//             them; 18 B/param, 6 + 12/dp with the distributed optimizer) — for GPU jobs
+//             and for comparing with published runs.
+// Both price attention as a fused, flash-style causal kernel (what troupe's CPU kernel and
+// its CUDA twin run): tiles of 64 query rows against the keys up to each tile's last row,
+// an online softmax, per layer only q|k|v, the output and one f32 log-sum-exp per query row
+// and head kept, the backward recomputing the probabilities tile by tile. No s x s term in
+// memory; selective recomputation (the probabilities) is priced as none.
 //
 // What troupe runs today is narrower than what the model prices (selective recompute,
 // sequence parallelism, ZeRO 3, GPUs): Estimate::runnable says why a candidate is not.
@@ -47,6 +53,10 @@
 namespace troupe::plan {
 
 enum class EngineKind : uint8_t { troupe, megatron };
+// How attention is priced: the fused causal kernel troupe runs (the default), or a kernel that
+// materialises the s x s scores — to price published runs that used one (Megatron-LM 2021-22).
+enum class AttentionKind : uint8_t { fused, materialized };
+const char* to_string(AttentionKind k);  // "fused", "materialized"
 
 // What the cost of a job depends on besides its layout.
 struct Workload {
@@ -57,6 +67,7 @@ struct Workload {
   ScheduleKind schedule = ScheduleKind::one_f_one_b;
   bool sequence_parallel = false;
   EngineKind engine = EngineKind::troupe;
+  AttentionKind attention = AttentionKind::fused;
   DeviceKind device = DeviceKind::cpu;  // what the job asks for (troupe trains on cpu today)
 };
 Workload workload(const JobSpec& spec);
@@ -151,10 +162,22 @@ double model_params(const ModelShape& m);
 // Model FLOPs of one optimizer step: 3 x the forward's, attention at full s x s.
 double model_flops_per_step(const Workload& w);
 
-// The share of the full s x s attention square the engine computes: troupe's CPU kernel takes
-// queries in blocks of 64 against the keys up to each block's last row (about half, plus the
-// diagonal blocks); Megatron-LM's (2021-22) computes the whole square and masks it (1).
-double causal_fraction(EngineKind e, int s);
+// The share of the full s x s attention square the fused causal kernel computes: queries in
+// blocks of 64 rows against the keys up to each block's last row (about half, plus the
+// diagonal blocks).
+double causal_fraction(int s);
+// FLOPs of the fused causal attention of one micro-batch of `b` rows on one tensor shard, for
+// every query head of the shard: forward two products (S = q k^T, O = P v), backward five (S
+// recomputed, dV, dP, dQ, dK), each 2 b heads head_dim s^2 causal_fraction(s).
+struct AttentionFlops {
+  double forward = 0, backward = 0;
+};
+AttentionFlops attention_flops(const ModelShape& m, int b, int tp);
+// The one tensor the fused attention keeps besides q|k|v and its output: the f32
+// log-sum-exp of every query row, (b, heads / tp, s).
+double attention_lse_bytes(const ModelShape& m, int b, int tp);
+// What the cost model assumes of attention, for `troupe plan` to say.
+const char* attention_assumed(const Workload& w);
 
 // Activation bytes one in-flight micro-batch of `b` rows keeps per block, on one shard.
 double block_activation_bytes(const Workload& w, int b, int tp, Recompute r);

@@ -60,6 +60,10 @@ int planned_devices(const JobSpec& spec, int available) {
   return n;
 }
 
+size_t PlanResult::ranked() const {
+  return size_t(std::count_if(plans.begin(), plans.end(), [](const Estimate& e) { return e.fits; }));
+}
+
 const Estimate* PlanResult::best() const {
   for (const Estimate& e : plans)
     if (e.fits && e.runnable.empty()) return &e;
@@ -119,7 +123,10 @@ PlanResult search(const PlanRequest& req, const HardwareProfile& hw) {
     modes = {*req.recompute};
   } else {
     modes = {Recompute::none, Recompute::full};
-    if (w.model.type != ModelType::mlp) modes.insert(modes.begin() + 1, Recompute::selective);
+    // Selective recomputation drops the attention probabilities, which the fused attention never
+    // keeps: it would be none again. Only a materialised attention makes it a choice of its own.
+    if (w.model.type != ModelType::mlp && w.attention == AttentionKind::materialized)
+      modes.insert(modes.begin() + 1, Recompute::selective);
   }
   const bool interleaved = w.schedule == ScheduleKind::interleaved;
   ScheduleCache cache;
@@ -147,32 +154,25 @@ PlanResult search(const PlanRequest& req, const HardwareProfile& hw) {
         mbs = divisors(w.global_batch / L.dp);
       else
         mbs.assign(1, 1);
-      bool any = false;
-      std::string why_none;
       for (int v : vs)
         for (int mb : mbs)
           for (Recompute rc : modes) {
             Candidate c{L, v, mb, rc};
             ++res.candidates;
             if (std::string why = refusal(w, c); !why.empty()) {
-              // The same reason for every micro-batch of a layout is said once, for the layout.
-              if (why_none.empty()) why_none = why;
-              if (why.find("micro_batch") != std::string::npos ||
-                  why.find("micro-batches") != std::string::npos)
-                rejected.push_back({c.str(), why});
+              rejected.push_back({c.str(), L, why});
               continue;
             }
-            any = true;
             Estimate e = estimate(w, c, hw, eo);
             if (!e.fits)
-              rejected.push_back(
-                  {c.str(), "needs " + gib(e.memory.total) + " per device (pipeline rank " +
-                                std::to_string(e.memory.pipeline_rank) + "), " +
-                                gib(req.memory_limit > 0 ? req.memory_limit : double(hw.memory)) +
-                                " available"});
+              rejected.push_back({c.str(), L,
+                                  "needs " + gib(e.memory.total) + " per device (pipeline rank " +
+                                      std::to_string(e.memory.pipeline_rank) + "), " +
+                                      gib(req.memory_limit > 0 ? req.memory_limit : double(hw.memory)) +
+                                      " available",
+                                  true});
             res.plans.push_back(std::move(e));
           }
-      if (!any) rejected.push_back({L.str(), why_none});
     }
     res.rejected.insert(res.rejected.end(), rejected.begin(), rejected.end());
     if (res.plans.size() > before || fixed) {
