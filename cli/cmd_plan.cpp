@@ -64,6 +64,7 @@ nlohmann::json plan_json(const plan::Estimate& e) {
             {"bubble", e.time.bubble},
             {"data_comm", e.time.dp_comm},
             {"optimizer", e.time.optimizer},
+            {"streaming", e.time.streaming},
             {"other", e.time.other}}},
           {"memory_bytes",
            {{"params", e.memory.params},
@@ -71,7 +72,9 @@ nlohmann::json plan_json(const plan::Estimate& e) {
             {"optimizer", e.memory.optimizer},
             {"activations", e.memory.activations},
             {"other", e.memory.other},
-            {"total", e.memory.total}}},
+            {"total", e.memory.total},
+            {"streamed", e.memory.streamed},
+            {"on_device", e.memory.on_chip}}},
           {"memory_pipeline_rank", e.memory.pipeline_rank},
           {"boundaries", e.boundaries},
           {"fits", e.fits},
@@ -222,20 +225,27 @@ int run_plan(const PlanArgs& a) {
               a.spec.c_str(), res.devices, res.devices == 1 ? "" : "s", hw.name.c_str(), hw.source.c_str(),
               res.candidates, res.seconds, fit.size());
   std::printf("attention: %s\n", plan::attention_assumed(work));
+  if (hw.streaming_memory > 0)
+    std::printf(
+        "streaming: what overflows %.2f GiB per device streams to %.0f GiB at %.0f GB/s (column stream)\n",
+        gib(double(hw.memory)), gib(double(hw.streaming_memory)), hw.streaming_bandwidth / 1e9);
+  const bool streams = hw.streaming_memory > 0;
   if (!fit.empty()) {
-    std::printf("\n   %-10s %3s %5s %-9s %9s %10s %6s | %7s %7s %7s %7s %7s GiB | %6s %5s  %s\n", "layout",
+    std::printf("\n   %-10s %3s %5s %-9s %9s %10s %6s | %7s %7s %7s %7s %7s%s GiB | %6s %5s  %s\n", "layout",
                 "v", "mb", "recompute", "step s", "tokens/s", "MFU", "params", "grads", "optim", "activ",
-                "total", "bubble", "comm", "runs here");
+                "total", streams ? "  stream" : "", "bubble", "comm", "runs here");
     for (size_t i = 0; i < fit.size() && i < top; ++i) {
       const plan::Estimate& e = *fit[i];
       const plan::Candidate& c = e.candidate;
+      char stream[16] = "";
+      if (streams) std::snprintf(stream, sizeof stream, " %7.2f", gib(e.memory.streamed));
       std::printf(
-          "%s%2zu %-10s %3d %5d %-9s %9.4f %10.0f %5.1f%% | %7.2f %7.2f %7.2f %7.2f %7.2f     | %5.1f%% "
+          "%s%2zu %-10s %3d %5d %-9s %9.4f %10.0f %5.1f%% | %7.2f %7.2f %7.2f %7.2f %7.2f%s     | %5.1f%% "
           "%4.0f%%  %s\n",
           &e == shown ? "*" : " ", i + 1, c.layout.str().c_str(), c.virtual_stages, c.micro_batch,
           to_string(c.recompute), e.time.step, e.tokens_per_s, 100 * e.mfu, gib(e.memory.params),
           gib(e.memory.grads), gib(e.memory.optimizer), gib(e.memory.activations), gib(e.memory.total),
-          100 * e.time.bubble_fraction, 100 * e.time.comm_share,
+          stream, 100 * e.time.bubble_fraction, 100 * e.time.comm_share,
           !e.fits              ? "no: does not fit in a device's memory"
           : e.runnable.empty() ? "yes"
                                : ("no: " + e.runnable).c_str());
@@ -254,7 +264,7 @@ int run_plan(const PlanArgs& a) {
         stderr,
         "troupe plan: warning: %s needs %.2f GiB per device (pipeline rank %d); hardware %s has %.2f GiB "
         "(resources.memory_per_device overrides it)\n",
-        shown->candidate.str().c_str(), gib(shown->memory.total), shown->memory.pipeline_rank,
+        shown->candidate.str().c_str(), gib(shown->memory.on_chip), shown->memory.pipeline_rank,
         hw.name.c_str(),
         gib(spec.resources.memory_per_device > 0 ? double(spec.resources.memory_per_device)
                                                  : double(hw.memory)));

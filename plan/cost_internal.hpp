@@ -184,4 +184,29 @@ class ChunkCoster {
   ChunkTime block_;
 };
 
+// ---------------------------------------------------------------- a streaming tier
+
+// What one pipeline rank holds (MemoryEstimate's parts) and moves per micro-batch.
+struct RankBytes {
+  double params = 0, grads = 0, optimizer = 0, activations = 0, total = 0;
+  double act_one = 0;  // the activations one micro-batch leaves through the rank's chunks
+  // What must stay in the fast memory while a block computes: its weights and gradients and one
+  // micro-batch's activations inside it (the rest of each part may stream).
+  double working_params = 0, working_grads = 0, working_activations = 0;
+  int n_micro = 1;   // micro-batches per step
+  int passes = 2;    // reads of the weights per micro-batch: forward, backward (+ recomputation)
+  double slack = 0;  // the allocator's slack per byte (hardware.hpp), which moves with the byte
+};
+// The rank's bytes placed in the streaming tier when `total` overflows `on_chip`, cheapest
+// traffic per byte first, and the bytes that cross the link. A part's working share never
+// streams: a rank whose working set and process do not fit on chip does not fit.
+struct StreamPlan {
+  double bytes = 0;     // placed in the streaming tier
+  double forward = 0;   // moved per micro-batch during the rank's forwards
+  double backward = 0;  // moved per micro-batch during its backwards
+  double step = 0;      // moved once per step (the update)
+  bool fits = true;     // the rest fits on chip, and the streamed part in `capacity`
+};
+StreamPlan stream_overflow(const RankBytes& r, double on_chip, double capacity);
+
 }  // namespace troupe::plan::detail

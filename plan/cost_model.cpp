@@ -94,7 +94,9 @@ std::string refusal(const Workload& w, const Candidate& c) {
 namespace {
 
 // What troupe's engine cannot run today, "" when it can.
-std::string not_runnable(const Workload& w, const Candidate& c, ScheduleKind kind) {
+std::string not_runnable(const Workload& w, const Candidate& c, ScheduleKind kind,
+                         const HardwareProfile& hw) {
+  if (hw.device == ProfileDevice::ipu) return "troupe has no IPU backend: the plan is priced, not run";
   if (w.device == DeviceKind::cuda && (c.layout.pp > 1 || c.layout.tp > 1))
     return "troupe's engine trains GPUs over data parallelism only: its pipeline and tensor groups on GPUs "
            "are not built yet";
@@ -126,8 +128,17 @@ const std::vector<int>& ScheduleCache::slots(ScheduleKind kind, int pp, int v, i
   return sl;
 }
 
-Estimate estimate(const Workload& w, const Candidate& c, const HardwareProfile& hw,
+Workload priced_workload(const Workload& w, const HardwareProfile& hw) {
+  Workload p = w;
+  // An IPU's frameworks keep 16-bit activations and a flash-style attention, as Megatron-LM does
+  // on GPUs: its accounting, whatever device the spec names.
+  if (hw.device == ProfileDevice::ipu) p.engine = EngineKind::megatron;
+  return p;
+}
+
+Estimate estimate(const Workload& spec_work, const Candidate& c, const HardwareProfile& hw,
                   const EstimateOptions& o) {
+  const Workload w = priced_workload(spec_work, hw);
   if (std::string why = refusal(w, c); !why.empty()) throw Error("candidate " + c.str() + ": " + why);
   ScheduleCache local;
   ScheduleCache& cache = o.cache ? *o.cache : local;
@@ -139,7 +150,7 @@ Estimate estimate(const Workload& w, const Candidate& c, const HardwareProfile& 
   est.n_micro = int(w.global_batch / L.dp / c.micro_batch);
   est.schedule =
       L.pp > 1 ? (c.virtual_stages > 1 ? ScheduleKind::interleaved : w.schedule) : ScheduleKind::one_f_one_b;
-  est.runnable = not_runnable(w, c, est.schedule);
+  est.runnable = not_runnable(w, c, est.schedule, hw);
   const int v = L.pp > 1 ? c.virtual_stages : 1;
   const Placement place{L, std::max(1, hw.devices_per_node)};
   ChunkCoster cost(w, c, hw, place);
@@ -164,6 +175,8 @@ Estimate estimate(const Workload& w, const Candidate& c, const HardwareProfile& 
   // ---- memory, per pipeline rank; the largest
   const double cb = eb.kept;
   const double N = double(c.micro_batch) * m.seq_len, D = m.d_model;
+  std::vector<MemoryEstimate> mems(L.pp);
+  std::vector<RankBytes> held(L.pp);
   for (int p = 0; p < L.pp; ++p) {
     MemoryEstimate mem;
     mem.pipeline_rank = p;
@@ -185,21 +198,24 @@ Estimate estimate(const Workload& w, const Candidate& c, const HardwareProfile& 
       if (w.zero >= 3)  // this rank's part, and two blocks gathered at a time
         mem.params = mem.params / L.dp + 2 * block_params(m, L.tp) * (4 + (w.compute != DType::f32 ? 2 : 0));
     }
-    double act = 0;
+    double act = 0, act_one = 0;  // all in flight; one micro-batch through every chunk
     bool recomputes = false;
     for (int ci = 0; ci < v; ++ci) {
       const LayerRange& r = part.of(p, ci);
       const int n_slots = slots[size_t(p) * v + ci];
       if (w.engine == EngineKind::megatron) {
-        act += n_slots * r.n_blocks() * block_activation_bytes(w, c.micro_batch, L.tp, c.recompute);
+        const double blocks = r.n_blocks() * block_activation_bytes(w, c.micro_batch, L.tp, c.recompute);
         // The embedding's dropout mask (its output is the first block's input, counted there).
-        if (r.has_embedding) act += n_slots * N * D / (est.sequence_parallel ? L.tp : 1);
-        if (r.has_head) act += N * m.vocab_size / L.tp * 4;  // fp32 logits for the loss
+        const double embed = r.has_embedding ? N * D / (est.sequence_parallel ? L.tp : 1) : 0.0;
+        const double logits = r.has_head ? N * m.vocab_size / L.tp * 4 : 0.0;  // fp32, for the loss
+        act += n_slots * (blocks + embed) + logits;
+        act_one += blocks + embed + logits;
         recomputes = recomputes || (c.recompute == Recompute::full && r.n_blocks() > 0);
         continue;
       }
-      act += stage_activation_bytes(w, r, n_slots, c.micro_batch, L.tp, c.recompute,
-                                    est.schedule == ScheduleKind::zb_h1 && L.pp > 1);
+      const bool split = est.schedule == ScheduleKind::zb_h1 && L.pp > 1;
+      act += stage_activation_bytes(w, r, n_slots, c.micro_batch, L.tp, c.recompute, split);
+      act_one += stage_activation_bytes(w, r, 1, c.micro_batch, L.tp, c.recompute, split);
     }
     // Under full recomputation a rank rebuilds one block's activations at a time.
     if (recomputes) act += block_activation_bytes(w, c.micro_batch, L.tp, Recompute::none);
@@ -207,10 +223,42 @@ Estimate estimate(const Workload& w, const Candidate& c, const HardwareProfile& 
     const double model_bytes = mem.params + mem.grads + mem.optimizer + mem.activations;
     mem.other = double(hw.process_memory) + model_bytes * hw.allocator_slack;
     mem.total = model_bytes + mem.other;
-    if (mem.total > est.memory.total) est.memory = mem;
+    RankBytes& h = held[p];
+    h.params = mem.params;
+    h.grads = mem.grads;
+    h.optimizer = mem.optimizer;
+    h.activations = mem.activations;
+    h.total = mem.total;
+    h.act_one = act_one;
+    h.n_micro = est.n_micro;
+    h.passes = c.recompute == Recompute::full ? 3 : 2;
+    h.slack = hw.allocator_slack;
+    const double block = block_params(m, L.tp);
+    h.working_params = P > 0 ? std::min(mem.params, mem.params * block / P) : 0.0;
+    h.working_grads = P > 0 ? std::min(mem.grads, mem.grads * block / P) : 0.0;
+    h.working_activations =
+        std::min(mem.activations, block_activation_bytes(w, c.micro_batch, L.tp, Recompute::none));
+    mem.on_chip = mem.total;
+    mems[p] = mem;
   }
   const double limit = o.memory_limit > 0 ? o.memory_limit : double(hw.memory);
-  est.fits = est.memory.total <= limit;
+  // A streaming tier takes what overflows the fast memory, rank by rank.
+  std::vector<StreamPlan> streamed(L.pp);
+  if (hw.streaming_memory > 0)
+    for (int p = 0; p < L.pp; ++p) {
+      streamed[p] = stream_overflow(held[p], limit, double(hw.streaming_memory));
+      mems[p].streamed = streamed[p].bytes;
+      mems[p].on_chip = mems[p].total - streamed[p].bytes;
+    }
+  // The rank that needs the most of the device's memory (then the most in all) is the one shown.
+  est.fits = true;
+  for (int p = 0; p < L.pp; ++p) {
+    const MemoryEstimate& mem = mems[p];
+    est.fits = est.fits && (hw.streaming_memory > 0 ? streamed[p].fits : mem.total <= limit);
+    if (p == 0 || mem.on_chip > est.memory.on_chip ||
+        (mem.on_chip == est.memory.on_chip && mem.total > est.memory.total))
+      est.memory = mem;
+  }
   if (!est.fits && !o.time_if_unfit) return est;
 
   // ---- time: every chunk's forward, backward and weight-gradient time
@@ -227,6 +275,22 @@ Estimate estimate(const Workload& w, const Candidate& c, const HardwareProfile& 
       rank_f[p] += t.f;
       rank_b[p] += t.b;
       rank_compute[p] += est.n_micro * (t.f + t.b - t.f_tp - t.b_tp);
+    }
+  // Streamed bytes cross the link while the rank waits for them (an IPU alternates compute and
+  // exchange), spread over its chunks by their blocks; the update's share comes after the schedule.
+  std::vector<double> rank_stream(L.pp, 0.0);  // in the schedule, per step
+  if (hw.streaming_memory > 0)
+    for (int p = 0; p < L.pp; ++p) {
+      const StreamPlan& sp = streamed[p];
+      if (sp.bytes <= 0) continue;
+      int blocks = 0;
+      for (int ci = 0; ci < v; ++ci) blocks += part.of(p, ci).n_blocks();
+      for (int ci = 0; ci < v; ++ci) {
+        const double share = blocks > 0 ? double(part.of(p, ci).n_blocks()) / blocks : 1.0 / v;
+        F[p][ci] += share * sp.forward / hw.streaming_bandwidth;
+        B[p][ci] += share * sp.backward / hw.streaming_bandwidth;
+      }
+      rank_stream[p] = est.n_micro * (sp.forward + sp.backward) / hw.streaming_bandwidth;
     }
 
   // ---- the schedule
@@ -288,7 +352,8 @@ Estimate estimate(const Workload& w, const Candidate& c, const HardwareProfile& 
     double opt_bytes = owned * (28 + 4 + 8) + P * 4;
     if (w.compute != DType::f32) opt_bytes += P * 6;
     if (w.compute == DType::f16) opt_bytes += P * 12;
-    const double optimizer = price.sweep(opt_bytes, 4);
+    const double optimizer = price.sweep(opt_bytes, 4) +
+                             (hw.streaming_memory > 0 ? streamed[p].step / hw.streaming_bandwidth : 0.0);
     dp_exposed_max = std::max(dp_exposed_max, dp);
     tied_max = std::max(tied_max, tied);
     opt_max = std::max(opt_max, optimizer);
@@ -309,7 +374,9 @@ Estimate estimate(const Workload& w, const Candidate& c, const HardwareProfile& 
   T.backward = rank_b[busiest];
   T.tp_comm = rank_tp[busiest];
   T.pp_comm = transfer[busiest];
-  T.bubble = std::max(0.0, makespan - T.compute - T.tp_comm - T.pp_comm);
+  T.bubble = std::max(0.0, makespan - T.compute - T.tp_comm - T.pp_comm - rank_stream[busiest]);
+  T.streaming = rank_stream[busiest] +
+                (hw.streaming_memory > 0 ? streamed[busiest].step / hw.streaming_bandwidth : 0.0);
   T.dp_comm = dp_exposed_max;
   T.optimizer = opt_max;
   T.other = tied_max + scalars + hw.step_overhead;

@@ -89,18 +89,23 @@ struct MemoryEstimate {
   double activations = 0;  // in-flight micro-batches, logits, scratch
   double other = 0;        // the process and the allocator's slack
   double total = 0;
-  int pipeline_rank = 0;  // the pipeline rank this is of (the one with the most)
+  double streamed = 0;    // of total, what lives in the profile's streaming tier (0 without one)
+  double on_chip = 0;     // of total, what the device's own memory holds (total without a streaming tier)
+  int pipeline_rank = 0;  // the pipeline rank this is of (the one that needs the most of a device)
 };
 
 struct TimeEstimate {
-  double step = 0;                   // s per optimizer step
-  double compute = 0;                // the busiest rank's kernels (forward, backward, recomputation)
-  double tp_comm = 0;                // its tensor-parallel collectives
-  double pp_comm = 0;                // its point-to-point transfers
-  double bubble = 0;                 // its idle time in the schedule
-  double dp_comm = 0;                // the data-parallel reduction and ZeRO gathers, as far as not hidden
-  double optimizer = 0;              // AdamW, clipping, the 16-bit copy
-  double other = 0;                  // tied-embedding sum, scalar reductions, per-step overhead
+  double step = 0;       // s per optimizer step
+  double compute = 0;    // the busiest rank's kernels (forward, backward, recomputation)
+  double tp_comm = 0;    // its tensor-parallel collectives
+  double pp_comm = 0;    // its point-to-point transfers
+  double bubble = 0;     // its idle time in the schedule
+  double dp_comm = 0;    // the data-parallel reduction and ZeRO gathers, as far as not hidden
+  double optimizer = 0;  // AdamW, clipping, the 16-bit copy
+  double other = 0;      // tied-embedding sum, scalar reductions, per-step overhead
+  // Its transfers to and from a streaming tier: per micro-batch in the schedule (beside compute),
+  // and the update's (counted in optimizer too).
+  double streaming = 0;
   double forward = 0, backward = 0;  // one micro-batch through the busiest rank's chunks
   double bubble_fraction = 0;        // the schedule's idle share (simulated; 0 without a pipeline)
   double comm_share = 0;             // (tp + pp + dp + tied + scalar comm) / step
