@@ -292,9 +292,10 @@ void add_plan_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--devices", a.devices,
                   "Devices to plan for (default: the spec's layout, or this machine's)")
       ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--hardware", a.hardware,
-                  "Hardware profile: a name (a100-80gb, h100-sxm, h200-sxm, cpu, or a calibrated one) or a "
-                  "YAML file (default: the spec's resources.hardware, else cpu or h100-sxm by device)");
+  cmd->add_option(
+      "--hardware", a.hardware,
+      "Hardware profile: a name (a100-80gb, h100-sxm, h200-sxm, ipu-bow, cpu, or a calibrated one) or a "
+      "YAML file (default: the spec's resources.hardware, else cpu or h100-sxm by device)");
   cmd->add_option("--top", a.top, "Plans to show (default 10; --json: all)")->check(CLI::Range(1, 1 << 20));
   cmd->add_flag("--json", a.json, "One JSON object on stdout: plans, rejected, chosen");
   cmd->add_option("--attention", a.attention,

@@ -3,18 +3,15 @@
 //
 // Time. Every layer is a list of kernels: GEMMs (their FLOPs at the rate the profile
 // gives for that shape and dtype), the fused causal attention (attention_flops, at
-// attention_efficiency of peak),
-// and memory-bound kernels (their bytes at elementwise_efficiency of the memory
-// bandwidth), each plus a launch overhead; tensor-parallel collectives sit inside the
-// layers, on the critical path. The pipeline is simulated from the real schedule table
-// (plan/schedule.hpp: the same table the executor runs) with each chunk's forward,
-// backward and weight-gradient times and the p2p transfer time, so the bubble comes out
-// of the simulation. After it: the data-parallel reduction (the part the backward does
-// not hide), ZeRO's gathers, the tied-embedding sum, the scalar reductions, the
-// optimizer, and a fixed per-step overhead. Collectives follow the alpha-beta (latency +
-// bytes / bandwidth) ring formulas of hardware.hpp, on the tier the group's placement
-// decides: ranks fill nodes in rank order, rank = (d * pp + p) * tp + t (plan/grid.hpp),
-// so a group whose ranks all sit on one node talks within it.
+// attention_efficiency of peak), and memory-bound kernels (their bytes at elementwise_efficiency of the
+// memory bandwidth), each plus a launch overhead; tensor-parallel collectives sit inside the layers, on the
+// critical path. The pipeline is simulated from the real schedule table (plan/schedule.hpp: the same table
+// the executor runs) with each chunk's forward, backward and weight-gradient times and the p2p transfer time,
+// so the bubble comes out of the simulation. After it: the data-parallel reduction (the part the backward
+// does not hide), ZeRO's gathers, the tied-embedding sum, the scalar reductions, the optimizer, and a fixed
+// per-step overhead. Collectives follow the alpha-beta (latency + bytes / bandwidth) ring formulas of
+// hardware.hpp, on the tier the group's placement decides: ranks fill nodes in rank order, rank = (d * pp +
+// p) * tp + t (plan/grid.hpp), so a group whose ranks all sit on one node talks within it.
 //
 // Memory (bytes on the busiest rank). Parameters, gradients and optimizer state by
 // precision and ZeRO stage; activations per in-flight micro-batch (the schedule's peak,
@@ -33,9 +30,17 @@
 // an online softmax, per layer only q|k|v, the output and one f32 log-sum-exp per query row
 // and head kept, the backward recomputing the probabilities tile by tile. No s x s term in
 // memory; selective recomputation (the probabilities) is priced as none.
+// AttentionKind::materialized prices instead a kernel that keeps the s x s scores (the
+// published runs of 2021-22 used one).
 //
-// What troupe runs today is narrower than what the model prices (selective recompute,
-// sequence parallelism, ZeRO 3, GPUs): Estimate::runnable says why a candidate is not.
+// A profile with a streaming tier (an IPU's Streaming Memory: hardware.hpp) takes what
+// overflows a device's memory, rank by rank, cheapest traffic per byte first (the optimizer,
+// then activations, gradients, weights, beyond a block's working set), and the step pays the
+// streamed bytes at the link's bandwidth (plan/streaming.cpp).
+//
+// What troupe runs today is narrower than what the model prices (sequence parallelism,
+// ZeRO 3, pipelines and tensor groups of GPUs, IPUs): Estimate::runnable says why a candidate
+// is not.
 #pragma once
 
 #include <map>

@@ -1,6 +1,6 @@
 // Hardware profiles: what the planner's cost model knows of a device and the links
 // between devices. A profile is a YAML file (docs/planner.md lists every key);
-// `a100-80gb`, `h100-sxm`, `h200-sxm` and a generic `cpu` are compiled in from
+// `a100-80gb`, `h100-sxm`, `h200-sxm`, `ipu-bow` and a generic `cpu` are compiled in from
 // configs/hardware/, and `troupe plan --calibrate` measures this machine and writes
 // one (the `cpu` profile the planner then uses by default).
 //
