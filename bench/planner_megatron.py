@@ -4,10 +4,18 @@
 Each row is a large GPT training run on A100 80 GB GPUs (DGX A100 / Selene nodes: 8 GPUs on
 NVLink 3, one 200 Gb/s HDR InfiniBand NIC per GPU) whose paper gives the model, the layout and
 the measured time of an iteration. The row's spec fixes what the paper fixes; `troupe plan
---json --hardware a100-80gb` prices it (a GPU job is priced as Megatron-LM runs it:
-plan/cost_model.hpp), and the table shows predicted against published seconds per iteration.
+--json --hardware a100-80gb --attention materialized` prices it (a GPU job is priced as
+Megatron-LM runs it: plan/cost_model.hpp), and the table shows predicted against published
+seconds per iteration.
 
-  bench/planner_megatron.py [--build build] [--hardware a100-80gb] [--json]
+These runs computed attention unfused: the whole s x s square of scores, masked, soft-maxed
+and kept for the backward (Korthikanti et al.'s 5 a s^2 b bytes per layer; their selective
+recomputation recomputes exactly that part). So they are priced with `--attention
+materialized`, the kernel they ran; `--attention fused` prices them as troupe would run them
+(a flash-style kernel: no s x s term, selective recomputation the same as none), which shows
+how much of their time and memory attention took.
+
+  bench/planner_megatron.py [--build build] [--hardware a100-80gb] [--attention materialized|fused] [--json]
 
 Sources (facts and figures, quoted in docs/planner.md):
   K22  Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models",
@@ -93,6 +101,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", default="build")
     ap.add_argument("--hardware", default="a100-80gb")
+    ap.add_argument("--attention", default="materialized", choices=["materialized", "fused"],
+                    help="how attention is priced (default: as these runs computed it)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     troupe = os.path.abspath(os.path.join(a.build, "troupe"))
@@ -104,8 +114,8 @@ def main():
         path = os.path.join(work, name.replace(" ", "_").replace("+", "") + ".yaml")
         with open(path, "w") as f:
             f.write(spec(name, heads, h, l, t, pp, n, b, mb, rc, sp, v))
-        r = subprocess.run([troupe, "plan", path, "--json", "--hardware", a.hardware, "--devices", str(n)],
-                           capture_output=True, text=True)
+        r = subprocess.run([troupe, "plan", path, "--json", "--hardware", a.hardware, "--devices", str(n),
+                            "--attention", a.attention], capture_output=True, text=True)
         if r.returncode != 0:
             print(f"{name}: troupe plan failed: {r.stderr.strip()}", file=sys.stderr)
             return 1
@@ -139,7 +149,8 @@ def main():
     path = os.path.join(work, "bloom.yaml")
     with open(path, "w") as f:
         f.write(bloom)
-    r = subprocess.run([troupe, "plan", path, "--json", "--hardware", a.hardware], capture_output=True, text=True)
+    r = subprocess.run([troupe, "plan", path, "--json", "--hardware", a.hardware, "--attention", a.attention],
+                       capture_output=True, text=True)
     if r.returncode == 0:
         c = json.loads(r.stdout)["chosen"]
         m = c["memory_bytes"]

@@ -253,9 +253,10 @@ ComputeFigures measure_kernels(const JobSpec* spec) {
       k.attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), BA, T, NH, HS,
                            kernels::Out::overwrite, NKV);
     });
-    const double cf = plan::causal_fraction(plan::EngineKind::troupe, T);
-    // The fused kernels' products: 2 forward, 5 backward (the scores recomputed), 2 FLOPs each.
-    f.attention_flops = 14.0 * BA * NH * HS * double(T) * T * cf / (ta + tb);
+    // The rate of the FLOPs the cost model prices (plan::attention_flops: the fused kernel's two
+    // forward and five backward products) over the time of the attention the engine runs.
+    const plan::AttentionFlops af = plan::attention_flops(m, BA, 1);
+    f.attention_flops = (af.forward + af.backward) / (ta + tb);
   }
   return f;
 }
@@ -586,7 +587,7 @@ int run_calibrate(const std::vector<std::string>& spec_paths, int devices, const
          << procs << " workers at once)";
     for (size_t i = 0; i < spec_paths.size(); ++i) desc << (i ? ", " : " at the shapes of ") << spec_paths[i];
     p.description = desc.str();
-    p.device = DeviceKind::cpu;
+    p.device = plan::ProfileDevice::cpu;
     p.devices_per_node = cores;
     p.memory = mem_total() / uint64_t(cores);
     p.memory_bandwidth = slowest(all, &ComputeFigures::stream_bw);

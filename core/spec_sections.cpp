@@ -581,21 +581,13 @@ void parallel_rules(Section& s, JobSpec& j) {
               "parallel.tensor above 1",
               "set parallel.tensor: 2 or more (or auto), or sequence_parallel: false");
   if (pp_ok && vs_ok && p.virtual_stages > 0 && ctx.ok("model.n_layers") && m.n_layers > 0) {
-    int64_t chunks = int64_t(p.pipeline) * p.virtual_stages;
+    const int64_t chunks = int64_t(p.pipeline) * p.virtual_stages;
     if (m.n_layers < chunks)
       ctx.error(ctx.loc("parallel.pipeline"),
                 "model.n_layers (" + std::to_string(m.n_layers) + ") is fewer than the " +
                     std::to_string(chunks) + " pipeline stages (pipeline x virtual_stages = " +
                     std::to_string(p.pipeline) + " x " + std::to_string(p.virtual_stages) + ")",
                 "every stage needs at least one layer; lower parallel.pipeline or raise model.n_layers");
-    else if (sched_ok && p.schedule == Schedule::interleaved && p.virtual_stages > 1 &&
-             m.n_layers % chunks != 0)
-      ctx.error(ctx.loc("parallel.virtual_stages"),
-                "model.n_layers (" + std::to_string(m.n_layers) +
-                    ") is not divisible by pipeline x virtual_stages (" + std::to_string(chunks) + ")",
-                "the interleaved schedule gives every model chunk the same number of layers; e.g. "
-                "virtual_stages: " +
-                    nearby_divisors(m.n_layers / std::max(1, p.pipeline), p.virtual_stages, 2));
   }
 }
 

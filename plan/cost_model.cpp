@@ -5,10 +5,12 @@
 #include <limits>
 
 #include "core/error.hpp"
-#include "plan/grid.hpp"
+#include "plan/cost_internal.hpp"
 #include "plan/plan.hpp"
 
 namespace troupe::plan {
+
+using namespace detail;
 
 Workload workload(const JobSpec& spec) {
   Workload w;
@@ -20,559 +22,18 @@ Workload workload(const JobSpec& spec) {
   w.sequence_parallel = spec.parallel.sequence_parallel;
   w.device = spec.resources.device;
   // troupe's engine trains on the CPU; a GPU job is priced as Megatron-LM runs it (16-bit
-  // activations, batched-GEMM attention), the design the GPU engine follows.
+  // activations) with a fused flash-style attention, the design the GPU engine follows.
   w.engine = w.device == DeviceKind::cuda ? EngineKind::megatron : EngineKind::troupe;
   return w;
 }
+
+const char* to_string(AttentionKind k) { return k == AttentionKind::materialized ? "materialized" : "fused"; }
 
 std::string Candidate::str() const {
   std::string s = layout.str();
   if (virtual_stages > 1) s += " v" + std::to_string(virtual_stages);
   s += " mb" + std::to_string(micro_batch) + " " + to_string(recompute);
   return s;
-}
-
-// ---------------------------------------------------------------- counting
-
-namespace {
-
-bool is_llama(const ModelShape& m) { return m.type == ModelType::llama; }
-bool has_attention(const ModelShape& m) { return m.type != ModelType::mlp; }
-double head_dim(const ModelShape& m) { return double(m.d_model) / m.heads(); }
-
-}  // namespace
-
-double block_params(const ModelShape& m, int tp) {
-  const double D = m.d_model, F = double(m.ffn()), t = tp;
-  if (m.type == ModelType::mlp) return (2 * F * D + F) / t + 3 * D;  // c_fc, c_proj; ln_2 and its bias whole
-  if (is_llama(m)) {
-    const double kvw = m.kv_heads() * head_dim(m);
-    return (2 * D * D + 2 * kvw * D + 3 * F * D) / t + 2 * D;
-  }
-  // ln_1, ln_2 (4D) and the row-parallel biases (2D) are whole on every shard.
-  return (4 * D * D + 2 * F * D + 3 * D + F) / t + 6 * D;
-}
-
-bool vocab_parallel(const ModelShape& m, EngineKind e) { return is_llama(m) || e == EngineKind::megatron; }
-
-double embedding_params(const ModelShape& m, int tp, EngineKind e) {
-  const double D = m.d_model, V = vocab_parallel(m, e) ? double(m.vocab_size) / tp : m.vocab_size;
-  return V * D + (m.type == ModelType::gpt ? double(m.seq_len) * D : 0.0);  // wte (+ wpe, whole)
-}
-
-double head_params(const ModelShape& m, int tp, bool with_embedding, EngineKind e) {
-  const double D = m.d_model, V = vocab_parallel(m, e) ? double(m.vocab_size) / tp : m.vocab_size;
-  const double norm = is_llama(m) ? D : 2 * D;
-  if (with_embedding && m.tied()) return norm;  // the head reads the chunk's own wte
-  return norm + V * D;                          // lm_head, or wte's tied copy
-}
-
-double model_params(const ModelShape& m) {
-  return m.n_layers * block_params(m, 1) + embedding_params(m, 1) + head_params(m, 1, true);
-}
-
-double causal_fraction(EngineKind e, int s) {
-  if (e == EngineKind::megatron) return 1.0;
-  const int kBlock = 64;
-  double sum = 0;
-  for (int r0 = 0; r0 < s; r0 += kBlock) {
-    const int r1 = std::min(s, r0 + kBlock);
-    sum += double(r1 - r0) * r1;
-  }
-  return sum / (double(s) * s);
-}
-
-namespace {
-
-// Bytes per element of what the engine keeps and sends between stages and shards.
-struct EngineBytes {
-  double kept;     // a Linear's saved input: the compute dtype
-  double stream;   // the residual stream, scores, pre-activations: f32 in troupe
-  double wire;     // a tensor-parallel or pipeline message element
-  double grad;     // a gradient element (the data-parallel reduction's)
-  double attn_dt;  // bytes of the attention's scores
-};
-
-EngineBytes engine_bytes(const Workload& w) {
-  const double cb = double(dtype_size(w.compute));
-  if (w.engine == EngineKind::megatron) return {cb, cb, cb, 4, cb};
-  return {cb, 4, 4, 4, 4};
-}
-
-}  // namespace
-
-double block_activation_bytes(const Workload& w, int b, int tp, Recompute r) {
-  const ModelShape& m = w.model;
-  const double s = m.seq_len, N = double(b) * s, D = m.d_model, t = tp;
-  const double a = m.heads(), F = double(m.ffn());
-  const bool sp = w.sequence_parallel && tp > 1;
-  if (w.engine == EngineKind::megatron) {
-    // Korthikanti et al. 2022, table 2: bytes per layer with 16-bit activations and
-    // 1-byte dropout masks. Full recompute keeps the layer's input.
-    const double sbh = N * D;
-    if (r == Recompute::full) return 2 * sbh / (sp ? t : 1.0);
-    const double scores = r == Recompute::selective ? 0.0 : 5 * a * s / (D * t);
-    return sp ? sbh * (34 / t + scores) : sbh * (10 + 24 / t + scores);
-  }
-  // troupe: model/layers.hpp's Acts, per slot. Under full recompute a slot keeps no block
-  // internals (the stage keeps each block's input: its residual, counted by the stage).
-  if (r == Recompute::full) return 0.0;
-  const EngineBytes e = engine_bytes(w);
-  const double rep = sp ? 1.0 / t : 1.0;  // the replicated (N, D) parts, sharded by sequence parallelism
-  const double H = F / t;
-  double bytes = 0;
-  if (m.type == ModelType::mlp) return (N * D * e.kept + 2 * N * 4) * rep + N * H * (4 + e.kept);
-  const double hd = head_dim(m), ah = a / t, akv = m.kv_heads() / t;
-  // The fused attention keeps each query's log-sum-exp, (b, heads, s) f32, and no scores:
-  // selective recomputation has nothing left to drop.
-  const double lse = double(b) * ah * s * 4;
-  if (is_llama(m)) {
-    bytes += (N * D * e.kept + N * 4) * rep;    // ln1, rstd1
-    bytes += N * (ah + 2 * akv) * hd * e.kept;  // qkv after rope
-    bytes += lse + N * ah * hd * e.kept;        // lse, atty
-    bytes += N * D * 4 * rep;                   // mid
-    bytes += (N * D * e.kept + N * 4) * rep;    // ln2, rstd2
-    bytes += N * 2 * H * 4 + N * H * e.kept;    // gu, h
-    return bytes;
-  }
-  bytes += (N * D * e.kept + 2 * N * 4) * rep;  // ln, mean, rstd
-  bytes += N * 3 * ah * hd * e.kept;            // qkv
-  bytes += lse + N * ah * hd * e.kept;          // lse, atty
-  bytes += N * D * 4 * rep;                     // mid
-  bytes += (N * D * e.kept + 2 * N * 4) * rep;  // the MLP's ln, mean, rstd
-  bytes += N * H * 4 + N * H * e.kept;          // h_pre, h
-  return bytes;
-}
-
-double stage_activation_bytes(const Workload& w, const LayerRange& r, int n_slots, int b, int tp,
-                              Recompute rc, bool split_backward) {
-  const ModelShape& m = w.model;
-  const EngineBytes e = engine_bytes(w);
-  const double cb = e.kept, N = double(b) * m.seq_len, D = m.d_model, t = tp, H = double(m.ffn()) / t;
-  const bool llama = is_llama(m), attention = has_attention(m);
-  const double Vl = llama ? double(m.vocab_size) / t : m.vocab_size;
-  const double qkv = attention ? (m.heads() + 2.0 * m.kv_heads()) / t * head_dim(m) : 0;
-  const double nb = r.n_blocks();
-  double bytes = 0;
-  // The blocks' internals: one set per slot, or one set in all under full recomputation.
-  if (rc == Recompute::full)
-    bytes += nb > 0 ? block_activation_bytes(w, b, tp, Recompute::none) : 0.0;
-  else
-    bytes += n_slots * nb * block_activation_bytes(w, b, tp, rc);
-  // Per slot: tokens and targets, the residual stream at every block boundary, the head's
-  // saved tensors, a later stage's input gradient; a split backward's kept dy (f32).
-  double slot = 2 * N * 4 + (nb + 1) * N * D * 4;
-  if (r.has_head) slot += N * D * cb + 2 * N * 4 + N * Vl * 4 + (llama ? N * 4 : 0);
-  if (!r.has_embedding) slot += N * D * 4;
-  if (split_backward)
-    slot += nb * N * 4 * (llama ? 2 * D + 2 * H + qkv : m.type == ModelType::mlp ? D + H : 2 * D + H + qkv);
-  bytes += n_slots * slot;
-  // Shared: the head's dlogits (and its 16-bit copy), the vocabulary-parallel loss statistics.
-  if (r.has_head) bytes += N * Vl * 4 + (cb < 4 ? N * Vl * cb : 0) + (llama ? (2 * t + 1) * N * 4 : 0);
-  // model::Workspace.
-  double ws = N * D * 4 * 2 + N * H * 4;
-  if (attention) ws += N * qkv * 4;  // dqkv; the fused attention needs no (T,T) scratch
-  const double fc = llama ? 2 * H : H;
-  if (llama) ws += N * fc * 4;
-  if (cb < 4) ws += N * std::max({qkv, fc, D}) * cb + N * std::max({D, H, qkv}) * 4;
-  return bytes + ws;
-}
-
-namespace {
-
-// ---------------------------------------------------------------- pricing kernels
-
-class Pricer {
- public:
-  // busy: the devices of the busiest node this job keeps busy (hardware.hpp: solo_speedup).
-  Pricer(const HardwareProfile& hw, int busy = 0) : hw_(hw) {
-    const int n = std::max(1, hw.devices_per_node);
-    if (busy > 0 && busy < n && n > 1) speed_ = 1 + (hw.solo_speedup - 1) * double(n - busy) / double(n - 1);
-  }
-
-  // y(m,n) = op(A) op(B) with inner dimension k, in `dt`.
-  double gemm(double m, double n, double k, GemmOp op, DType dt) const {
-    if (m <= 0 || n <= 0 || k <= 0) return 0;
-    const double flops = 2 * m * n * k;
-    double rate = table_rate(m, n, k, op, dt, flops);
-    if (rate <= 0) rate = curve_rate(flops, dt);
-    const double bytes = (m * k + n * k + m * n) * double(dtype_size(dt));
-    return std::max(flops / rate, bytes / hw_.memory_bandwidth) / speed_ + hw_.kernel_overhead;
-  }
-  // The attention core's products (and, fused, its softmax).
-  double attention(double flops, DType dt) const {
-    if (flops <= 0) return 0;
-    return flops / (hw_.peak(dt) * hw_.attention_efficiency) / speed_ + hw_.kernel_overhead;
-  }
-  // Memory-bound kernels over activations, by kind (hardware.hpp: the efficiencies).
-  enum class Mem { stream, norm, activation };
-  double memory(double bytes, int kernels = 1, Mem kind = Mem::stream) const {
-    if (bytes <= 0) return 0;
-    const double eff = kind == Mem::norm         ? hw_.norm_efficiency
-                       : kind == Mem::activation ? hw_.activation_efficiency
-                                                 : hw_.elementwise_efficiency;
-    return bytes / (hw_.memory_bandwidth * eff) / speed_ + kernels * hw_.kernel_overhead;
-  }
-  // A sweep over parameter-sized buffers (the optimizer, zeroing gradients): at the memory's
-  // bandwidth.
-  double sweep(double bytes, int kernels = 1) const {
-    if (bytes <= 0) return 0;
-    return bytes / hw_.memory_bandwidth / speed_ + kernels * hw_.kernel_overhead;
-  }
-
- private:
-  double curve_rate(double flops, DType dt) const {
-    const double f = hw_.gemm_half_flops > 0 ? flops / (flops + hw_.gemm_half_flops) : 1.0;
-    return hw_.peak(dt) * hw_.gemm_efficiency * f;
-  }
-  // The nearest measured shape of the same op and dtype (then of any op, same dtype), its
-  // rate scaled by the curve from its size to this one's.
-  double table_rate(double m, double n, double k, GemmOp op, DType dt, double flops) const {
-    const GemmPoint* best = nullptr;
-    double best_d = std::numeric_limits<double>::infinity();
-    for (int pass = 0; pass < 2 && !best; ++pass)
-      for (const GemmPoint& g : hw_.gemm_table) {
-        if (g.dtype != dt || (pass == 0 && g.op != op)) continue;
-        const double d = sq(std::log(m / g.m)) + sq(std::log(n / g.n)) + sq(std::log(k / g.k));
-        if (d < best_d) {
-          best_d = d;
-          best = &g;
-        }
-      }
-    if (!best) return 0;
-    const double f0 = 2.0 * double(best->m) * double(best->n) * double(best->k);
-    return best->flops_per_s * curve_rate(flops, dt) / curve_rate(f0, dt);
-  }
-  static double sq(double x) { return x * x; }
-
-  const HardwareProfile& hw_;
-  double speed_ = 1.0;
-};
-
-// ---------------------------------------------------------------- collectives and placement
-
-enum class Coll { allreduce, allgather, reduce_scatter, p2p };
-
-// `members` of the group share a node: across nodes NCCL runs a ring per NIC (a channel
-// each), so the group's inter-node traffic has every member's NIC, up to the node's own links.
-double collective(const HardwareProfile& hw, Coll c, double bytes, int n, bool inter, int members = 1) {
-  if (n <= 1 || bytes <= 0) return 0;
-  const NetworkTier& tier = inter ? hw.inter_node : hw.intra_node;
-  const LinkCost* fit = c == Coll::allreduce        ? &tier.allreduce
-                        : c == Coll::allgather      ? &tier.allgather
-                        : c == Coll::reduce_scatter ? &tier.reduce_scatter
-                                                    : &tier.link;
-  LinkCost wide;
-  if (inter && members > 1 && !fit->given() && tier.link.table.empty()) {
-    wide = tier.link;
-    wide.bandwidth = std::min(hw.intra_node.link.bandwidth, members * tier.link.bandwidth);
-    fit = &wide;
-  }
-  const LinkCost& l = fit->given() ? *fit : tier.link;
-  const double nn = n;
-  // A collective's own fit or table is of two ranks; n ranks take n-1 times its steps of the
-  // same size. The p2p link's fit prices one step, a ring's 2(n-1) or (n-1) of them.
-  switch (c) {
-    case Coll::allreduce:
-      if (fit->given()) return (nn - 1) * l.two_ranks(2 * bytes / nn, 2, 1);
-      return 2 * (nn - 1) * l.two_ranks(bytes / nn, 1, 1);
-    case Coll::allgather:
-    case Coll::reduce_scatter:
-      if (fit->given()) return (nn - 1) * l.two_ranks(2 * bytes / nn, 1, 0.5);
-      return (nn - 1) * l.two_ranks(bytes / nn, 1, 1);
-    case Coll::p2p:
-      return l.two_ranks(bytes, 1, 1);
-  }
-  return 0;
-}
-
-// Ranks fill nodes in rank order; a group crosses nodes when its first and last rank do.
-struct Placement {
-  Layout L;
-  int per_node;
-  int node(int rank) const { return rank / per_node; }
-  int rank(int d, int p, int t) const { return rank_of(L, {d, p, t}); }
-  bool tp_inter() const { return L.tp > 1 && node(rank(0, 0, 0)) != node(rank(0, 0, L.tp - 1)); }
-  bool pp_inter() const {
-    for (int p = 0; p + 1 < L.pp; ++p)
-      if (node(rank(0, p, 0)) != node(rank(0, p + 1, 0))) return true;
-    return false;
-  }
-  bool dp_inter(int p) const { return L.dp > 1 && node(rank(0, p, 0)) != node(rank(L.dp - 1, p, 0)); }
-  // Members of a data-parallel group on one node (its ranks are pipeline x tensor apart).
-  int dp_members() const { return std::max(1, std::min(L.dp, per_node / (L.pp * L.tp))); }
-  bool embed_inter() const { return node(rank(0, 0, 0)) != node(rank(0, L.pp - 1, 0)); }
-  bool world_inter() const { return node(0) != node(L.world() - 1); }
-  // Devices busy on the fullest node (ranks fill nodes in order).
-  int busy() const { return std::min(L.world(), per_node); }
-};
-
-// ---------------------------------------------------------------- one chunk's times
-
-// Seconds of one micro-batch through a chunk: forward, backward (all of it), and the part
-// of the backward that is weight gradients (W, where the schedule splits it). tp is the
-// part of each that is tensor-parallel communication.
-struct ChunkTime {
-  double f = 0, b = 0, w = 0;
-  double f_tp = 0, b_tp = 0;
-};
-
-class ChunkCoster {
- public:
-  ChunkCoster(const Workload& w, const Candidate& c, const HardwareProfile& hw, const Placement& place)
-      : w_(w), c_(c), hw_(hw), price_(hw, place.busy()), tp_inter_(place.tp_inter()) {
-    const ModelShape& m = w.model;
-    b_ = c.micro_batch;
-    s_ = m.seq_len;
-    N_ = double(b_) * s_;
-    D_ = m.d_model;
-    t_ = c.layout.tp;
-    H_ = double(m.ffn()) / t_;
-    e_ = engine_bytes(w);
-    dt_ = w.compute;
-    attn_dt_ = w.engine == EngineKind::megatron ? w.compute : DType::f32;
-    sp_ = w.sequence_parallel && t_ > 1;
-    block_ = block(Recompute::none);
-  }
-
-  // A chunk of n_blocks blocks, with the embedding and/or the head.
-  ChunkTime chunk(int n_blocks, bool embedding, bool head) const {
-    ChunkTime t = block(c_.recompute);
-    t.f *= n_blocks;
-    t.b *= n_blocks;
-    t.w *= n_blocks;
-    t.f_tp *= n_blocks;
-    t.b_tp *= n_blocks;
-    if (embedding) add(t, embed());
-    if (head) add(t, head_time());
-    return t;
-  }
-  // One block's forward + backward without recomputation, and the embedding and head's: the
-  // partition's costs.
-  StageCosts stage_costs() const {
-    const double unit = block_.f + block_.b;
-    StageCosts sc;
-    const ChunkTime e = embed(), h = head_time();
-    sc.embedding = unit > 0 ? (e.f + e.b) / unit : 0;
-    sc.head = unit > 0 ? (h.f + h.b) / unit : 0;
-    return sc;
-  }
-
- private:
-  static void add(ChunkTime& a, const ChunkTime& b) {
-    a.f += b.f;
-    a.b += b.b;
-    a.w += b.w;
-    a.f_tp += b.f_tp;
-    a.b_tp += b.b_tp;
-  }
-  double tp_allreduce(double elements) const {
-    if (t_ <= 1) return 0;
-    // Sequence parallelism turns each all-reduce into a reduce-scatter and an all-gather:
-    // the same bytes on the wire.
-    return collective(hw_, Coll::allreduce, elements * e_.wire, t_, tp_inter_);
-  }
-  // A Linear of `in` -> `out` features (local to the shard) over N rows: forward, the input
-  // gradient, the weight gradient, and the bias's passes when it has one.
-  struct Lin {
-    double f, bx, bw;
-  };
-  Lin linear(double in, double out, bool bias) const {
-    Lin l;
-    l.f = price_.gemm(N_, out, in, GemmOp::nt, dt_);
-    l.bx = price_.gemm(N_, in, out, GemmOp::nn, dt_);
-    l.bw = price_.gemm(out, in, N_, GemmOp::tn, dt_);
-    // troupe rounds each product's f32 dy to 16 bits (Megatron's dy is 16-bit already).
-    if (dt_ != DType::f32 && w_.engine == EngineKind::troupe) l.bx += price_.memory(N_ * out * (4 + e_.kept));
-    // A bias is added in the forward product's pass over its output (gemm_bias; Megatron fuses
-    // it with the activation or the dropout); its gradient is a column sum of dy.
-    if (bias) l.bx += price_.memory(N_ * out * e_.stream);
-    return l;
-  }
-  // Bytes moved per element, in the engine's dtypes (troupe: an f32 residual stream).
-  double norm_fwd() const {
-    return price_.memory(N_ * D_ * (e_.stream + e_.kept) / (sp_ ? t_ : 1), 1, Pricer::Mem::norm);
-  }
-  double norm_bwd() const {
-    return price_.memory(N_ * D_ * 4 * e_.stream / (sp_ ? t_ : 1), 1, Pricer::Mem::norm);
-  }
-  // x + branch: troupe's residual add; Megatron's fused bias-dropout-add (and its 1-byte mask).
-  double residual_fwd() const {
-    const double per = w_.engine == EngineKind::megatron ? 3 * e_.stream + 1 : 3 * e_.stream;
-    return price_.memory(N_ * D_ * per / (sp_ ? t_ : 1));
-  }
-  double residual_bwd() const {
-    const double per = w_.engine == EngineKind::megatron ? 2 * e_.stream + 1 : 2 * e_.stream;
-    return price_.memory(N_ * D_ * per / (sp_ ? t_ : 1));
-  }
-  // The MLP's activation over H (gelu) or 2H -> H (SwiGLU): troupe stages f32 pre-activations
-  // and keeps the output in the compute dtype; Megatron fuses it with the bias in 16 bits.
-  double act_fwd(bool swiglu) const {
-    const double per = swiglu ? (w_.engine == EngineKind::megatron ? 3 * e_.stream : 2 * 4 + e_.kept)
-                              : (w_.engine == EngineKind::megatron ? 2 * e_.stream : 8 + e_.kept);
-    return price_.memory(N_ * H_ * per, 1, Pricer::Mem::activation);
-  }
-  double act_bwd(bool swiglu) const {
-    const double per = swiglu ? (w_.engine == EngineKind::megatron ? 5 * e_.stream : 4 + 4 + 8 + 2 * 4)
-                              : 3 * (w_.engine == EngineKind::megatron ? e_.stream : 4);
-    return price_.memory(N_ * H_ * per, 1, Pricer::Mem::activation);
-  }
-  // The attention core over the shard's heads: products (causal share) and softmax.
-  double attention_fwd() const {
-    const ModelShape& m = w_.model;
-    const double ah = m.heads() / double(t_), hd = head_dim(m), cf = causal_fraction(w_.engine, int(s_));
-    const double flops = 4.0 * b_ * ah * hd * s_ * s_ * cf;
-    double t = price_.attention(flops, attn_dt_);
-    if (w_.engine == EngineKind::megatron) {
-      // Unfused: scale+mask+softmax reads and writes the scores, dropout reads them, writes
-      // its output and a 1-byte mask.
-      const double sc = b_ * ah * s_ * s_;
-      t += price_.memory(sc * (2 * e_.attn_dt) + sc * (2 * e_.attn_dt + 1), 2);
-    }
-    return t;
-  }
-  double attention_bwd() const {
-    const ModelShape& m = w_.model;
-    const double ah = m.heads() / double(t_), hd = head_dim(m), cf = causal_fraction(w_.engine, int(s_));
-    double t = price_.attention(8.0 * b_ * ah * hd * s_ * s_ * cf, attn_dt_);
-    if (w_.engine == EngineKind::megatron) {
-      const double sc = b_ * ah * s_ * s_;
-      t += price_.memory(sc * (3 * e_.attn_dt + 1) + sc * (3 * e_.attn_dt), 2);
-    }
-    return t;
-  }
-
-  // One block: recompute adds its forward (full) or the attention core's (selective) to B.
-  ChunkTime block(Recompute r) const {
-    const ModelShape& m = w_.model;
-    ChunkTime t;
-    double f = 0, bx = 0, bw = 0;
-    auto lin = [&](double in, double out, bool bias) {
-      const Lin l = linear(in, out, bias);
-      f += l.f;
-      bx += l.bx;
-      bw += l.bw;
-    };
-    if (m.type == ModelType::mlp) {
-      f += norm_fwd();
-      bx += norm_bwd();
-      lin(D_, H_, true);
-      f += act_fwd(false);
-      bx += act_bwd(false);
-      lin(H_, D_, true);
-      t.f_tp = tp_allreduce(N_ * D_);
-      t.b_tp = tp_allreduce(N_ * D_);
-      f += residual_fwd();
-      bx += residual_bwd();
-    } else {
-      const bool llama = is_llama(m);
-      const double hd = head_dim(m), ah = m.heads() / double(t_), akv = m.kv_heads() / double(t_);
-      const double qkv = (ah + 2 * akv) * hd;
-      // Attention sublayer.
-      f += norm_fwd();
-      bx += norm_bwd();
-      lin(D_, qkv, !llama);
-      if (llama) {
-        f += price_.memory(N_ * (ah + akv) * hd * 2 * e_.stream);  // rope on q and k
-        bx += price_.memory(N_ * (ah + akv) * hd * 2 * e_.stream);
-      }
-      f += attention_fwd();
-      bx += attention_bwd();
-      lin(ah * hd, D_, !llama);
-      f += residual_fwd();
-      bx += residual_bwd();
-      // MLP sublayer.
-      f += norm_fwd();
-      bx += norm_bwd();
-      lin(D_, llama ? 2 * H_ : H_, !llama);
-      f += act_fwd(llama);
-      bx += act_bwd(llama);
-      lin(H_, D_, !llama);
-      f += residual_fwd();
-      bx += residual_bwd();
-      // Two all-reduces forward (after each row-parallel product), two backward (the input
-      // gradients of the column-parallel ones).
-      t.f_tp = 2 * tp_allreduce(N_ * D_);
-      t.b_tp = 2 * tp_allreduce(N_ * D_);
-      // Sequence parallelism gathers each column-parallel product's input again in the
-      // backward, for its weight gradient (Korthikanti et al. 2022, section 4.2.2).
-      if (sp_) t.b_tp += 2 * collective(hw_, Coll::allgather, N_ * D_ * e_.wire, t_, tp_inter_);
-    }
-    t.f = f + t.f_tp;
-    t.w = bw;
-    t.b = bx + bw + t.b_tp;
-    if (r == Recompute::full) {
-      t.b += t.f;
-      t.b_tp += t.f_tp;
-    } else if (r == Recompute::selective && has_attention(m)) {
-      t.b += attention_fwd();
-    }
-    return t;
-  }
-
-  ChunkTime embed() const {
-    const ModelShape& m = w_.model;
-    ChunkTime t;
-    const double pos = m.type == ModelType::gpt ? 1.0 : 0.0;
-    const double e = e_.stream;
-    t.f = price_.memory(N_ * D_ * (e + e * pos + e));          // gather rows (+ positions), write
-    t.b = price_.memory(N_ * D_ * (e + 2 * e + 2 * e * pos));  // scatter-add into wte (and wpe)
-    if (vocab_parallel(m, w_.engine) && t_ > 1) {
-      t.f_tp = tp_allreduce(N_ * D_);  // each shard holds V/tp rows: the lookups are summed
-      t.f += t.f_tp;
-    }
-    if (w_.engine == EngineKind::megatron) t.f += price_.memory(N_ * D_ * (2 * e_.stream + 1));  // dropout
-    return t;
-  }
-
-  ChunkTime head_time() const {
-    const ModelShape& m = w_.model;
-    ChunkTime t;
-    // GPT's head is whole on every shard; llama's is split by vocabulary.
-    const double V = vocab_parallel(m, w_.engine) ? double(m.vocab_size) / t_ : m.vocab_size;
-    const Lin l = linear(D_, V, false);
-    const double ce_f = price_.memory(N_ * V * 4 * 3, 2);  // max, sum of exponentials, loss
-    const double ce_b = price_.memory(N_ * V * 4 * 2);     // dlogits
-    t.f = norm_fwd() + l.f + ce_f;
-    t.w = l.bw + (w_.schedule == ScheduleKind::zb_h1 ? ce_b : 0.0);  // W recomputes dlogits
-    t.b = norm_bwd() + ce_b + l.bx + t.w;
-    if (vocab_parallel(m, w_.engine) && t_ > 1) {
-      // One all-reduce of every shard's row max, sum of exponentials and target logit.
-      t.f_tp = tp_allreduce(N_ * (2.0 * t_ + 1) / (e_.wire / 4));
-      t.f += t.f_tp;
-    }
-    return t;
-  }
-
-  const Workload& w_;
-  const Candidate& c_;
-  const HardwareProfile& hw_;
-  Pricer price_;
-  bool tp_inter_;
-  int b_ = 1, t_ = 1;
-  double s_ = 1, N_ = 1, D_ = 1, H_ = 1;
-  EngineBytes e_{};
-  DType dt_ = DType::f32, attn_dt_ = DType::f32;
-  bool sp_ = false;
-  ChunkTime block_;
-};
-
-}  // namespace
-
-double model_flops_per_step(const Workload& w) {
-  const ModelShape& m = w.model;
-  const double s = m.seq_len, D = m.d_model, V = m.vocab_size, F = double(m.ffn());
-  double per_token = 0;  // forward multiply-adds x 2 per token
-  if (m.type == ModelType::mlp) {
-    per_token = m.n_layers * 2 * (2 * D * F);
-  } else {
-    const double kvw = m.kv_heads() * head_dim(m);
-    const double linears =
-        is_llama(m) ? 2 * D * D + 2 * kvw * D + 3 * F * D : 2 * D * D + 2 * D * F + 2 * D * D;
-    per_token = m.n_layers * 2 * (linears + 2 * s * D);  // + q k^T and att v at full s
-  }
-  per_token += 2 * D * V;  // the LM head
-  return 3.0 * per_token * s * double(w.global_batch);
 }
 
 // ---------------------------------------------------------------- refusal
@@ -621,9 +82,6 @@ std::string refusal(const Workload& w, const Candidate& c) {
     if (n_micro % L.pp != 0)
       return "interleaving runs micro-batches in groups of pipeline (" + std::to_string(L.pp) +
              "): " + std::to_string(n_micro) + " micro-batches per step do not divide";
-    if (m.n_layers % (L.pp * c.virtual_stages) != 0)
-      return "interleaving gives every chunk the same number of layers: " + std::to_string(m.n_layers) +
-             " layers do not divide into " + std::to_string(L.pp * c.virtual_stages) + " chunks";
   }
   if (c.virtual_stages > 1 && L.pp == 1) return "virtual stages need a pipeline";
   if (c.recompute != Recompute::none && c.recompute != Recompute::selective && c.recompute != Recompute::full)
@@ -636,7 +94,9 @@ std::string refusal(const Workload& w, const Candidate& c) {
 namespace {
 
 // What troupe's engine cannot run today, "" when it can.
-std::string not_runnable(const Workload& w, const Candidate& c, ScheduleKind kind) {
+std::string not_runnable(const Workload& w, const Candidate& c, ScheduleKind kind,
+                         const HardwareProfile& hw) {
+  if (hw.device == ProfileDevice::ipu) return "troupe has no IPU backend: the plan is priced, not run";
   if (w.device == DeviceKind::cuda && (c.layout.pp > 1 || c.layout.tp > 1))
     return "troupe's engine trains GPUs over data parallelism only: its pipeline and tensor groups on GPUs "
            "are not built yet";
@@ -668,8 +128,17 @@ const std::vector<int>& ScheduleCache::slots(ScheduleKind kind, int pp, int v, i
   return sl;
 }
 
-Estimate estimate(const Workload& w, const Candidate& c, const HardwareProfile& hw,
+Workload priced_workload(const Workload& w, const HardwareProfile& hw) {
+  Workload p = w;
+  // An IPU's frameworks keep 16-bit activations and a flash-style attention, as Megatron-LM does
+  // on GPUs: its accounting, whatever device the spec names.
+  if (hw.device == ProfileDevice::ipu) p.engine = EngineKind::megatron;
+  return p;
+}
+
+Estimate estimate(const Workload& spec_work, const Candidate& c, const HardwareProfile& hw,
                   const EstimateOptions& o) {
+  const Workload w = priced_workload(spec_work, hw);
   if (std::string why = refusal(w, c); !why.empty()) throw Error("candidate " + c.str() + ": " + why);
   ScheduleCache local;
   ScheduleCache& cache = o.cache ? *o.cache : local;
@@ -681,7 +150,7 @@ Estimate estimate(const Workload& w, const Candidate& c, const HardwareProfile& 
   est.n_micro = int(w.global_batch / L.dp / c.micro_batch);
   est.schedule =
       L.pp > 1 ? (c.virtual_stages > 1 ? ScheduleKind::interleaved : w.schedule) : ScheduleKind::one_f_one_b;
-  est.runnable = not_runnable(w, c, est.schedule);
+  est.runnable = not_runnable(w, c, est.schedule, hw);
   const int v = L.pp > 1 ? c.virtual_stages : 1;
   const Placement place{L, std::max(1, hw.devices_per_node)};
   ChunkCoster cost(w, c, hw, place);
@@ -706,6 +175,8 @@ Estimate estimate(const Workload& w, const Candidate& c, const HardwareProfile& 
   // ---- memory, per pipeline rank; the largest
   const double cb = eb.kept;
   const double N = double(c.micro_batch) * m.seq_len, D = m.d_model;
+  std::vector<MemoryEstimate> mems(L.pp);
+  std::vector<RankBytes> held(L.pp);
   for (int p = 0; p < L.pp; ++p) {
     MemoryEstimate mem;
     mem.pipeline_rank = p;
@@ -727,21 +198,24 @@ Estimate estimate(const Workload& w, const Candidate& c, const HardwareProfile& 
       if (w.zero >= 3)  // this rank's part, and two blocks gathered at a time
         mem.params = mem.params / L.dp + 2 * block_params(m, L.tp) * (4 + (w.compute != DType::f32 ? 2 : 0));
     }
-    double act = 0;
+    double act = 0, act_one = 0;  // all in flight; one micro-batch through every chunk
     bool recomputes = false;
     for (int ci = 0; ci < v; ++ci) {
       const LayerRange& r = part.of(p, ci);
       const int n_slots = slots[size_t(p) * v + ci];
       if (w.engine == EngineKind::megatron) {
-        act += n_slots * r.n_blocks() * block_activation_bytes(w, c.micro_batch, L.tp, c.recompute);
+        const double blocks = r.n_blocks() * block_activation_bytes(w, c.micro_batch, L.tp, c.recompute);
         // The embedding's dropout mask (its output is the first block's input, counted there).
-        if (r.has_embedding) act += n_slots * N * D / (est.sequence_parallel ? L.tp : 1);
-        if (r.has_head) act += N * m.vocab_size / L.tp * 4;  // fp32 logits for the loss
+        const double embed = r.has_embedding ? N * D / (est.sequence_parallel ? L.tp : 1) : 0.0;
+        const double logits = r.has_head ? N * m.vocab_size / L.tp * 4 : 0.0;  // fp32, for the loss
+        act += n_slots * (blocks + embed) + logits;
+        act_one += blocks + embed + logits;
         recomputes = recomputes || (c.recompute == Recompute::full && r.n_blocks() > 0);
         continue;
       }
-      act += stage_activation_bytes(w, r, n_slots, c.micro_batch, L.tp, c.recompute,
-                                    est.schedule == ScheduleKind::zb_h1 && L.pp > 1);
+      const bool split = est.schedule == ScheduleKind::zb_h1 && L.pp > 1;
+      act += stage_activation_bytes(w, r, n_slots, c.micro_batch, L.tp, c.recompute, split);
+      act_one += stage_activation_bytes(w, r, 1, c.micro_batch, L.tp, c.recompute, split);
     }
     // Under full recomputation a rank rebuilds one block's activations at a time.
     if (recomputes) act += block_activation_bytes(w, c.micro_batch, L.tp, Recompute::none);
@@ -749,10 +223,42 @@ Estimate estimate(const Workload& w, const Candidate& c, const HardwareProfile& 
     const double model_bytes = mem.params + mem.grads + mem.optimizer + mem.activations;
     mem.other = double(hw.process_memory) + model_bytes * hw.allocator_slack;
     mem.total = model_bytes + mem.other;
-    if (mem.total > est.memory.total) est.memory = mem;
+    RankBytes& h = held[p];
+    h.params = mem.params;
+    h.grads = mem.grads;
+    h.optimizer = mem.optimizer;
+    h.activations = mem.activations;
+    h.total = mem.total;
+    h.act_one = act_one;
+    h.n_micro = est.n_micro;
+    h.passes = c.recompute == Recompute::full ? 3 : 2;
+    h.slack = hw.allocator_slack;
+    const double block = block_params(m, L.tp);
+    h.working_params = P > 0 ? std::min(mem.params, mem.params * block / P) : 0.0;
+    h.working_grads = P > 0 ? std::min(mem.grads, mem.grads * block / P) : 0.0;
+    h.working_activations =
+        std::min(mem.activations, block_activation_bytes(w, c.micro_batch, L.tp, Recompute::none));
+    mem.on_chip = mem.total;
+    mems[p] = mem;
   }
   const double limit = o.memory_limit > 0 ? o.memory_limit : double(hw.memory);
-  est.fits = est.memory.total <= limit;
+  // A streaming tier takes what overflows the fast memory, rank by rank.
+  std::vector<StreamPlan> streamed(L.pp);
+  if (hw.streaming_memory > 0)
+    for (int p = 0; p < L.pp; ++p) {
+      streamed[p] = stream_overflow(held[p], limit, double(hw.streaming_memory));
+      mems[p].streamed = streamed[p].bytes;
+      mems[p].on_chip = mems[p].total - streamed[p].bytes;
+    }
+  // The rank that needs the most of the device's memory (then the most in all) is the one shown.
+  est.fits = true;
+  for (int p = 0; p < L.pp; ++p) {
+    const MemoryEstimate& mem = mems[p];
+    est.fits = est.fits && (hw.streaming_memory > 0 ? streamed[p].fits : mem.total <= limit);
+    if (p == 0 || mem.on_chip > est.memory.on_chip ||
+        (mem.on_chip == est.memory.on_chip && mem.total > est.memory.total))
+      est.memory = mem;
+  }
   if (!est.fits && !o.time_if_unfit) return est;
 
   // ---- time: every chunk's forward, backward and weight-gradient time
@@ -769,6 +275,22 @@ Estimate estimate(const Workload& w, const Candidate& c, const HardwareProfile& 
       rank_f[p] += t.f;
       rank_b[p] += t.b;
       rank_compute[p] += est.n_micro * (t.f + t.b - t.f_tp - t.b_tp);
+    }
+  // Streamed bytes cross the link while the rank waits for them (an IPU alternates compute and
+  // exchange), spread over its chunks by their blocks; the update's share comes after the schedule.
+  std::vector<double> rank_stream(L.pp, 0.0);  // in the schedule, per step
+  if (hw.streaming_memory > 0)
+    for (int p = 0; p < L.pp; ++p) {
+      const StreamPlan& sp = streamed[p];
+      if (sp.bytes <= 0) continue;
+      int blocks = 0;
+      for (int ci = 0; ci < v; ++ci) blocks += part.of(p, ci).n_blocks();
+      for (int ci = 0; ci < v; ++ci) {
+        const double share = blocks > 0 ? double(part.of(p, ci).n_blocks()) / blocks : 1.0 / v;
+        F[p][ci] += share * sp.forward / hw.streaming_bandwidth;
+        B[p][ci] += share * sp.backward / hw.streaming_bandwidth;
+      }
+      rank_stream[p] = est.n_micro * (sp.forward + sp.backward) / hw.streaming_bandwidth;
     }
 
   // ---- the schedule
@@ -830,7 +352,8 @@ Estimate estimate(const Workload& w, const Candidate& c, const HardwareProfile& 
     double opt_bytes = owned * (28 + 4 + 8) + P * 4;
     if (w.compute != DType::f32) opt_bytes += P * 6;
     if (w.compute == DType::f16) opt_bytes += P * 12;
-    const double optimizer = price.sweep(opt_bytes, 4);
+    const double optimizer = price.sweep(opt_bytes, 4) +
+                             (hw.streaming_memory > 0 ? streamed[p].step / hw.streaming_bandwidth : 0.0);
     dp_exposed_max = std::max(dp_exposed_max, dp);
     tied_max = std::max(tied_max, tied);
     opt_max = std::max(opt_max, optimizer);
@@ -851,7 +374,9 @@ Estimate estimate(const Workload& w, const Candidate& c, const HardwareProfile& 
   T.backward = rank_b[busiest];
   T.tp_comm = rank_tp[busiest];
   T.pp_comm = transfer[busiest];
-  T.bubble = std::max(0.0, makespan - T.compute - T.tp_comm - T.pp_comm);
+  T.bubble = std::max(0.0, makespan - T.compute - T.tp_comm - T.pp_comm - rank_stream[busiest]);
+  T.streaming = rank_stream[busiest] +
+                (hw.streaming_memory > 0 ? streamed[busiest].step / hw.streaming_bandwidth : 0.0);
   T.dp_comm = dp_exposed_max;
   T.optimizer = opt_max;
   T.other = tied_max + scalars + hw.step_overhead;

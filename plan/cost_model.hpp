@@ -2,34 +2,45 @@
 // a layout, from the model's shape and a hardware profile (plan/hardware.hpp).
 //
 // Time. Every layer is a list of kernels: GEMMs (their FLOPs at the rate the profile
-// gives for that shape and dtype), the attention core (at attention_efficiency of peak),
-// and memory-bound kernels (their bytes at elementwise_efficiency of the memory
-// bandwidth), each plus a launch overhead; tensor-parallel collectives sit inside the
-// layers, on the critical path. The pipeline is simulated from the real schedule table
-// (plan/schedule.hpp: the same table the executor runs) with each chunk's forward,
-// backward and weight-gradient times and the p2p transfer time, so the bubble comes out
-// of the simulation. After it: the data-parallel reduction (the part the backward does
-// not hide), ZeRO's gathers, the tied-embedding sum, the scalar reductions, the
-// optimizer, and a fixed per-step overhead. Collectives follow the alpha-beta (latency +
-// bytes / bandwidth) ring formulas of hardware.hpp, on the tier the group's placement
-// decides: ranks fill nodes in rank order, rank = (d * pp + p) * tp + t (plan/grid.hpp),
-// so a group whose ranks all sit on one node talks within it.
+// gives for that shape and dtype), the fused causal attention (attention_flops, at
+// attention_efficiency of peak), and memory-bound kernels (their bytes at elementwise_efficiency of the
+// memory bandwidth), each plus a launch overhead; tensor-parallel collectives sit inside the layers, on the
+// critical path. The pipeline is simulated from the real schedule table (plan/schedule.hpp: the same table
+// the executor runs) with each chunk's forward, backward and weight-gradient times and the p2p transfer time,
+// so the bubble comes out of the simulation. After it: the data-parallel reduction (the part the backward
+// does not hide), ZeRO's gathers, the tied-embedding sum, the scalar reductions, the optimizer, and a fixed
+// per-step overhead. Collectives follow the alpha-beta (latency + bytes / bandwidth) ring formulas of
+// hardware.hpp, on the tier the group's placement decides: ranks fill nodes in rank order, rank = (d * pp +
+// p) * tp + t (plan/grid.hpp), so a group whose ranks all sit on one node talks within it.
 //
 // Memory (bytes on the busiest rank). Parameters, gradients and optimizer state by
 // precision and ZeRO stage; activations per in-flight micro-batch (the schedule's peak,
 // from the simulation) by recompute mode and sequence parallelism; the embedding and the
 // logits; scratch; the process's own memory and the allocator's slack. Two accountings:
 //   troupe    exactly what troupe's engine allocates (model/layers.hpp, model/stage.cpp):
-//             f32 residual stream and scores, the compute dtype for the Linear inputs;
+//             f32 residual stream, the compute dtype for the Linear inputs and q|k|v;
 //             master weights f32 (4 B/param, + 2 B 16-bit copy), f32 gradients, AdamW
 //             m and v (8 B/param);
-//   megatron  Megatron-LM's (Korthikanti et al. 2022, table 2: 34 sbh + 5 a s^2 b bytes
-//             per layer in 16 bits with dropout, divided as tensor and sequence
-//             parallelism divide them; 18 B/param, 6 + 12/dp with the distributed
-//             optimizer) — for comparing with published runs.
+//   megatron  Megatron-LM's (Korthikanti et al. 2022, table 2: 34 sbh bytes per layer in
+//             16 bits with dropout, divided as tensor and sequence parallelism divide
+//             them; 18 B/param, 6 + 12/dp with the distributed optimizer) — for GPU jobs
+//             and for comparing with published runs.
+// Both price attention as a fused, flash-style causal kernel (what troupe's CPU kernel and
+// its CUDA twin run): tiles of 64 query rows against the keys up to each tile's last row,
+// an online softmax, per layer only q|k|v, the output and one f32 log-sum-exp per query row
+// and head kept, the backward recomputing the probabilities tile by tile. No s x s term in
+// memory; selective recomputation (the probabilities) is priced as none.
+// AttentionKind::materialized prices instead a kernel that keeps the s x s scores (the
+// published runs of 2021-22 used one).
 //
-// What troupe runs today is narrower than what the model prices (selective recompute,
-// sequence parallelism, ZeRO 3, GPUs): Estimate::runnable says why a candidate is not.
+// A profile with a streaming tier (an IPU's Streaming Memory: hardware.hpp) takes what
+// overflows a device's memory, rank by rank, cheapest traffic per byte first (the optimizer,
+// then activations, gradients, weights, beyond a block's working set), and the step pays the
+// streamed bytes at the link's bandwidth (plan/streaming.cpp).
+//
+// What troupe runs today is narrower than what the model prices (sequence parallelism,
+// ZeRO 3, pipelines and tensor groups of GPUs, IPUs): Estimate::runnable says why a candidate
+// is not.
 #pragma once
 
 #include <map>
@@ -47,6 +58,10 @@
 namespace troupe::plan {
 
 enum class EngineKind : uint8_t { troupe, megatron };
+// How attention is priced: the fused causal kernel troupe runs (the default), or a kernel that
+// materialises the s x s scores — to price published runs that used one (Megatron-LM 2021-22).
+enum class AttentionKind : uint8_t { fused, materialized };
+const char* to_string(AttentionKind k);  // "fused", "materialized"
 
 // What the cost of a job depends on besides its layout.
 struct Workload {
@@ -57,6 +72,7 @@ struct Workload {
   ScheduleKind schedule = ScheduleKind::one_f_one_b;
   bool sequence_parallel = false;
   EngineKind engine = EngineKind::troupe;
+  AttentionKind attention = AttentionKind::fused;
   DeviceKind device = DeviceKind::cpu;  // what the job asks for (troupe trains on cpu today)
 };
 Workload workload(const JobSpec& spec);
@@ -78,18 +94,23 @@ struct MemoryEstimate {
   double activations = 0;  // in-flight micro-batches, logits, scratch
   double other = 0;        // the process and the allocator's slack
   double total = 0;
-  int pipeline_rank = 0;  // the pipeline rank this is of (the one with the most)
+  double streamed = 0;    // of total, what lives in the profile's streaming tier (0 without one)
+  double on_chip = 0;     // of total, what the device's own memory holds (total without a streaming tier)
+  int pipeline_rank = 0;  // the pipeline rank this is of (the one that needs the most of a device)
 };
 
 struct TimeEstimate {
-  double step = 0;                   // s per optimizer step
-  double compute = 0;                // the busiest rank's kernels (forward, backward, recomputation)
-  double tp_comm = 0;                // its tensor-parallel collectives
-  double pp_comm = 0;                // its point-to-point transfers
-  double bubble = 0;                 // its idle time in the schedule
-  double dp_comm = 0;                // the data-parallel reduction and ZeRO gathers, as far as not hidden
-  double optimizer = 0;              // AdamW, clipping, the 16-bit copy
-  double other = 0;                  // tied-embedding sum, scalar reductions, per-step overhead
+  double step = 0;       // s per optimizer step
+  double compute = 0;    // the busiest rank's kernels (forward, backward, recomputation)
+  double tp_comm = 0;    // its tensor-parallel collectives
+  double pp_comm = 0;    // its point-to-point transfers
+  double bubble = 0;     // its idle time in the schedule
+  double dp_comm = 0;    // the data-parallel reduction and ZeRO gathers, as far as not hidden
+  double optimizer = 0;  // AdamW, clipping, the 16-bit copy
+  double other = 0;      // tied-embedding sum, scalar reductions, per-step overhead
+  // Its transfers to and from a streaming tier: per micro-batch in the schedule (beside compute),
+  // and the update's (counted in optimizer too).
+  double streaming = 0;
   double forward = 0, backward = 0;  // one micro-batch through the busiest rank's chunks
   double bubble_fraction = 0;        // the schedule's idle share (simulated; 0 without a pipeline)
   double comm_share = 0;             // (tp + pp + dp + tied + scalar comm) / step
@@ -151,10 +172,22 @@ double model_params(const ModelShape& m);
 // Model FLOPs of one optimizer step: 3 x the forward's, attention at full s x s.
 double model_flops_per_step(const Workload& w);
 
-// The share of the full s x s attention square the engine computes: troupe's CPU kernel takes
-// queries in blocks of 64 against the keys up to each block's last row (about half, plus the
-// diagonal blocks); Megatron-LM's (2021-22) computes the whole square and masks it (1).
-double causal_fraction(EngineKind e, int s);
+// The share of the full s x s attention square the fused causal kernel computes: queries in
+// blocks of 64 rows against the keys up to each block's last row (about half, plus the
+// diagonal blocks).
+double causal_fraction(int s);
+// FLOPs of the fused causal attention of one micro-batch of `b` rows on one tensor shard, for
+// every query head of the shard: forward two products (S = q k^T, O = P v), backward five (S
+// recomputed, dV, dP, dQ, dK), each 2 b heads head_dim s^2 causal_fraction(s).
+struct AttentionFlops {
+  double forward = 0, backward = 0;
+};
+AttentionFlops attention_flops(const ModelShape& m, int b, int tp);
+// The one tensor the fused attention keeps besides q|k|v and its output: the f32
+// log-sum-exp of every query row, (b, heads / tp, s).
+double attention_lse_bytes(const ModelShape& m, int b, int tp);
+// What the cost model assumes of attention, for `troupe plan` to say.
+const char* attention_assumed(const Workload& w);
 
 // Activation bytes one in-flight micro-batch of `b` rows keeps per block, on one shard.
 double block_activation_bytes(const Workload& w, int b, int tp, Recompute r);

@@ -43,6 +43,18 @@ double LinkCost::two_ranks(double bytes, double steps, double factor) const {
   return std::exp(std::log(y0) + a * std::log(y1 / y0));
 }
 
+const char* to_string(ProfileDevice d) {
+  switch (d) {
+    case ProfileDevice::cpu:
+      return "cpu";
+    case ProfileDevice::cuda:
+      return "cuda";
+    case ProfileDevice::ipu:
+      return "ipu";
+  }
+  return "?";
+}
+
 double HardwareProfile::peak(DType dt) const {
   if (dt == DType::bf16) return peak_bf16;
   if (dt == DType::f16) return peak_f16;
@@ -325,6 +337,7 @@ HardwareProfile parse_hardware(const std::string& text, const std::string& filen
              "devices_per_node",
              "memory",
              "memory_bandwidth",
+             "streaming",
              "peak_flops",
              "gemm",
              "attention_efficiency",
@@ -344,12 +357,18 @@ HardwareProfile parse_hardware(const std::string& text, const std::string& filen
     r.error(root["name"], "'name' must be 1 to 64 letters, digits, '.', '_' or '-', got '" + p.name + "'",
             "e.g. name: h100-sxm");
   r.text(root, "", "description", p.description);
-  r.choice(root, "", "device", p.device, {{"cpu", DeviceKind::cpu}, {"cuda", DeviceKind::cuda}}, true);
+  r.choice(root, "", "device", p.device,
+           {{"cpu", ProfileDevice::cpu}, {"cuda", ProfileDevice::cuda}, {"ipu", ProfileDevice::ipu}}, true);
   int64_t per_node = p.devices_per_node;
   r.integer(root, "", "devices_per_node", per_node, 1, 1 << 16, true);
   p.devices_per_node = static_cast<int>(per_node);
   r.size(root, "", "memory", p.memory, true);
   r.number(root, "", "memory_bandwidth", p.memory_bandwidth, 1, kBig, true);
+  if (const YAML::Node st = root["streaming"];
+      st.IsDefined() && r.mapping(st, "streaming", {"memory", "bandwidth"})) {
+    r.size(st, "streaming.", "memory", p.streaming_memory, true);
+    r.number(st, "streaming.", "bandwidth", p.streaming_bandwidth, 1, kBig, true);
+  }
   if (const YAML::Node pf = root["peak_flops"]; !pf.IsDefined()) {
     r.error(root, "'peak_flops' is missing", "e.g. peak_flops: {fp32: 494e12, bf16: 989e12, fp16: 989e12}");
   } else if (r.mapping(pf, "peak_flops", {"fp32", "bf16", "fp16"})) {
@@ -423,6 +442,9 @@ std::string to_yaml(const HardwareProfile& p) {
   y << "devices_per_node: " << p.devices_per_node << "\n";
   y << "memory: " << format_size(p.memory) << "\n";
   y << "memory_bandwidth: " << num(p.memory_bandwidth) << "\n";
+  if (p.streaming_memory > 0)
+    y << "streaming: {memory: " << format_size(p.streaming_memory)
+      << ", bandwidth: " << num(p.streaming_bandwidth) << "}\n";
   y << "peak_flops: {fp32: " << num(p.peak_f32) << ", bf16: " << num(p.peak_bf16)
     << ", fp16: " << num(p.peak_f16) << "}\n";
   y << "gemm:\n  efficiency: " << num(p.gemm_efficiency) << "\n  half_flops: " << num(p.gemm_half_flops)

@@ -1,6 +1,6 @@
 // Hardware profiles: what the planner's cost model knows of a device and the links
 // between devices. A profile is a YAML file (docs/planner.md lists every key);
-// `a100-80gb`, `h100-sxm`, `h200-sxm` and a generic `cpu` are compiled in from
+// `a100-80gb`, `h100-sxm`, `h200-sxm`, `ipu-bow` and a generic `cpu` are compiled in from
 // configs/hardware/, and `troupe plan --calibrate` measures this machine and writes
 // one (the `cpu` profile the planner then uses by default).
 //
@@ -60,14 +60,25 @@ struct NetworkTier {
   LinkCost allreduce, allgather, reduce_scatter;  // per-collective fits in the same form
 };
 
+// What a profile describes: a CPU core or a GPU (troupe trains on both), or an IPU-class
+// accelerator (small on-chip memory, the rest streamed; priced, not run).
+enum class ProfileDevice : uint8_t { cpu, cuda, ipu };
+const char* to_string(ProfileDevice d);
+
 struct HardwareProfile {
   std::string name;
   std::string description;  // what it is and where its figures come from
   std::string source;       // the file it was read from, or "built-in"
-  DeviceKind device = DeviceKind::cuda;
+  ProfileDevice device = ProfileDevice::cuda;
   int devices_per_node = 8;
-  uint64_t memory = 0;          // bytes per device
+  uint64_t memory = 0;          // bytes per device (an IPU: its on-chip SRAM)
   double memory_bandwidth = 0;  // bytes/s per device
+  // A second, slower tier per device that what does not fit in `memory` streams to and from
+  // (an IPU's Streaming Memory, DRAM behind a link); 0 bytes: none. The cost model places the
+  // bytes that overflow `memory` there, cheapest traffic first, and prices their transfers at
+  // streaming_bandwidth (plan/cost_model.hpp).
+  uint64_t streaming_memory = 0;
+  double streaming_bandwidth = 0;  // bytes/s per device, each direction
   // Dense peak FLOP/s per device by the dtype products compute in (f32: what fp32 GEMMs
   // run on, TF32 tensor cores on a GPU that allows them).
   double peak_f32 = 0, peak_bf16 = 0, peak_f16 = 0;

@@ -60,6 +60,10 @@ int planned_devices(const JobSpec& spec, int available) {
   return n;
 }
 
+size_t PlanResult::ranked() const {
+  return size_t(std::count_if(plans.begin(), plans.end(), [](const Estimate& e) { return e.fits; }));
+}
+
 const Estimate* PlanResult::best() const {
   for (const Estimate& e : plans)
     if (e.fits && e.runnable.empty()) return &e;
@@ -91,6 +95,17 @@ std::string gib(double bytes) {
   return buf;
 }
 
+// Why a priced candidate does not fit: the bytes it needs against what a device has.
+std::string memory_reason(const Estimate& e, const PlanRequest& req, const HardwareProfile& hw) {
+  const std::string rank = " (pipeline rank " + std::to_string(e.memory.pipeline_rank) + "), ";
+  const std::string have = gib(req.memory_limit > 0 ? req.memory_limit : double(hw.memory));
+  if (hw.streaming_memory == 0)
+    return "needs " + gib(e.memory.total) + " per device" + rank + have + " available";
+  return "needs " + gib(e.memory.on_chip) + " on the device after streaming " + gib(e.memory.streamed) +
+         rank + have + " on the device and " + gib(double(hw.streaming_memory)) +
+         " streaming memory available (a block's working set and the process never stream)";
+}
+
 // Layouts of exactly n devices with the spec's fixed degrees.
 std::vector<Layout> layouts_of(const PlanRequest& r, int n) {
   std::vector<Layout> out;
@@ -119,7 +134,10 @@ PlanResult search(const PlanRequest& req, const HardwareProfile& hw) {
     modes = {*req.recompute};
   } else {
     modes = {Recompute::none, Recompute::full};
-    if (w.model.type != ModelType::mlp) modes.insert(modes.begin() + 1, Recompute::selective);
+    // Selective recomputation drops the attention probabilities, which the fused attention never
+    // keeps: it would be none again. Only a materialised attention makes it a choice of its own.
+    if (w.model.type != ModelType::mlp && w.attention == AttentionKind::materialized)
+      modes.insert(modes.begin() + 1, Recompute::selective);
   }
   const bool interleaved = w.schedule == ScheduleKind::interleaved;
   ScheduleCache cache;
@@ -147,32 +165,19 @@ PlanResult search(const PlanRequest& req, const HardwareProfile& hw) {
         mbs = divisors(w.global_batch / L.dp);
       else
         mbs.assign(1, 1);
-      bool any = false;
-      std::string why_none;
       for (int v : vs)
         for (int mb : mbs)
           for (Recompute rc : modes) {
             Candidate c{L, v, mb, rc};
             ++res.candidates;
             if (std::string why = refusal(w, c); !why.empty()) {
-              // The same reason for every micro-batch of a layout is said once, for the layout.
-              if (why_none.empty()) why_none = why;
-              if (why.find("micro_batch") != std::string::npos ||
-                  why.find("micro-batches") != std::string::npos)
-                rejected.push_back({c.str(), why});
+              rejected.push_back({c.str(), L, why});
               continue;
             }
-            any = true;
             Estimate e = estimate(w, c, hw, eo);
-            if (!e.fits)
-              rejected.push_back(
-                  {c.str(), "needs " + gib(e.memory.total) + " per device (pipeline rank " +
-                                std::to_string(e.memory.pipeline_rank) + "), " +
-                                gib(req.memory_limit > 0 ? req.memory_limit : double(hw.memory)) +
-                                " available"});
+            if (!e.fits) rejected.push_back({c.str(), L, memory_reason(e, req, hw), true});
             res.plans.push_back(std::move(e));
           }
-      if (!any) rejected.push_back({L.str(), why_none});
     }
     res.rejected.insert(res.rejected.end(), rejected.begin(), rejected.end());
     if (res.plans.size() > before || fixed) {
@@ -206,17 +211,19 @@ std::string PlanResult::explain(const HardwareProfile& hw) const {
       return "no layout of the devices divides the model and the batch" +
              (rejected.empty() ? std::string()
                                : ": " + rejected.front().candidate + ": " + rejected.front().reason);
+    // The smallest plan troupe runs, else the smallest priced one (a profile troupe does not run on).
     const Estimate* smallest = nullptr;
-    for (const Estimate& e : plans)
-      if (e.runnable.empty() && (!smallest || e.memory.total < smallest->memory.total)) smallest = &e;
-    if (!smallest) return "no plan that troupe's engine runs: " + plans.front().runnable;
+    for (int pass = 0; pass < 2 && !smallest; ++pass)
+      for (const Estimate& e : plans)
+        if ((pass == 1 || e.runnable.empty()) && (!smallest || e.memory.on_chip < smallest->memory.on_chip))
+          smallest = &e;
     std::snprintf(
         buf, sizeof buf,
         "nothing fits in %s per device: the smallest plan, %s, needs %s (pipeline rank %d); give the "
         "job more devices or devices with more memory, or lower the memory: recompute full, zero 1 "
         "or 2, a smaller micro_batch or seq_len",
         gib(memory_limit > 0 ? memory_limit : double(hw.memory)).c_str(), smallest->candidate.str().c_str(),
-        gib(smallest->memory.total).c_str(), smallest->memory.pipeline_rank);
+        gib(smallest->memory.on_chip).c_str(), smallest->memory.pipeline_rank);
     return buf;
   }
   std::snprintf(buf, sizeof buf, "%s: %.3f s/step predicted, %.0f tokens/s, MFU %.1f%%, %s per device",

@@ -36,20 +36,28 @@ struct PlanRequest {
 // What the spec fixes and leaves to the planner, for `devices` devices.
 PlanRequest plan_request(const JobSpec& spec, int devices);
 
+// A candidate that is not ranked: refused (the model, the batch or the schedule does not split
+// that way) or priced and found not to fit a device's memory.
 struct Rejected {
-  std::string candidate;  // Candidate::str(), or a layout ("2x4x1") when no micro-batch of it divides
+  std::string candidate;  // Candidate::str()
+  Layout layout;
   std::string reason;
+  bool memory = false;  // it was priced: PlanResult::plans holds it too (fits false)
 };
 
+// Every candidate the search counts is accounted for once: ranked (a plan that fits) or
+// rejected with its reason, so candidates == ranked() + rejected.size().
 struct PlanResult {
   // Every candidate that can be planned: those that fit, fastest first, then those that do not
-  // (priced for memory only).
+  // (priced for memory only; each is also in `rejected`).
   std::vector<Estimate> plans;
-  std::vector<Rejected> rejected;  // those that cannot, with why
+  std::vector<Rejected> rejected;  // those refused or that do not fit, each with why
   int devices = 0;                 // devices the plans use
-  size_t candidates = 0;           // examined
+  size_t candidates = 0;           // examined, over every device count tried
   double seconds = 0;              // the search took
   double memory_limit = 0;         // bytes per device the plans were held to
+  // Plans that fit (the ranked ones).
+  size_t ranked() const;
   // The fastest plan that fits and that troupe runs, or nullptr.
   const Estimate* best() const;
   // The fastest plan that fits, whether troupe runs it or not (a GPU job today), or nullptr.

@@ -5,12 +5,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "checkpoint/checkpoint.hpp"
 
@@ -198,6 +200,83 @@ TEST_CASE("layouts: a llama in every layout of {1,2}^3 gives the 1x1x1 losses wi
     const std::string ckpt = checkpoint::resolve(run + "/ckpt");
     const checkpoint::Manifest m = checkpoint::verify(ckpt);
     for (const char* tensor : {"wte.weight", "lm_head.weight", "h.1.attn.c_attn.weight"}) {
+      INFO("parameter " << tensor);
+      Tensor a = checkpoint::read_full(ckpt, m, tensor), b = checkpoint::read_full(ref_ckpt, ref_m, tensor);
+      REQUIRE(a.shape() == b.shape());
+      double max_abs = 0;
+      for (int64_t i = 0; i < a.numel(); ++i)
+        max_abs = std::max(max_abs, std::abs(double(a.f32()[i]) - double(b.f32()[i])));
+      CHECK(max_abs < 1e-4);
+    }
+  }
+  fs::remove_all(tmp);
+}
+
+namespace {
+
+// A shipped layout file with its model deepened to `layers` blocks, the pipeline and virtual
+// stages set: written into dir.
+std::string deeper_in(const std::string& layout, int layers, int pipeline, int virtual_stages,
+                      const std::string& dir) {
+  std::ifstream in(std::string(TROUPE_SOURCE_DIR) + "/configs/layouts/" + layout + ".yaml");
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"  n_layers: 4\n", "  n_layers: " + std::to_string(layers) + "\n"},
+           {"  pipeline: 2\n", "  pipeline: " + std::to_string(pipeline) + "\n"},
+           {"  virtual_stages: 2\n", "  virtual_stages: " + std::to_string(virtual_stages) + "\n"}}) {
+    const size_t at = text.find(from);
+    if (at != std::string::npos) text.replace(at, from.size(), to);
+  }
+  const std::string path =
+      dir + "/" + layout + "_" + std::to_string(pipeline) + "x" + std::to_string(virtual_stages) + ".yaml";
+  std::ofstream(path) << text;
+  return path;
+}
+
+// The chunk sizes a run's plan gave rank 0's log ("plan: ..., chunks [0,1)+embedding [1,3) ...").
+std::vector<int> chunk_sizes(const std::string& run) {
+  std::ifstream log(run + "/workers/0.log");
+  std::string line, plan;
+  while (std::getline(log, line))
+    if (line.rfind("plan: ", 0) == 0) plan = line;
+  std::vector<int> sizes;
+  for (size_t at = plan.find(" ["); at != std::string::npos; at = plan.find(" [", at + 1)) {
+    const int first = std::stoi(plan.substr(at + 2)), last = std::stoi(plan.substr(plan.find(',', at) + 1));
+    sizes.push_back(last - first);
+  }
+  return sizes;
+}
+
+}  // namespace
+
+TEST_CASE("layouts: interleaved chunks that do not divide the layers give the 1x1x1 losses and parameters",
+          "[cli][layouts][uneven]") {
+  const std::string tmp =
+      (fs::temp_directory_path() / ("troupe_layouts_uneven_" + std::to_string(::getpid()))).string();
+  fs::create_directories(tmp);
+  // 9 blocks: 1x2x1 with 3 chunks per rank (6 chunks) and 1x4x1 with 2 (8 chunks).
+  const std::string ref_run = run_config(deeper_in("tiny_dp1_pp1_tp1", 9, 1, 1, tmp), tmp + "/ref");
+  const std::vector<double> ref = losses(ref_run);
+  REQUIRE(ref.size() == 10);
+  CHECK(ref.back() < ref.front());
+  const std::string ref_ckpt = checkpoint::resolve(ref_run + "/ckpt");
+  const checkpoint::Manifest ref_m = checkpoint::verify(ref_ckpt);
+  for (auto [pp, v] : {std::pair{2, 3}, std::pair{4, 2}}) {
+    INFO("1x" << pp << "x1, " << v << " virtual stages");
+    const std::string run = run_config(deeper_in("tiny_dp1_pp2_tp1_interleaved", 9, pp, v, tmp),
+                                       tmp + "/pp" + std::to_string(pp));
+    const std::vector<int> sizes = chunk_sizes(run);
+    REQUIRE(sizes.size() == size_t(pp * v));
+    CHECK(*std::min_element(sizes.begin(), sizes.end()) < *std::max_element(sizes.begin(), sizes.end()));
+    CHECK(sizes.front() == 1);  // the embedding's chunk
+    CHECK(sizes.back() == 1);   // the head's
+    const std::vector<double> got = losses(run);
+    REQUIRE(got.size() == ref.size());
+    for (size_t i = 0; i < ref.size(); ++i) CHECK(got[i] == Approx(ref[i]).epsilon(1e-4));
+    const std::string ckpt = checkpoint::resolve(run + "/ckpt");
+    const checkpoint::Manifest m = checkpoint::verify(ckpt);
+    for (const auto& tensor : checkpoint::tensor_names(ref_ckpt, ref_m)) {
+      if (tensor.rfind("optim.", 0) == 0) continue;
       INFO("parameter " << tensor);
       Tensor a = checkpoint::read_full(ckpt, m, tensor), b = checkpoint::read_full(ref_ckpt, ref_m, tensor);
       REQUIRE(a.shape() == b.shape());

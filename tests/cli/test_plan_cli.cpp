@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "tests/support/support.hpp"
 
@@ -49,8 +50,14 @@ TEST_CASE("cli: plan ranks every candidate, marks the choice, and explains it", 
   CHECK(r.out.find("chosen: ") != std::string::npos);
   CHECK(r.out.find("s/step predicted") != std::string::npos);
   CHECK(r.out.find("rejected:") != std::string::npos);
-  CHECK(r.out.find(" selective ") != std::string::npos);  // every recompute mode is a candidate
-  CHECK(r.out.find("rank 3: ") != std::string::npos);     // the chosen plan's ranks
+  // none and full are the candidates: selective would be none again under the fused attention.
+  CHECK(r.out.find(" none ") != std::string::npos);
+  CHECK(r.out.find(" full ") != std::string::npos);
+  std::istringstream rows(r.out);
+  for (std::string row; std::getline(rows, row);)
+    if (row.find(" | ") != std::string::npos) CHECK(row.find("selective") == std::string::npos);
+  CHECK(r.out.find("attention: fused causal") != std::string::npos);
+  CHECK(r.out.find("rank 3: ") != std::string::npos);  // the chosen plan's ranks
   fs::remove_all(dir);
 }
 
@@ -80,9 +87,16 @@ TEST_CASE("cli: plan --json is one object: plans best first, rejected with reaso
   bool heads = false;
   for (const auto& x : j["rejected"]) {
     CHECK(x.contains("layout"));
+    CHECK(x["candidate"].get<std::string>().rfind(x["layout"].get<std::string>() + " mb", 0) == 0);
+    CHECK(!x["reason"].get<std::string>().empty());
     heads = heads || (x["layout"] == "1x1x4" && x["reason"] == "n_heads (2) is not divisible by tensor (4)");
   }
   CHECK(heads);
+  // Every candidate counted is ranked or rejected, once.
+  CHECK(j["plans"].size() + j["rejected"].size() == j["candidates"].get<size_t>());
+  CHECK(j["counts"]["ranked"] == j["plans"].size());
+  CHECK(j["counts"]["rejected"] == j["rejected"].size());
+  CHECK(j["attention"] == "fused");
   CHECK(j["chosen"]["runnable"] == true);
   CHECK(j["explanation"].get<std::string>().find("s/step predicted") != std::string::npos);
   // A spec that fixes every degree holds that one layout.
@@ -201,5 +215,96 @@ TEST_CASE("cli: plan --calibrate measures this machine into a profile that plans
   CommandResult q = troupe::testing::run_troupe("plan " + spec, "TROUPE_HARDWARE_DIR=" + dir + "/profiles");
   CHECK(q.code == 0);
   CHECK(q.out.find("hardware cpu (" + out + ")") != std::string::npos);
+  fs::remove_all(dir);
+}
+
+namespace {
+
+// The 2024-class Llama of docs/planner.md: 126 layers on 64 x 16 x 8 H100s.
+std::string llama_405b(const std::string& schedule) {
+  return "name: llama-405b\n"
+         "model: {type: llama, vocab_size: 128256, seq_len: 8192, d_model: 16384, n_layers: 126, n_heads: "
+         "128, "
+         "n_kv_heads: 8, ffn_hidden: 53248, tie_embeddings: false}\n"
+         "data: {source: tokens, dtype: uint32, path: /nonexistent.bin}\n"
+         "train: {steps: 10, global_batch: 2048, micro_batch: auto, recompute: auto, precision: bf16, zero: "
+         "1}\n"
+         "parallel: {data: 64, pipeline: 16, tensor: 8, schedule: " +
+         schedule + ", sequence_parallel: true" +
+         (schedule == "interleaved" ? ", virtual_stages: auto" : "") +
+         "}\n"
+         "resources: {device: cuda, hardware: h100-sxm}\n";
+}
+
+}  // namespace
+
+TEST_CASE("cli: plan accounts for every candidate of a 126-layer Llama and interleaves it unevenly",
+          "[cli][planner]") {
+  const std::string dir = temp_dir("llama");
+  const std::string spec = write(dir, "llama.yaml", llama_405b("interleaved"));
+  CommandResult r = troupe_cmd("plan " + spec + " --json", dir);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  CHECK(j["candidates"] == 72);
+  CHECK(j["plans"].size() + j["rejected"].size() == 72);
+  for (const auto& x : j["rejected"])
+    CHECK(x["reason"].get<std::string>().find("do not divide into") == std::string::npos);
+  const nlohmann::json& c = j["chosen"];
+  CHECK(c["schedule"] == "interleaved");
+  CHECK(c["virtual_stages"].get<int>() >= 2);
+  const std::vector<int> b = c["boundaries"];
+  CHECK(b.size() == size_t(16 * c["virtual_stages"].get<int>() + 1));
+  CHECK(b.back() == 126);
+  CHECK(j["attention_assumed"].get<std::string>().find("flash-style") != std::string::npos);
+  // The text says which attention it assumed and groups the rejections by reason.
+  CommandResult t = troupe_cmd("plan " + spec, dir);
+  CHECK(t.code == 0);
+  CHECK(t.out.find("attention: fused causal, flash-style") != std::string::npos);
+  CHECK(t.out.find("more for this reason") != std::string::npos);
+  // Priced as the published runs of 2021-22 computed attention, no recomputation needs the
+  // hundreds of GiB of s x s scores; fused, it does not.
+  const std::string one = write(dir, "one.yaml", llama_405b("1f1b"));
+  double fused = 0, materialized = 0;
+  const nlohmann::json fj = nlohmann::json::parse(troupe_cmd("plan " + one + " --json", dir).out);
+  for (const auto& p : fj["rejected"])
+    if (p["candidate"] == "64x16x8 mb1 none") fused = std::stod(p["reason"].get<std::string>().substr(6));
+  CommandResult m = troupe_cmd("plan " + one + " --json --attention materialized", dir);
+  REQUIRE(m.code == 0);
+  const nlohmann::json mj = nlohmann::json::parse(m.out);
+  CHECK(mj["attention"] == "materialized");
+  for (const auto& p : mj["rejected"])
+    if (p["candidate"] == "64x16x8 mb1 none")
+      materialized = std::stod(p["reason"].get<std::string>().substr(6));
+  CHECK(fused > 80);
+  CHECK(fused < 100);
+  CHECK(materialized > 500);
+  CHECK(troupe_cmd("plan " + one + " --attention flash", dir).code == 2);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("cli: plan on the IPU profile streams what overflows the chip and runs nothing", "[cli][planner]") {
+  const std::string dir = temp_dir("ipu");
+  const std::string spec = write(
+      dir, "gpt.yaml",
+      "name: gpt-1.3b\n"
+      "model: {type: gpt, vocab_size: 51200, seq_len: 2048, d_model: 2048, n_layers: 24, n_heads: 16}\n"
+      "data: {source: tokens, path: /nonexistent.bin}\n"
+      "train: {steps: 10, global_batch: 512, micro_batch: auto, recompute: auto, precision: fp16, zero: 1}\n"
+      "parallel: {data: auto, pipeline: auto, tensor: auto}\n"
+      "resources: {device: cuda}\n");
+  CommandResult r = troupe_cmd("plan " + spec + " --hardware ipu-bow --devices 64", dir);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("streaming: what overflows 0.84 GiB per device") != std::string::npos);
+  CHECK(r.out.find("  stream GiB") != std::string::npos);
+  CHECK(r.out.find("no IPU backend") != std::string::npos);
+  CHECK(r.out.find("\nfastest: ") != std::string::npos);
+  CommandResult j = troupe_cmd("plan " + spec + " --hardware ipu-bow --devices 64 --json", dir);
+  REQUIRE(j.code == 0);
+  const nlohmann::json c = nlohmann::json::parse(j.out)["chosen"];
+  CHECK(c["memory_bytes"]["streamed"].get<double>() > 0);
+  CHECK(c["memory_bytes"]["on_device"].get<double>() <= 900e6);
+  CHECK(c["time_s"]["streaming"].get<double>() > 0);
   fs::remove_all(dir);
 }

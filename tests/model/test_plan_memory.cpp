@@ -35,8 +35,13 @@ ModelConfig config(ModelKind kind) {
   return c;
 }
 
+// The attention troupe's engine runs (model/layers.cpp): what its saved tensors and workspace
+// hold is what the planner must price for it.
+constexpr plan::AttentionKind kEngineAttention = plan::AttentionKind::materialized;
+
 plan::Workload workload_of(const ModelConfig& c, DType dt) {
   plan::Workload w;
+  w.attention = kEngineAttention;
   w.model.type = c.kind == ModelKind::gpt     ? ModelType::gpt
                  : c.kind == ModelKind::llama ? ModelType::llama
                                               : ModelType::mlp;

@@ -41,7 +41,7 @@ TEST_CASE("hardware: the built-in profiles", "[plan][hardware]") {
   for (const char* n : {"a100-80gb", "h100-sxm", "h200-sxm", "cpu"})
     CHECK(std::find(names.begin(), names.end(), std::string(n)) != names.end());
   const HardwareProfile a = builtin_hardware("a100-80gb");
-  CHECK(a.device == DeviceKind::cuda);
+  CHECK(a.device == ProfileDevice::cuda);
   CHECK(a.devices_per_node == 8);
   CHECK(a.memory == uint64_t(80) << 30);
   CHECK(a.peak(DType::bf16) == 312e12);
