@@ -25,21 +25,21 @@ packages=(
   python3 python3-zmq python3-numpy fortunes procps
 )
 # Only the tests need these: the PyTorch reference forwards (tests/checkpoint/hf_reference.py),
-# the browser that Node drives through the dashboard (tests/browser/), and a one-host Slurm
-# (slurmctld, slurmd, munged) that runs docs/deploy.md's sbatch script (tests/slurm/), and
-# iproute2 (ip, tc) and nftables for the hosts made of network namespaces and their impaired
-# links (tests/multihost/).
+# the browser that Node (with playwright-core, from npm) drives through the dashboard
+# (tests/browser/), and a one-host Slurm (slurmctld, slurmd, munged) that runs docs/deploy.md's
+# sbatch script (tests/slurm/), and iproute2 (ip, tc) and nftables for the hosts made of network
+# namespaces and their impaired links (tests/multihost/).
 test_packages=(python3-torch chromium nodejs slurm-wlm munge iproute2 nftables)
 if [ "$mode" = test ]; then packages+=("${test_packages[@]}"); fi
 
+sudo=""
+if [ "$(id -u)" != 0 ]; then sudo=sudo; fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if ((${#missing[@]})); then
   echo "== installing ${#missing[@]} Debian packages: ${missing[*]}"
-  sudo=""
-  if [ "$(id -u)" != 0 ]; then sudo=sudo; fi
   export DEBIAN_FRONTEND=noninteractive
   $sudo apt-get update -qq
   $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
@@ -55,6 +55,15 @@ sed -n '/troupe .* configuration/,/sanitizers/p' "$root/build-configure.log" | s
 cmake --build "$root/build" -j "$jobs"
 
 if [ "$mode" = test ]; then
+  # The browser test's npm package (tests/browser/package.json): playwright-core, which drives
+  # the chromium installed above. Debian's nodejs ships without npm; NodeSource's includes it.
+  if ! command -v npm >/dev/null; then
+    echo "== installing npm"
+    { $sudo apt-get update -qq && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm; } ||
+      echo "npm could not be installed: browser_dashboard will fail"
+  fi
+  echo "== npm package of the browser test (tests/browser/node_modules)"
+  bash "$root/tests/browser/install.sh" || echo "(browser_dashboard will fail until bash tests/browser/install.sh succeeds)"
   echo "== running the test suite"
   (cd "$root/build" && ctest --output-on-failure -j "$jobs" --timeout 600)
   # The fuzz tests (spec parser, control-plane handlers, API) also run under AddressSanitizer and UBSan.
