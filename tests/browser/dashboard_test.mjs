@@ -2,29 +2,37 @@
 //
 //   node tests/browser/dashboard_test.mjs <troupe binary> <output dir>
 //
+// playwright-core (tests/browser/package.json; `bash tests/browser/install.sh` installs it into
+// tests/browser/node_modules) drives Debian's chromium, headless, with a fresh profile:
+//
 //   1. a coordinator (--http) and an agent with cpu:2, in a fresh temp dir
 //   2. a dp=2 job that checkpoints every 5 steps and may restart 3 times
-//   3. the page, opened as /?token=T, keeps T in sessionStorage and drops it from the address;
-//      the jobs table lists the job; its link opens the job page; the loss chart grows; an
-//      answer whose last_seq is below the page's newest seq (a coordinator with an older clock)
-//      has the page ask at once for all the points, and the chart never goes blank meanwhile
+//   3. the page, opened as /?token=T, keeps T in sessionStorage and drops it from the address,
+//      and sends it as "Authorization: Bearer T"; the jobs table lists the job; its link opens
+//      the job page; the loss chart grows; an answer whose last_seq is below the page's newest
+//      seq (a coordinator with an older clock) has the page ask at once for all the points, and
+//      the chart never goes blank meanwhile
 //   4. a worker, by the pid the page's grid shows, is SIGKILLed: the page shows the failure
 //      (worker_killed), the next generation running, and the chart grows again by points of
-//      that generation; no two labels of a chart's step axis overlap
-//   5. a short traced 1x2x1 job succeeds, `troupe trace merge` merges it, the trace view draws it
-//   6. everything stops; the screenshots of 3-5 go to the output dir
+//      that generation; no two labels of a chart's step axis overlap; the running job's page
+//      has both charts drawn (each with the new generation's line, the older one's faded, and
+//      the mark where the new one starts) and its worker grid holds one cell per rank, in its
+//      data-parallel replica, with the new generation's pids; then its screenshot is taken
+//   5. a short traced 1x2x1 job succeeds, `troupe trace merge` merges it, the trace view draws
+//      it and names a span under the mouse
+//   6. everything stops; the screenshots of 4-5 (dashboard-job.png, dashboard-jobs.png,
+//      dashboard-trace.png) are in the output dir
 //
-// Any console error of the page (console.error, an uncaught exception, a browser error log)
-// fails the test. Every wait has a deadline only as a guard against a hang: no duration is
-// asserted. On failure it prints the step, the page's console errors and the tails of the
-// coordinator's and agent's output, kills every child and exits 1.
+// Any console error of the page (console.error or console.assert, an uncaught exception, a
+// browser log entry of level error, a crash) fails the test. Every wait has a deadline only as
+// a guard against a hang: no duration is asserted. On failure it prints the step, the page's
+// console errors and the tails of the coordinator's and agent's output, kills every child and
+// exits 1.
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-
-import { Browser, findChromium } from './cdp.mjs';
 
 if (process.argv.length !== 4) {
   console.error('usage: node dashboard_test.mjs <troupe binary> <output dir>');
@@ -32,15 +40,55 @@ if (process.argv.length !== 4) {
 }
 const [troupe, outDir] = process.argv.slice(2).map((p) => path.resolve(p));  // children run in the temp dir
 const SOURCE = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
+const INSTALL = 'bash tests/browser/install.sh';
+const CHROMIUM_CANDIDATES = ['/usr/bin/chromium', '/usr/bin/chromium-browser', '/usr/bin/google-chrome'];
 const DEADLINE_MS = 180000;
+const ACTION_MS = 60000;  // the guard on one browser action (a click, a navigation, a screenshot)
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'troupe_browser_'));
 const children = new Map();  // name -> {proc, out, err}
 const consoleErrors = [];
-let browser = null;
 let step = 'start';
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const log = (msg) => console.log(`[${new Date().toISOString().slice(11, 19)}] ${msg}`);
+
+// ---------------------------------------------------------------- the browser
+
+// playwright-core's chromium launcher, from tests/browser/node_modules. Never skipped: without
+// it the test fails, naming the command that installs it.
+async function playwrightChromium() {
+  try {
+    return (await import('playwright-core')).chromium;
+  } catch (e) {
+    throw new Error(`playwright-core cannot be loaded (${e.message.split('\n')[0]}): run ${INSTALL} ` +
+                    '(scripts/setup.sh --test runs it)');
+  }
+}
+
+function findChromium() {
+  if (process.env.CHROMIUM) return fs.existsSync(process.env.CHROMIUM) ? process.env.CHROMIUM : null;
+  return CHROMIUM_CANDIDATES.find((p) => fs.existsSync(p)) ?? null;
+}
+
+// Debian's chromium, headless, with a fresh profile in the temp dir. Playwright's own handlers
+// of SIGINT/SIGTERM/SIGHUP stay off (this file's kill the troupe children too); its handler of
+// the process's exit, always on, SIGKILLs the browser's process group, so the browser goes
+// whenever this process exits (on failure, or by this file's handlers of SIGINT and SIGTERM).
+// TROUPE_BROWSER_LOG=1 prints the browser's output.
+async function launchBrowser() {
+  const chromium = await playwrightChromium();
+  const executablePath = findChromium();
+  if (!executablePath) throw new Error('chromium not found: run scripts/setup.sh --test (it installs chromium and nodejs)');
+  const logger = { isEnabled: (name) => name === 'browser' && !!process.env.TROUPE_BROWSER_LOG,
+                   log: (name, severity, message) => console.log('chromium: ' + message) };
+  return chromium.launchPersistentContext(path.join(tmp, 'chromium'), {
+    executablePath, headless: true, logger, timeout: ACTION_MS,
+    args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
+           '--disable-component-update', '--disable-sync'],
+    viewport: { width: 1400, height: 1000 }, deviceScaleFactor: 1,
+    handleSIGINT: false, handleSIGTERM: false, handleSIGHUP: false,
+  });
+}
 
 // ---------------------------------------------------------------- processes
 
@@ -101,65 +149,97 @@ async function waitFor(what, fn, ms = DEADLINE_MS) {
 // ---------------------------------------------------------------- the page
 
 function watchConsole(page) {
-  page.on('Runtime.consoleAPICalled', (e) => {
-    if (e.type === 'error' || e.type === 'assert')
-      consoleErrors.push('console.' + e.type + ': ' + e.args.map((a) => a.value ?? a.description ?? a.type).join(' '));
+  // A browser log entry of level error (a refused resource, a policy violation) comes as a
+  // console message of type 'error' too.
+  page.on('console', (m) => {
+    if (m.type() === 'error' || m.type() === 'assert') {
+      const at = m.location();
+      consoleErrors.push(`console.${m.type()}: ${m.text()} (${at.url}:${at.lineNumber})`);
+    }
   });
-  page.on('Runtime.exceptionThrown', (e) => {
-    const d = e.exceptionDetails;
-    consoleErrors.push('uncaught: ' + (d.exception?.description ?? d.text) + ` (${d.url ?? ''}:${d.lineNumber})`);
-  });
-  page.on('Log.entryAdded', ({ entry }) => {
-    if (entry.level === 'error')
-      consoleErrors.push(`log (${entry.source}): ${entry.text} ${entry.url ?? ''}`);
-  });
+  page.on('pageerror', (e) => consoleErrors.push('uncaught: ' + (e.stack ?? e.message)));
+  page.on('crash', () => consoleErrors.push('the page crashed'));
 }
 function checkConsole() {
   if (consoleErrors.length) throw new Error('the page logged errors:\n  ' + consoleErrors.join('\n  '));
 }
 
-// A real click (press and release) at the middle of the first element matching selector.
-async function click(page, selector) {
-  const box = await page.eval(`(() => {
-    const e = document.querySelector(${JSON.stringify(selector)});
-    if (!e) return null;
-    e.scrollIntoView({ block: 'center' });
-    const r = e.getBoundingClientRect();
-    return { x: r.left + r.width / 2, y: r.top + r.height / 2 };
-  })()`);
-  if (!box) throw new Error('nothing to click at ' + selector);
-  await page.send('Input.dispatchMouseEvent', { type: 'mouseMoved', x: box.x, y: box.y });
-  for (const type of ['mousePressed', 'mouseReleased'])
-    await page.send('Input.dispatchMouseEvent', { type, x: box.x, y: box.y, button: 'left', clickCount: 1 });
+// The width and height of a PNG file, from its IHDR chunk.
+function pngSize(file) {
+  const b = fs.readFileSync(file);
+  if (b.length < 24 || b.toString('latin1', 1, 4) !== 'PNG' || b.toString('latin1', 12, 16) !== 'IHDR')
+    throw new Error(`${file} is not a PNG`);
+  return { width: b.readUInt32BE(16), height: b.readUInt32BE(20) };
 }
 
-// Saves the whole page down to the end of its content (below the viewport too) as PNG.
-async function screenshot(page, name) {
-  const { cssContentSize: s } = await page.send('Page.getLayoutMetrics');
-  const bottom = await page.eval(`Math.ceil(document.querySelector('main').getBoundingClientRect().bottom + scrollY)`);
-  const clip = { x: 0, y: 0, width: Math.ceil(s.width), height: Math.min(Math.ceil(s.height), bottom + 8), scale: 1 };
-  const { data } = await page.send('Page.captureScreenshot', { format: 'png', captureBeyondViewport: true, clip });
-  fs.writeFileSync(path.join(outDir, name), Buffer.from(data, 'base64'));
-  log(`saved ${path.join(outDir, name)}`);
+// Saves the whole page down to the end of its content (below the viewport too) as PNG, and
+// checks that every element of `shows` (selectors) lies within the picture, visible and not
+// empty.
+async function screenshot(page, name, shows = []) {
+  const { width, height } = await page.evaluate(() => ({
+    width: document.documentElement.scrollWidth,
+    height: Math.min(document.documentElement.scrollHeight,
+                     Math.ceil(document.querySelector('main').getBoundingClientRect().bottom + scrollY) + 8),
+  }));
+  for (const selector of shows) {
+    const r = await page.evaluate((sel) => {
+      const e = document.querySelector(sel);
+      if (!e) return null;
+      const b = e.getBoundingClientRect();
+      return { top: b.top + scrollY, bottom: b.bottom + scrollY, width: b.width, height: b.height,
+               visible: e.checkVisibility() };
+    }, selector);
+    if (!r || !r.visible || r.width < 50 || r.height < 20 || r.top < 0 || r.bottom > height)
+      throw new Error(`${name} would not show ${selector} (page ${width}x${height}, element ${JSON.stringify(r)})`);
+  }
+  const file = path.join(outDir, name);
+  await page.screenshot({ path: file, fullPage: true, clip: { x: 0, y: 0, width, height }, timeout: ACTION_MS });
+  const png = pngSize(file);
+  if (png.width !== width || png.height !== height)
+    throw new Error(`${file} is ${png.width}x${png.height}, not the ${width}x${height} asked for`);
+  log(`saved ${file} (${width}x${height})`);
 }
 
 const points = (page, chart) =>
-  page.eval(`Number(document.querySelector('#${chart}')?.getAttribute('data-points') ?? -1)`);
+  page.evaluate((id) => Number(document.getElementById(id)?.getAttribute('data-points') ?? -1), chart);
 const text = (page, selector) =>
-  page.eval(`document.querySelector(${JSON.stringify(selector)})?.textContent.trim() ?? null`);
+  page.evaluate((sel) => document.querySelector(sel)?.textContent.trim() ?? null, selector);
 const attr = (page, selector, name) =>
-  page.eval(`document.querySelector(${JSON.stringify(selector)})?.getAttribute(${JSON.stringify(name)}) ?? null`);
+  page.evaluate(([sel, n]) => document.querySelector(sel)?.getAttribute(n) ?? null, [selector, name]);
 
 // The labels along the bottom of a chart (the step axis) that overlap another, as "a/b" pairs.
-const overlappingStepLabels = (page, chart) => page.eval(`(() => {
-  const svg = document.querySelector('#${chart}'), H = svg.viewBox.baseVal.height;
+const overlappingStepLabels = (page, chart) => page.evaluate((id) => {
+  const svg = document.getElementById(id), H = svg.viewBox.baseVal.height;
   const boxes = [...svg.querySelectorAll('text')].filter((t) => Number(t.getAttribute('y')) > H - 20)
       .map((t) => ({ text: t.textContent, b: t.getBBox() })).sort((p, q) => p.b.x - q.b.x);
   const out = [];
   for (let i = 1; i < boxes.length; i++)
     if (boxes[i].b.x < boxes[i - 1].b.x + boxes[i - 1].b.width) out.push(boxes[i - 1].text + '/' + boxes[i].text);
   return out;
-})()`);
+}, chart);
+
+// What a chart draws: its lines (class and number of points) and its generation marks.
+const chartDrawing = (page, chart) => page.evaluate((id) => {
+  const svg = document.getElementById(id);
+  return {
+    points: Number(svg.getAttribute('data-points')),
+    lines: [...svg.querySelectorAll('polyline')].map((l) => ({
+      cls: l.getAttribute('class'), n: l.getAttribute('points').trim().split(/\s+/).filter(Boolean).length })),
+    marks: [...svg.querySelectorAll('text.gen-label')].map((t) => t.textContent),
+  };
+}, chart);
+
+// The worker grid: its replica blocks (title, stages, cells) and every cell.
+const workerGrid = (page) => page.evaluate(() => {
+  const cell = (e) => ({ rank: Number(e.dataset.rank), pid: Number(e.dataset.pid), cls: e.className,
+                         text: e.textContent });
+  return {
+    blocks: [...document.querySelectorAll('#workers .dp-block')].map((b) => ({
+      title: b.querySelector('h3')?.textContent, stages: b.querySelectorAll('.stage').length,
+      ranks: [...b.querySelectorAll('.worker')].map((e) => Number(e.dataset.rank)) })),
+    cells: [...document.querySelectorAll('#workers .worker')].map(cell),
+  };
+});
 
 // ---------------------------------------------------------------- the cluster
 
@@ -173,8 +253,7 @@ function spec(layoutFile, name, steps, extra) {
 
 async function main() {
   fs.mkdirSync(outDir, { recursive: true });
-  const chromium = findChromium();
-  if (!chromium) throw new Error('chromium not found: run scripts/setup.sh (it installs chromium and nodejs)');
+  await playwrightChromium();  // before any process starts: a missing package fails at once
 
   step = '1: start the coordinator';
   const secret = path.join(tmp, 'secret');
@@ -204,56 +283,56 @@ async function main() {
   log(`submitted ${job}`);
 
   step = '4: the jobs table, the job page, a growing loss chart';
-  browser = await Browser.launch({ executable: chromium, userDataDir: path.join(tmp, 'chromium'),
-                                   log: (line) => { if (process.env.TROUPE_BROWSER_LOG) console.log('chromium: ' + line); } });
-  const page = await browser.newPage();
+  const context = await launchBrowser();
+  context.setDefaultTimeout(ACTION_MS);
+  const page = context.pages()[0] ?? await context.newPage();
   watchConsole(page);
   // On loopback the coordinator asks no token, but the page handles one the same way anywhere.
   const token = (await troupeCmd(['secret', 'api-token', secret])).trim();
-  await page.send('Page.navigate', { url: base + '/?token=' + encodeURIComponent(token) + '#/' });
-  const address = await waitFor('the token out of the address', () => page.eval(`(() => {
+  await page.goto(base + '/?token=' + encodeURIComponent(token) + '#/');
+  const address = await waitFor('the token out of the address', () => page.evaluate(() => {
     const stored = sessionStorage.getItem('troupe.token');
     return stored && { href: location.href, stored };
-  })()`));
+  }));
   if (address.href !== base + '/#/' || address.stored !== token)
     throw new Error(`after /?token=T the page is at ${address.href}, keeping ${JSON.stringify(address.stored)}`);
   const row = `#jobs-table tr[data-job="${job}"]`;
-  await waitFor('the job in the jobs table', () => page.eval(`!!document.querySelector(${JSON.stringify(row + ' a')})`));
-  await click(page, row + ' a');
-  await waitFor('the job page', () => page.eval(`location.hash === ${JSON.stringify('#/job/' + job)}`));
+  await waitFor('the job in the jobs table', () => page.evaluate((sel) => !!document.querySelector(sel), row + ' a'));
+  await page.locator(row + ' a').click();
+  await waitFor('the job page', () => page.evaluate((h) => location.hash === h, '#/job/' + job));
   const first = await waitFor('3 loss points', async () => { const n = await points(page, 'loss-chart'); return n >= 3 && n; });
   await waitFor(`more than ${first} loss points`, async () => (await points(page, 'loss-chart')) > first);
-  await olderCoordinatorAnswers(page, base + '/api/jobs/' + job);
+  await olderCoordinatorAnswers(page, '/api/jobs/' + job, token);
   checkConsole();
 
   step = '5: a worker killed, the job recovered';
   const workers = await waitFor('two workers with pids in the grid', async () => {
-    const w = await page.eval(`[...document.querySelectorAll('#workers .worker[data-rank][data-pid]')]
-        .map((e) => ({ rank: Number(e.dataset.rank), pid: Number(e.dataset.pid) })).filter((w) => w.pid > 0)`);
+    const w = (await workerGrid(page)).cells.filter((c) => c.pid > 0);
     return w.length === 2 && w;
   });
   const victim = workers.find((w) => w.rank === 1) ?? workers[0];
   const gen = Number(await text(page, '#job-generation')), next = String(gen + 1);
   log(`SIGKILL rank ${victim.rank}, pid ${victim.pid}`);
   process.kill(victim.pid, 'SIGKILL');
-  await waitFor('the failure (worker_killed) in the events', () => page.eval(`[...document.querySelectorAll(
-      '#events .event[data-event="failure"]')].some((e) => e.textContent.includes('worker_killed'))`));
+  await waitFor('the failure (worker_killed) in the events', () => page.evaluate(() => [...document.querySelectorAll(
+      '#events .event[data-event="failure"]')].some((e) => e.textContent.includes('worker_killed'))));
   await waitFor(`generation ${next} running`, async () =>
       (await text(page, '#job-generation')) === next && (await text(page, '#job-state')) === 'running');
   const before = await points(page, 'loss-chart');
   await waitFor(`more than ${before} loss points, the newest of generation ${next}`, async () =>
       (await points(page, 'loss-chart')) > before && (await attr(page, '#loss-chart', 'data-generation')) === next);
   if ((await points(page, 'tps-chart')) < 3) throw new Error('the tokens/s chart has fewer than 3 points');
-  await waitFor('a checkpoint in the list', () => page.eval(`document.querySelectorAll('#checkpoints li').length > 0`));
+  await waitFor('a checkpoint in the list', () => page.evaluate(() => document.querySelectorAll('#checkpoints li').length > 0));
   for (const chart of ['loss-chart', 'tps-chart']) {
     const overlaps = await overlappingStepLabels(page, chart);
     if (overlaps.length) throw new Error(`labels overlap on the step axis of #${chart}: ${overlaps.join(', ')}`);
   }
+  await runningJobPage(page, next, workers.map((w) => w.pid));
   checkConsole();
-  await screenshot(page, 'dashboard-job.png');
-  await page.eval(`location.hash = '#/'`);
+  await screenshot(page, 'dashboard-job.png', ['#job-header', '#loss-chart', '#tps-chart', '#workers']);
+  await page.evaluate(() => (location.hash = '#/'));
   await waitFor('the jobs table again', async () => (await text(page, row + ' td:nth-child(10)')) === next);
-  await screenshot(page, 'dashboard-jobs.png');
+  await screenshot(page, 'dashboard-jobs.png', ['#jobs-table']);
 
   step = '6: a traced job, merged, drawn';
   await troupeCmd(['cancel', job, ...apiArgs]);
@@ -271,20 +350,20 @@ async function main() {
   });
   const runDir = path.resolve(tmp, (await getJson('/api/jobs/' + traced)).job.run_dir);
   log(await troupeCmd(['trace', 'merge', runDir]));
-  await page.send('Page.navigate', { url: `${base}/#/job/${traced}/trace` });
+  await page.goto(`${base}/#/job/${traced}/trace`);
   const spans = await waitFor('spans on the trace view', async () => {
-    const n = await page.eval(`Number(document.querySelector('#trace-view')?.getAttribute('data-spans') ?? 0)`);
+    const n = await page.evaluate(() => Number(document.querySelector('#trace-view')?.getAttribute('data-spans') ?? 0));
     return n > 0 && n;
   });
   log(`the trace view drew ${spans} spans`);
   await hoverSomeSpan(page);
-  await page.send('Input.dispatchMouseEvent', { type: 'mouseMoved', x: 1, y: 1 });  // no tooltip in the picture
+  await page.mouse.move(1, 1);  // no tooltip in the picture
+  await waitFor('the tooltip hidden', () => page.evaluate(() => document.querySelector('.tip').hidden));
   checkConsole();
-  await screenshot(page, 'dashboard-trace.png');
+  await screenshot(page, 'dashboard-trace.png', ['#trace-view']);
 
   step = '7: stop';
-  await browser.close();
-  browser = null;
+  await context.close();
   for (const name of ['agent', 'coordinator']) {
     const { proc } = children.get(name);
     proc.kill('SIGTERM');
@@ -296,66 +375,106 @@ async function main() {
   }
 }
 
-// Rewrites the page's next `?after=` answer for the job at jobUrl as a coordinator whose clock
+// Rewrites the page's next `?after=` answer for the job at jobPath as a coordinator whose clock
 // is behind would give it (last_seq 0, no points after the page's), and checks that the page's
 // very next request asks for all the points, and that the loss chart never shows 0 points.
-async function olderCoordinatorAnswers(page, jobUrl) {
-  await page.eval(`(() => {
+// Both requests carry the token the page keeps.
+async function olderCoordinatorAnswers(page, jobPath, token) {
+  await page.evaluate(() => {
     const chart = document.querySelector('#loss-chart');
     window.lossPointsSeen = [];
-    new MutationObserver(() => lossPointsSeen.push(Number(chart.getAttribute('data-points'))))
+    new MutationObserver(() => window.lossPointsSeen.push(Number(chart.getAttribute('data-points'))))
         .observe(chart, { attributes: true, attributeFilter: ['data-points'] });
-  })()`);
+  });
   const asked = [], failures = [];  // 'after' or 'all', in the order the page asked
-  page.on('Fetch.requestPaused', async (e) => {
-    const after = new URL(e.request.url).searchParams.has('after');
+  const isJob = (url) => url.pathname === jobPath;
+  const handler = async (route) => {
+    const request = route.request(), after = new URL(request.url()).searchParams.has('after');
     asked.push(after ? 'after' : 'all');
     try {
-      if (asked.length > 1) return await page.send('Fetch.continueRequest', { requestId: e.requestId });
-      const { body, base64Encoded } = await page.send('Fetch.getResponseBody', { requestId: e.requestId });
-      const d = JSON.parse(base64Encoded ? Buffer.from(body, 'base64').toString('utf8') : body);
+      const auth = await request.headerValue('authorization');
+      if (auth !== 'Bearer ' + token) failures.push(`request ${asked.length} carried Authorization ${JSON.stringify(auth)}`);
+      if (asked.length > 1) return await route.continue();
+      const response = await route.fetch();  // the coordinator's real answer
+      if (!response.ok()) throw new Error(`GET ${request.url()}: ${response.status()}`);
+      const d = await response.json();
       d.last_seq = 0;
       d.metrics = [];
-      const headers = e.responseHeaders.filter((h) => h.name.toLowerCase() !== 'content-length');
-      await page.send('Fetch.fulfillRequest', { requestId: e.requestId, responseCode: e.responseStatusCode,
-                                                responseHeaders: headers,
-                                                body: Buffer.from(JSON.stringify(d)).toString('base64') });
+      const headers = Object.fromEntries(Object.entries(response.headers()).filter(([k]) => k !== 'content-length'));
+      await route.fulfill({ status: response.status(), headers, body: JSON.stringify(d) });
     } catch (err) {
       failures.push(err.message);
     }
-  });
-  await page.send('Fetch.enable', { patterns: [{ urlPattern: jobUrl + '*', requestStage: 'Response' }] });
-  await waitFor('two requests for the job', () => asked.length >= 2);
-  await page.send('Fetch.disable');
+  };
+  await page.route(isJob, handler);
+  try {
+    await waitFor('two requests for the job', () => asked.length >= 2);
+  } finally {
+    await page.unroute(isJob, handler);
+  }
   if (failures.length) throw new Error('rewriting an answer failed: ' + failures.join('; '));
   if (asked[0] !== 'after' || asked[1] !== 'all')
     throw new Error(`after an answer with a lower last_seq the page asked ${asked.join(', ')} (want after, all)`);
-  const seen = await waitFor('the chart drawn after the new answer', () => page.eval(`lossPointsSeen.length && lossPointsSeen`));
+  const seen = await waitFor('the chart drawn after the new answer', () =>
+      page.evaluate(() => window.lossPointsSeen.length && window.lossPointsSeen));
   if (Math.min(...seen) < 1) throw new Error('the loss chart went blank after the older answer: ' + seen.join(', '));
   log(`an answer with last_seq 0: the page asked again for all points at once (loss points seen: ${seen.join(', ')})`);
 }
 
+// The running job's page after the relaunch as generation `gen`: both charts drawn, each with
+// the new generation's line (and the older one's, faded) and a mark where the new one starts;
+// the worker grid (layout 2x1x1) holds one block per data-parallel replica, each with one stage
+// and one cell, for ranks 0 and 1, live, by pids that none of the killed generation had.
+async function runningJobPage(page, gen, oldPids) {
+  for (const [chart, series] of [['loss-chart', 'loss'], ['tps-chart', 'tps']]) {
+    const d = await waitFor(`#${chart} with a line of generation ${gen} after the earlier one's`, async () => {
+      const c = await chartDrawing(page, chart);
+      const older = c.lines.filter((l) => l.cls.split(' ').includes(series) && l.cls.split(' ').includes('old'));
+      const current = c.lines.filter((l) => l.cls.split(' ').includes(series) && !l.cls.split(' ').includes('old'));
+      if (c.points >= 3 && older.length > 0 && older.every((l) => l.n >= 2) && current.length === 1 &&
+          current[0].n >= 2 && c.marks.includes('gen ' + gen))
+        return c;
+      throw new Error(JSON.stringify(c));  // what the failure says it last saw
+    });
+    log(`#${chart}: ${d.points} points, lines ${d.lines.map((l) => `${l.cls} (${l.n})`).join(', ')}, marks ${d.marks.join(', ')}`);
+  }
+  const grid = await waitFor(`worker grid of generation ${gen}`, async () => {
+    const g = await workerGrid(page);
+    const live = g.cells.filter((c) => c.pid > 0 && !oldPids.includes(c.pid) &&
+                                       !/\b(exited|done|waiting)\b/.test(c.cls) &&
+                                       c.text.includes('rank ' + c.rank) && c.text.includes('pid ' + c.pid));
+    if (live.length === 2 && g.cells.length === 2) return g;
+    throw new Error(JSON.stringify(g.cells));
+  });
+  const ranks = grid.cells.map((c) => c.rank).sort().join(',');
+  const blocks = grid.blocks.map((b) => `${b.title}: ${b.stages} stage, ranks ${b.ranks.join(',')}`);
+  if (ranks !== '0,1' || blocks.length !== 2 || grid.blocks.some((b, d) => b.title !== 'data-parallel replica ' + d ||
+                                                                     b.stages !== 1 || b.ranks.length !== 1))
+    throw new Error(`the worker grid of a 2x1x1 job: ${JSON.stringify(grid)}`);
+  log(`generation ${gen}: ${blocks.join('; ')}; pids ${grid.cells.map((c) => c.pid).join(', ')} (killed generation: ${oldPids.join(', ')})`);
+  if ((await text(page, '#job-state')) !== 'running') throw new Error('the job is no longer running');
+}
+
 // Moves the mouse along the first lane of the trace until the tooltip names a span.
 async function hoverSomeSpan(page) {
-  const box = await page.eval(`(() => { const r = document.querySelector('#trace-view').getBoundingClientRect();
-                                       return { x: r.left, y: r.top, w: r.width }; })()`);
+  await page.locator('#trace-view').scrollIntoViewIfNeeded();
+  const box = await page.locator('#trace-view').boundingBox();  // in the viewport's coordinates
   for (let i = 1; i < 40; i++) {
-    const x = box.x + 200 + ((box.w - 220) * i) / 40, y = box.y + 26 + 10 + 9;  // first lane, first row of work
-    await page.send('Input.dispatchMouseEvent', { type: 'mouseMoved', x, y });
-    const tip = await page.eval(`(() => { const t = document.querySelector('.tip'); return t.hidden ? '' : t.textContent; })()`);
+    const x = box.x + 200 + ((box.width - 220) * i) / 40, y = box.y + 26 + 10 + 9;  // first lane, first row of work
+    await page.mouse.move(x, y);
+    const tip = await page.evaluate(() => { const t = document.querySelector('.tip'); return t.hidden ? '' : t.textContent; });
     if (tip) { log('tooltip: ' + tip.split('\n').slice(0, 3).join(' | ')); return; }
   }
   throw new Error('no tooltip anywhere along the first lane of the trace');
 }
 
-function cleanup() {
-  if (browser) browser.kill();
+function cleanup() {  // the browser goes with the process (see launchBrowser)
   for (const { proc } of children.values()) if (!proc.gone) proc.kill('SIGKILL');
 }
 
 for (const sig of ['SIGINT', 'SIGTERM']) {
   process.on(sig, () => {  // ctest's timeout, or a Ctrl-C: no coordinator, agent or browser outlives the test
-    console.error(`browser_dashboard: ${sig} at step ${step}`);
+    console.error(`browser_dashboard: ${sig} at step ${step} (kept ${tmp})`);
     cleanup();
     process.exit(1);
   });
@@ -372,6 +491,7 @@ main().then(() => {
     console.error(`---- ${name} stdout (tail)\n${tail(c.out)}\n---- ${name} stderr (tail)\n${tail(c.err)}`);
   }
   cleanup();
-  console.error(`(kept ${tmp})`);
+  if (children.size) console.error(`(kept ${tmp})`);
+  else fs.rmSync(tmp, { recursive: true, force: true });
   process.exit(1);
 });
