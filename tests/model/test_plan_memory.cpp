@@ -37,7 +37,7 @@ ModelConfig config(ModelKind kind) {
 
 // The attention troupe's engine runs (model/layers.cpp): what its saved tensors and workspace
 // hold is what the planner must price for it.
-constexpr plan::AttentionKind kEngineAttention = plan::AttentionKind::materialized;
+constexpr plan::AttentionKind kEngineAttention = plan::AttentionKind::fused;
 
 plan::Workload workload_of(const ModelConfig& c, DType dt) {
   plan::Workload w;
