@@ -95,6 +95,13 @@ struct Kernels {
   void (*residual_forward)(float* out, const float* a, const float* b, size_t n) = nullptr;
   void (*add_inplace)(float* y, const float* x, size_t n) = nullptr;
   void (*scale_inplace)(float* y, float s, size_t n) = nullptr;
+  // the same forwards with their output rounded to dt as it is made (mixed precision's kept outputs)
+  void (*layernorm_forward_h)(DType dt, uint16_t* out, float* mean, float* rstd, const float* inp,
+                              const float* weight, const float* bias, int N, int C) = nullptr;
+  void (*rmsnorm_forward_h)(DType dt, uint16_t* out, float* rstd, const float* inp, const float* weight,
+                            int N, int C, float eps) = nullptr;
+  void (*gelu_forward_h)(DType dt, uint16_t* out, const float* inp, size_t n) = nullptr;
+  void (*swiglu_forward_h)(DType dt, uint16_t* out, const float* gu, int N, int F) = nullptr;
   // softmax cross-entropy over logits(N,V): the SUM of the row losses
   double (*cross_entropy)(float* dlogits, const float* logits, const int32_t* targets, int N, int V,
                           float dloss) = nullptr;
@@ -116,7 +123,7 @@ struct Kernels {
   X(embedding_rows_forward) X(embedding_rows_backward) X(cross_entropy_stats)                       \
   X(cross_entropy_shard_backward) X(gelu_forward) X(gelu_backward) X(gelu_backward_inplace)         \
   X(residual_forward) X(add_inplace) X(scale_inplace) X(cross_entropy) X(adamw_update)              \
-  X(sum_squares)
+  X(sum_squares) X(layernorm_forward_h) X(rmsnorm_forward_h) X(gelu_forward_h) X(swiglu_forward_h)
 // clang-format on
 
 // The fp32 CPU kernels of kernels/cpu/ (defined there); lives for the whole process.

@@ -137,15 +137,16 @@ Workspace::Workspace(const ModelConfig& cfg, int max_B, const TensorShard& shard
   if (compute_dtype != DType::f32) {
     const int64_t widest = std::max({qkv, fc, D});
     dy_h = Tensor::zeros({N * widest}, compute_dtype, alloc);
-    act = f32({N, std::max({D, H, qkv})});
+    if (qkv > 0) act = f32({N, qkv});  // q|k|v before they are kept
   }
 }
 
 namespace {
 
-// Where a layer writes an output that a Linear reads again in backward: the saved
-// activation itself in f32; in mixed precision the f32 scratch ws.act, which keep()
-// then rounds into the saved activation.
+// Where c_attn writes q|k|v, which attention reads again in backward: the saved activation
+// itself in f32; in mixed precision the f32 scratch ws.act (rope turns it there), which
+// keep() then rounds into the saved activation. The norms and activations write their kept
+// outputs in 16 bits directly (the kernels' _h forms).
 float* staging(Tensor& saved, Workspace& ws) {
   return saved.dtype() == DType::f32 ? saved.f32() : ws.act.f32();
 }
@@ -175,10 +176,11 @@ void attention_backward(const kernels::Kernels& k, float* dqkv, const float* dou
 
 }  // namespace
 
-void LayerNorm::forward(Tensor& y, float* mean, float* rstd, const float* x, int N, Workspace& ws) const {
-  float* out = staging(y, ws);
-  forward(out, mean, rstd, x, N);
-  keep(*k, y, out, sz(int64_t{N} * C));
+void LayerNorm::forward(Tensor& y, float* mean, float* rstd, const float* x, int N) const {
+  if (y.dtype() == DType::f32)
+    forward(y.f32(), mean, rstd, x, N);
+  else
+    k->layernorm_forward_h(y.dtype(), y.h16(), mean, rstd, x, w, b, N, C);
 }
 
 namespace {
@@ -247,12 +249,13 @@ MlpSublayer::MlpSublayer(ParamStore& ps, const std::string& prefix, const ModelC
 void MlpSublayer::forward(int slot, float* y, const float* x, int N, Workspace& ws) {
   Acts& a = acts_->at(static_cast<size_t>(slot));
   const int D = ln_2_.C;
-  ln_2_.forward(a.ln, a.mean.f32(), a.rstd.f32(), x, N, ws);
+  ln_2_.forward(a.ln, a.mean.f32(), a.rstd.f32(), x, N);
   copy_to_tensor_region_forward(tp_, a.ln);
   c_fc_.forward(a.h_pre.f32(), a.ln, N);
-  float* h = staging(a.h, ws);
-  k_->gelu_forward(h, a.h_pre.f32(), sz(int64_t{N} * H_));
-  keep(*k_, a.h, h, sz(int64_t{N} * H_));
+  if (a.h.dtype() == DType::f32)
+    k_->gelu_forward(a.h.f32(), a.h_pre.f32(), sz(int64_t{N} * H_));
+  else
+    k_->gelu_forward_h(a.h.dtype(), a.h.h16(), a.h_pre.f32(), sz(int64_t{N} * H_));
   row_parallel_forward(c_proj_, tp_, ws.tmp_d.f32(), a.h, N);
   k_->residual_forward(y, x, ws.tmp_d.f32(), sz(int64_t{N} * D));
 }
@@ -318,7 +321,7 @@ GptBlock::GptBlock(ParamStore& ps, int layer, const ModelConfig& cfg, int n_slot
 void GptBlock::forward(int slot, float* y, const float* x, int B, int T, Workspace& ws) {
   Acts& a = acts_->at(static_cast<size_t>(slot));
   const int N = B * T;
-  ln_1_.forward(a.ln, a.mean.f32(), a.rstd.f32(), x, N, ws);
+  ln_1_.forward(a.ln, a.mean.f32(), a.rstd.f32(), x, N);
   copy_to_tensor_region_forward(tp_, a.ln);
   float* qkv = staging(a.qkv, ws);
   c_attn_.forward(qkv, a.ln, N);
@@ -388,10 +391,11 @@ RmsNorm RmsNorm::bind(ParamStore& ps, const std::string& prefix, const kernels::
   return l;
 }
 
-void RmsNorm::forward(Tensor& y, float* rstd, const float* x, int N, Workspace& ws) const {
-  float* out = staging(y, ws);
-  k->rmsnorm_forward(out, rstd, x, w, N, C, eps);
-  keep(*k, y, out, sz(int64_t{N} * C));
+void RmsNorm::forward(Tensor& y, float* rstd, const float* x, int N) const {
+  if (y.dtype() == DType::f32)
+    k->rmsnorm_forward(y.f32(), rstd, x, w, N, C, eps);
+  else
+    k->rmsnorm_forward_h(y.dtype(), y.h16(), rstd, x, w, N, C, eps);
 }
 
 void RmsNorm::backward(float* dx, const float* dy, const float* x, const float* rstd, int N) const {
@@ -447,7 +451,7 @@ LlamaBlock::LlamaBlock(ParamStore& ps, int layer, const ModelConfig& cfg, int n_
 void LlamaBlock::forward(int slot, float* y, const float* x, int B, int T, Workspace& ws) {
   Acts& a = acts_->at(static_cast<size_t>(slot));
   const int N = B * T, ld = (NH_ + 2 * NKV_) * HS_;
-  ln_1_.forward(a.ln1, a.rstd1.f32(), x, N, ws);
+  ln_1_.forward(a.ln1, a.rstd1.f32(), x, N);
   copy_to_tensor_region_forward(tp_, a.ln1);
   float* qkv = staging(a.qkv, ws);
   c_attn_.forward(qkv, a.ln1, N);
@@ -456,12 +460,13 @@ void LlamaBlock::forward(int slot, float* y, const float* x, int B, int T, Works
   attention_forward(*k_, a.atty, a.lse, a.qkv, B, T, NH_, HS_, NKV_);
   row_parallel_forward(c_proj_, tp_, ws.tmp_d.f32(), a.atty, N);
   k_->residual_forward(a.mid.f32(), x, ws.tmp_d.f32(), sz(int64_t{N} * D_));
-  ln_2_.forward(a.ln2, a.rstd2.f32(), a.mid.f32(), N, ws);
+  ln_2_.forward(a.ln2, a.rstd2.f32(), a.mid.f32(), N);
   copy_to_tensor_region_forward(tp_, a.ln2);
   c_fc_.forward(a.gu.f32(), a.ln2, N);
-  float* h = staging(a.h, ws);
-  k_->swiglu_forward(h, a.gu.f32(), N, F_);
-  keep(*k_, a.h, h, sz(int64_t{N} * F_));
+  if (a.h.dtype() == DType::f32)
+    k_->swiglu_forward(a.h.f32(), a.gu.f32(), N, F_);
+  else
+    k_->swiglu_forward_h(a.h.dtype(), a.h.h16(), a.gu.f32(), N, F_);
   row_parallel_forward(c_down_, tp_, ws.tmp_d.f32(), a.h, N);
   k_->residual_forward(y, a.mid.f32(), ws.tmp_d.f32(), sz(int64_t{N} * D_));
 }

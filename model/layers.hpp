@@ -100,9 +100,9 @@ struct LayerNorm {
 
   static LayerNorm bind(ParamStore& ps, const std::string& prefix, const kernels::Kernels& k);
   void forward(float* y, float* mean, float* rstd, const float* x, int N) const;
-  // y (>= N rows) in its own dtype: written directly in f32; in bf16 / f16 computed into
-  // the f32 scratch ws.act and rounded into y (a linear's kept input in mixed precision).
-  void forward(Tensor& y, float* mean, float* rstd, const float* x, int N, Workspace& ws) const;
+  // y (>= N rows) in its own dtype: f32, or bf16 / f16 rounded as it is made (a linear's kept
+  // input in mixed precision).
+  void forward(Tensor& y, float* mean, float* rstd, const float* x, int N) const;
   void backward(float* dx, const float* dy, const float* x, const float* mean, const float* rstd,
                 int N) const;
 };
@@ -117,7 +117,7 @@ struct RmsNorm {
 
   static RmsNorm bind(ParamStore& ps, const std::string& prefix, const kernels::Kernels& k, float eps);
   // y (>= N rows) in its own dtype, as LayerNorm::forward; rstd(N) saved for backward.
-  void forward(Tensor& y, float* rstd, const float* x, int N, Workspace& ws) const;
+  void forward(Tensor& y, float* rstd, const float* x, int N) const;
   void backward(float* dx, const float* dy, const float* x, const float* rstd, int N) const;  // dx +=
 };
 
@@ -134,7 +134,7 @@ struct Workspace {
   Tensor dgu;    // (B,T,2H) llama: gradient wrt the fused gate|up projection's output
   // Mixed precision only (compute dtype bf16 / f16; undefined in f32):
   Tensor dy_h;  // (B*T*max(q|k|v width, MLP projection width, D)) a linear's output gradient, compute dtype
-  Tensor act;   // (B,T,max(D, H, q|k|v width)) f32 output of a layer before it is kept in the compute dtype
+  Tensor act;   // (B,T,q|k|v width) f32 q|k|v before they are kept in the compute dtype (attention models)
 };
 
 class Block {

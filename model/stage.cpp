@@ -166,9 +166,9 @@ double Stage::forward(int slot, const int32_t* tokens, const float* x_in, const 
 
   // In mixed precision ln_f's output is kept in the compute dtype for the head's product.
   if (cfg_.kind == ModelKind::llama)
-    rms_f_.forward(s.lnf, s.lnf_rstd.f32(), s.resid.back().f32(), N, ws_);
+    rms_f_.forward(s.lnf, s.lnf_rstd.f32(), s.resid.back().f32(), N);
   else
-    ln_f_.forward(s.lnf, s.lnf_mean.f32(), s.lnf_rstd.f32(), s.resid.back().f32(), N, ws_);
+    ln_f_.forward(s.lnf, s.lnf_mean.f32(), s.lnf_rstd.f32(), s.resid.back().f32(), N);
   if (cfg_.vocab_parallel()) copy_to_tensor_region_forward(tp_, s.lnf);
   head_.forward(s.logits.f32(), s.lnf, N, /*with_bias=*/false);
   if (targets == nullptr) return 0.0;

@@ -176,9 +176,10 @@ double stage_activation_bytes(const Workload& w, const LayerRange& r, int n_slot
   if (attention) ws += N * qkv * 4 + (materialized(w) ? square * 4 : 0.0);
   const double fc = llama ? 2 * H : H;
   if (llama) ws += N * fc * 4;
-  // Workspace::act stages every output a block keeps in 16 bits: q|k|v too, with the fused
-  // attention (the materialized one kept q|k|v in f32).
-  if (cb < 4) ws += N * std::max({qkv, fc, D}) * cb + N * std::max({D, H, materialized(w) ? 0.0 : qkv}) * 4;
+  // The norms and activations round their kept outputs as they make them; only c_attn's q|k|v
+  // stage in f32 (Workspace::act; with the materialized attention, which kept them in f32,
+  // the norms' and activations' outputs staged there).
+  if (cb < 4) ws += N * std::max({qkv, fc, D}) * cb + N * (materialized(w) ? std::max(D, H) : qkv) * 4;
   return bytes + ws;
 }
 

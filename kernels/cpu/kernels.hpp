@@ -154,6 +154,17 @@ void residual_forward(float* out, const float* a, const float* b, size_t n);  //
 void add_inplace(float* y, const float* x, size_t n);                         // y += x
 void scale_inplace(float* y, float s, size_t n);                              // y *= s
 
+// ---------------------------------------------------------------- 16-bit outputs
+// The forwards above with their output rounded to dt (bf16 or f16) as it is made
+// (half_outputs.cpp): the bits of the fp32 kernel followed by to_half, the statistics
+// (mean, rstd) f32 as before; for the outputs mixed precision keeps for a linear.
+void layernorm_forward_h(DType dt, uint16_t* out, float* mean, float* rstd, const float* inp,
+                         const float* weight, const float* bias, int N, int C);
+void rmsnorm_forward_h(DType dt, uint16_t* out, float* rstd, const float* inp, const float* weight, int N,
+                       int C, float eps);
+void gelu_forward_h(DType dt, uint16_t* out, const float* inp, size_t n);
+void swiglu_forward_h(DType dt, uint16_t* out, const float* gu, int N, int F);
+
 // ---------------------------------------------------------------- loss
 // Softmax cross-entropy over logits(N,V) with targets(N) in [0,V).
 // Returns the SUM of the N per-row losses (in double, for determinism across layouts).

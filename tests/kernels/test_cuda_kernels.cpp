@@ -431,6 +431,40 @@ TEST_CASE("cuda kernels: fused causal attention, multi-head and grouped-query, f
   }
 }
 
+TEST_CASE("cuda kernels: the 16-bit outputs of layernorm, rmsnorm, gelu and swiglu equal the CPU's bits",
+          "[kernels][cuda][gpu]") {
+  if (!have_gpu()) return;
+  const int N = 37, C = 300;
+  const size_t n = size_t(N) * C;
+  const auto x = random_vec(n, 61, -3.0f, 3.0f), w = random_vec(size_t(C), 62), b = random_vec(size_t(C), 63),
+             gu = random_vec(2 * n, 64, -6.0f, 6.0f);
+  for (DType dt : {DType::bf16, DType::f16}) {
+    INFO(troupe::dtype_name(dt));
+    // The CPU twin's bits are the fp32 kernel's then to_half; the GPU's fp32 kernels differ from
+    // the CPU's in the last bits, so the GPU's 16-bit outputs are checked against its own
+    // fp32 kernel rounded by the CPU's to_half (which the to_half test holds to the GPU's).
+    Dev<float> dx(x), dw(w), db(b), dgu(gu), y(n), mean{size_t(N)}, rstd{size_t(N)};
+    Dev<uint16_t> yh(n);
+    std::vector<uint16_t> want(n);
+    gpu().layernorm_forward(y.get(), mean.get(), rstd.get(), dx.get(), dw.get(), db.get(), N, C);
+    cpu::to_half(dt, want.data(), y.host().data(), n);
+    gpu().layernorm_forward_h(dt, yh.get(), mean.get(), rstd.get(), dx.get(), dw.get(), db.get(), N, C);
+    CHECK(yh.host() == want);
+    gpu().rmsnorm_forward(y.get(), rstd.get(), dx.get(), dw.get(), N, C, 1e-6f);
+    cpu::to_half(dt, want.data(), y.host().data(), n);
+    gpu().rmsnorm_forward_h(dt, yh.get(), rstd.get(), dx.get(), dw.get(), N, C, 1e-6f);
+    CHECK(yh.host() == want);
+    gpu().gelu_forward(y.get(), dx.get(), n);
+    cpu::to_half(dt, want.data(), y.host().data(), n);
+    gpu().gelu_forward_h(dt, yh.get(), dx.get(), n);
+    CHECK(yh.host() == want);
+    gpu().swiglu_forward(y.get(), dgu.get(), N, C);
+    cpu::to_half(dt, want.data(), y.host().data(), n);
+    gpu().swiglu_forward_h(dt, yh.get(), dgu.get(), N, C);
+    CHECK(yh.host() == want);
+  }
+}
+
 TEST_CASE("cuda kernels: AdamW and the sum of squares", "[kernels][cuda][gpu]") {
   if (!have_gpu()) return;
   const size_t n = 100003;

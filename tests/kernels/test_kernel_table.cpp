@@ -26,6 +26,10 @@ TEST_CASE("kernel table: the CPU table holds the CPU kernels", "[kernels][table]
   CHECK(t.attention_backward == &k::attention_backward);
   CHECK(t.attention_forward_h == &k::attention_forward_h);
   CHECK(t.attention_backward_h == &k::attention_backward_h);
+  CHECK(t.layernorm_forward_h == &k::layernorm_forward_h);
+  CHECK(t.rmsnorm_forward_h == &k::rmsnorm_forward_h);
+  CHECK(t.gelu_forward_h == &k::gelu_forward_h);
+  CHECK(t.swiglu_forward_h == &k::swiglu_forward_h);
   CHECK(t.gelu_forward == &k::gelu_forward);
   CHECK(t.gelu_backward == &k::gelu_backward);
   CHECK(t.gelu_backward_inplace == &k::gelu_backward_inplace);
