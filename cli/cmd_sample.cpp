@@ -67,7 +67,7 @@ int sample(const SampleOptions& o) {
   // copy of the f32 masters the checkpoint holds.
   model::DeviceContext dc = model::DeviceContext::cpu();
   dc.compute_dtype = compute_dtype(spec.train.precision);
-  model::Stage stage(cfg, model::StageRange::full(cfg), 1, 1, dc);
+  model::Stage stage(cfg, LayerRange::full(cfg.n_layer), 1, 1, dc);
   try {
     for (auto& p : stage.params()) src->read(p.name, p.data.shape(), p.data.f32());
     stage.store().refresh_compute();

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "core/layer_range.hpp"
+
 namespace troupe::model {
 
 enum class ModelKind : uint8_t {
@@ -63,19 +65,6 @@ struct ModelConfig {
   bool tied_head() const { return kind != ModelKind::llama || tie_embeddings; }
   // Embedding and LM head split by vocabulary rows under tensor parallelism (llama).
   bool vocab_parallel() const { return kind == ModelKind::llama; }
-};
-
-// A pipeline stage: blocks [first, last) plus the embedding (first stage) and/or the
-// head = ln_f + LM head tied to wte + loss (last stage). The single-device model is
-// full(cfg): every block, embedding and head.
-struct StageRange {
-  int first = 0;
-  int last = 0;
-  bool has_embedding = true;
-  bool has_head = true;
-
-  static StageRange full(const ModelConfig& cfg) { return {0, cfg.n_layer, true, true}; }
-  int n_blocks() const { return last - first; }
 };
 
 // Tensor shard `rank` of a tensor-parallel group of `size` ranks (Megatron): shard t

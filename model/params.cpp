@@ -139,7 +139,7 @@ void add_llama_block(std::vector<ParamSpec>& out, const std::string& h, const Mo
 
 }  // namespace
 
-std::vector<ParamSpec> param_specs(const ModelConfig& cfg, const StageRange& range,
+std::vector<ParamSpec> param_specs(const ModelConfig& cfg, const LayerRange& range,
                                    const TensorShard& shard) {
   cfg.validate();
   shard.validate(cfg);

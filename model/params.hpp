@@ -101,7 +101,7 @@ struct Param {
 // bias hold rows [t*4D/tp, (t+1)*4D/tp); attn.c_proj.weight holds columns
 // [t*D/tp, (t+1)*D/tp) and mlp.c_proj.weight columns [t*4D/tp, (t+1)*4D/tp), their biases
 // whole. Everything else is whole on every shard. tp = 1: nothing is split.
-std::vector<ParamSpec> param_specs(const ModelConfig& cfg, const StageRange& range,
+std::vector<ParamSpec> param_specs(const ModelConfig& cfg, const LayerRange& range,
                                    const TensorShard& shard = {});
 
 // Fills out (local_shape numel floats) with the spec's slice of the full initial tensor.

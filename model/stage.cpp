@@ -24,11 +24,11 @@ const DeviceContext& runnable(const DeviceContext& ctx) {
 
 }  // namespace
 
-Stage::Stage(const ModelConfig& cfg, const StageRange& range, int n_slots, int max_micro_batch,
+Stage::Stage(const ModelConfig& cfg, const LayerRange& range, int n_slots, int max_micro_batch,
              const DeviceContext& ctx)
     : Stage(cfg, range, n_slots, max_micro_batch, TensorShard{}, nullptr, ctx) {}
 
-Stage::Stage(const ModelConfig& cfg, const StageRange& range, int n_slots, int max_micro_batch,
+Stage::Stage(const ModelConfig& cfg, const LayerRange& range, int n_slots, int max_micro_batch,
              const TensorShard& shard, comm::Communicator* tp_group, const DeviceContext& ctx)
     : cfg_(cfg),
       range_(range),

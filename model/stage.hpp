@@ -3,7 +3,7 @@
 // A llama under tensor parallelism splits the embedding and the head by vocabulary rows:
 // the lookup is summed over the shards and the loss combines each shard's softmax
 // statistics, so no shard ever holds the full (B,T,V) logits. The
-// single-device model is Stage(cfg, StageRange::full(cfg), ...).
+// single-device model is Stage(cfg, LayerRange::full(cfg.n_layer), ...).
 //
 // Activations live in n_slots independent micro-batch slots, allocated once for
 // (max_micro_batch, cfg.seq_len); a call may use any B <= max_micro_batch and
@@ -60,10 +60,10 @@ namespace troupe::model {
 
 class Stage {
  public:
-  Stage(const ModelConfig& cfg, const StageRange& range, int n_slots = 1, int max_micro_batch = 1,
+  Stage(const ModelConfig& cfg, const LayerRange& range, int n_slots = 1, int max_micro_batch = 1,
         const DeviceContext& ctx = DeviceContext::cpu());
   // Tensor shard `shard` over `tp_group` (null, or unused, when shard.size == 1).
-  Stage(const ModelConfig& cfg, const StageRange& range, int n_slots, int max_micro_batch,
+  Stage(const ModelConfig& cfg, const LayerRange& range, int n_slots, int max_micro_batch,
         const TensorShard& shard, comm::Communicator* tp_group,
         const DeviceContext& ctx = DeviceContext::cpu());
   ~Stage();
@@ -128,7 +128,7 @@ class Stage {
 
   const ModelConfig& config() const { return cfg_; }
   const DeviceContext& device_context() const { return ctx_; }
-  const StageRange& range() const { return range_; }
+  const LayerRange& range() const { return range_; }
   const TensorShard& tensor_shard() const { return tp_.shard; }
   const TensorGroup& tensor_group() const { return tp_; }
   int n_slots() const { return static_cast<int>(slots_.size()); }
@@ -150,7 +150,7 @@ class Stage {
   };
 
   ModelConfig cfg_;
-  StageRange range_;
+  LayerRange range_;
   DeviceContext ctx_;
   const kernels::Kernels* k_;
   TensorGroup tp_;

@@ -68,11 +68,9 @@ std::vector<std::unique_ptr<model::Stage>> make_rank_stages(
                " x virtual ", part.virtual_stages, ")");
   std::vector<std::unique_ptr<model::Stage>> out;
   for (int c = 0; c < part.virtual_stages; ++c) {
-    const plan::LayerRange& r = part.of(rank, c);
+    const LayerRange& r = part.of(rank, c);
     const int slots = plan::activation_slots(check, part.pp, rank, c);
-    out.push_back(
-        std::make_unique<model::Stage>(cfg, model::StageRange{r.first, r.last, r.has_embedding, r.has_head},
-                                       slots, max_micro_batch, shard, tp_group, ctx));
+    out.push_back(std::make_unique<model::Stage>(cfg, r, slots, max_micro_batch, shard, tp_group, ctx));
   }
   return out;
 }

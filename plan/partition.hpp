@@ -15,22 +15,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/layer_range.hpp"
 #include "core/spec.hpp"
 
 namespace troupe::plan {
-
-// Blocks [first, last) of the model, plus the embedding (model chunk 0) and the head
-// (the last model chunk). The whole model is {0, n_layers, true, true}.
-struct LayerRange {
-  int first = 0;
-  int last = 0;
-  bool has_embedding = true;
-  bool has_head = true;
-  int n_blocks() const { return last - first; }
-  bool operator==(const LayerRange& o) const {
-    return first == o.first && last == o.last && has_embedding == o.has_embedding && has_head == o.has_head;
-  }
-};
 
 // What the cost model needs of the model (read from the spec's model section).
 struct ModelShape {
@@ -62,6 +50,8 @@ StageCosts stage_costs(const ModelShape& m);
 struct Partition {
   int pp = 1;
   int virtual_stages = 1;
+  // Each model chunk's layers (core/layer_range.hpp): blocks, plus the embedding on model
+  // chunk 0 and the head on the last.
   std::vector<LayerRange> chunks;  // by model chunk k = c * pp + p, k in [0, pp * v)
   std::vector<double> cost;        // block-equivalents of each model chunk
 

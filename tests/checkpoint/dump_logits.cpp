@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
     const model::ModelConfig cfg = model::model_config(spec);
     model::DeviceContext dc = model::DeviceContext::cpu();
     dc.compute_dtype = compute_dtype(spec.train.precision);
-    model::Stage stage(cfg, model::StageRange::full(cfg), 1, 1, dc);
+    model::Stage stage(cfg, LayerRange::full(cfg.n_layer), 1, 1, dc);
     if (hf) {
       const checkpoint::hf::SliceReader read = checkpoint::hf::init_source(argv[2], spec);
       for (auto& p : stage.params()) read(p.name, checkpoint::whole(p.data.shape()), p.data.f32());

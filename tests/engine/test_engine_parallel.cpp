@@ -138,8 +138,7 @@ TEST_CASE("stage: backward reports each flat-gradient range once it is final, ta
   }
   // A full stage (wte written by the head and again by the embedding) and a head-only
   // stage (the tied wte last in its buffer).
-  for (model::StageRange range :
-       {model::StageRange::full(cfg), model::StageRange{2, cfg.n_layer, false, true}}) {
+  for (LayerRange range : {LayerRange::full(cfg.n_layer), LayerRange{2, cfg.n_layer, false, true}}) {
     INFO("stage has_embedding " << range.has_embedding);
     model::Stage st(cfg, range, 1, B);
     std::vector<float> x(static_cast<size_t>(N) * cfg.d_model);

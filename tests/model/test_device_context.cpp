@@ -59,8 +59,8 @@ TEST_CASE("device context: the CPU context, and a stage given it explicitly comp
   CountingAllocator counting;
   DeviceContext counted = DeviceContext::cpu();
   counted.alloc = &counting;
-  Stage plain(c, StageRange::full(c), 2, B);
-  Stage explicit_ctx(c, StageRange::full(c), 2, B, counted);
+  Stage plain(c, LayerRange::full(c.n_layer), 2, B);
+  Stage explicit_ctx(c, LayerRange::full(c.n_layer), 2, B, counted);
   CHECK(counting.bytes > 0);  // activations and workspace came from the context's allocator
   CHECK(explicit_ctx.device_context().alloc == &counting);
   const double l1 = plain.forward(0, tok.data(), nullptr, tgt.data(), B, T);
@@ -76,7 +76,8 @@ TEST_CASE("device context: a stage refuses a device, or a precision its kernels 
   const ModelConfig c = tiny();
   DeviceContext cuda = DeviceContext::cpu();
   cuda.device = Device::cuda;  // with the CPU kernels and allocator: inconsistent
-  CHECK_THROWS_WITH(Stage(c, StageRange::full(c), 1, 1, cuda), Catch::Contains("'cpu' kernels of cpu"));
+  CHECK_THROWS_WITH(Stage(c, LayerRange::full(c.n_layer), 1, 1, cuda),
+                    Catch::Contains("'cpu' kernels of cpu"));
   // A table without the 16-bit linear kernels cannot compute in bf16.
   kernels::Kernels f32_only = kernels::cpu_kernels();
   f32_only.name = "f32-only";
@@ -84,12 +85,12 @@ TEST_CASE("device context: a stage refuses a device, or a precision its kernels 
   DeviceContext bf16 = DeviceContext::cpu();
   bf16.kernels = &f32_only;
   bf16.compute_dtype = DType::bf16;
-  CHECK_THROWS_WITH(Stage(c, StageRange::full(c), 1, 1, bf16),
+  CHECK_THROWS_WITH(Stage(c, LayerRange::full(c.n_layer), 1, 1, bf16),
                     Catch::Contains("computing in bf16") && Catch::Contains("'f32-only' kernels have none"));
   bf16.kernels = &kernels::cpu_kernels();
-  CHECK_NOTHROW(Stage(c, StageRange::full(c), 1, 1, bf16));
+  CHECK_NOTHROW(Stage(c, LayerRange::full(c.n_layer), 1, 1, bf16));
   DeviceContext none;
-  CHECK_THROWS_AS(Stage(c, StageRange::full(c), 1, 1, none), Error);
+  CHECK_THROWS_AS(Stage(c, LayerRange::full(c.n_layer), 1, 1, none), Error);
   DeviceContext i32 = DeviceContext::cpu();
   i32.compute_dtype = DType::i32;
   CHECK_THROWS_WITH(i32.validate(), Catch::Contains("compute dtype i32"));
@@ -97,7 +98,7 @@ TEST_CASE("device context: a stage refuses a device, or a precision its kernels 
 
 TEST_CASE("params: with f32 compute the compute weights are the master weights, no copy", "[model][params]") {
   const ModelConfig c = tiny();
-  const auto specs = param_specs(c, StageRange::full(c));
+  const auto specs = param_specs(c, LayerRange::full(c.n_layer));
   ParamStore ps(specs, c.seed);
   CHECK(ps.compute_dtype() == DType::f32);
   CHECK(ps.flat_compute().data() == ps.flat_params().data());
@@ -113,7 +114,7 @@ TEST_CASE("params: with f32 compute the compute weights are the master weights, 
 
 TEST_CASE("params: a bf16 or f16 compute copy rounds the master weights to nearest even", "[model][params]") {
   const ModelConfig c = tiny();
-  const auto specs = param_specs(c, StageRange::full(c));
+  const auto specs = param_specs(c, LayerRange::full(c.n_layer));
   for (DType dt : {DType::bf16, DType::f16}) {
     INFO(dtype_name(dt));
     ParamStore ps(specs, c.seed, dt);
@@ -164,7 +165,7 @@ TEST_CASE("params: a bf16 or f16 compute copy rounds the master weights to neare
 TEST_CASE("params: the LM head's wte on a head-only stage is the tied copy, and counts once",
           "[model][params][tied]") {
   const ModelConfig c = tiny();
-  Stage whole(c, StageRange::full(c));
+  Stage whole(c, LayerRange::full(c.n_layer));
   for (const Param& p : whole.params()) CHECK_FALSE(p.tied_copy);
   Stage first(c, {0, 1, true, false}), last(c, {1, 2, false, true});
   for (const Param& p : first.params()) CHECK_FALSE(p.tied_copy);
@@ -189,7 +190,7 @@ TEST_CASE("param io: a BF16, F16 or F64 file loads into f32 parameters, converte
   const fs::path dir = fs::temp_directory_path() / ("troupe-pio-dtype-" + std::to_string(::getpid()));
   fs::create_directories(dir);
   ModelConfig c = tiny();
-  Stage a(c, StageRange::full(c));
+  Stage a(c, LayerRange::full(c.n_layer));
   for (DType dt : {DType::bf16, DType::f16, DType::f64}) {
     INFO(dtype_name(dt));
     // The whole model stored in dt.
@@ -205,7 +206,7 @@ TEST_CASE("param io: a BF16, F16 or F64 file loads into f32 parameters, converte
     safetensors::Reader file(path);
     ModelConfig c2 = c;
     c2.seed = 7;
-    Stage b(c2, StageRange::full(c2));
+    Stage b(c2, LayerRange::full(c2.n_layer));
     load_params(file, b.params());
     // Columns [4, 12) of a (64, 16) weight: runs of a slice, converted run by run.
     const Param& full = a.param("h.1.mlp.c_fc.weight");
@@ -261,7 +262,7 @@ TEST_CASE("device context: a stage on another device copies its inputs in and co
       DeviceContext host = DeviceContext::cpu(), on_dev{Device::cuda, &table, &dev, nullptr, dt};
       host.compute_dtype = dt;
       const int B = 2, N = B * c.seq_len;
-      Stage a(c, StageRange::full(c), 1, B, host), b(c, StageRange::full(c), 1, B, on_dev);
+      Stage a(c, LayerRange::full(c.n_layer), 1, B, host), b(c, LayerRange::full(c.n_layer), 1, B, on_dev);
       CHECK(b.store().device() == Device::cuda);
       CHECK(b.store().flat_params().device() == Device::cuda);
       CHECK(b.params().front().grad.device() == Device::cuda);

@@ -56,7 +56,7 @@ TEST_CASE("llama: parameter names, shapes, no biases, and the shard pieces of q|
           "[model][llama]") {
   const ModelConfig c = tiny_llama();
   const int64_t D = 16, HS = 4, Q = 16, KV = 8, F = 24, V = 48;
-  Stage s(c, StageRange::full(c), 1, 1);
+  Stage s(c, LayerRange::full(c.n_layer), 1, 1);
   std::vector<std::string> names;
   for (const auto& p : s.params()) names.push_back(p.name);
   const std::vector<std::string> want = {"wte.weight",
@@ -87,7 +87,7 @@ TEST_CASE("llama: parameter names, shapes, no biases, and the shard pieces of q|
   }
   // Tied: no lm_head; a head-only stage holds the tied copy of wte.
   const ModelConfig t = tiny_llama(true);
-  Stage tied(t, StageRange::full(t), 1, 1);
+  Stage tied(t, LayerRange::full(t.n_layer), 1, 1);
   CHECK_FALSE(tied.store().contains("lm_head.weight"));
   Stage last(t, {1, 2, false, true}, 1, 1);
   CHECK(last.param("wte.weight").tied_copy);
@@ -96,7 +96,7 @@ TEST_CASE("llama: parameter names, shapes, no biases, and the shard pieces of q|
 
   // Shard 1 of 2: heads 2,3 (q rows [8,16)), kv head 1 (k rows 16+[4,8), v rows 24+[4,8)),
   // gate rows [12,24), up rows 24+[12,24), vocabulary rows [24,48).
-  const std::vector<ParamSpec> sh = param_specs(c, StageRange::full(c), TensorShard{1, 2});
+  const std::vector<ParamSpec> sh = param_specs(c, LayerRange::full(c.n_layer), TensorShard{1, 2});
   auto spec = [&](const std::string& n) {
     for (const auto& p : sh)
       if (p.name == n) return p;
@@ -118,11 +118,11 @@ TEST_CASE("llama: parameter names, shapes, no biases, and the shard pieces of q|
   CHECK(spec("ln_f.weight").split_dim == -1);
   (void)HS;
   // tp must divide the key/value heads (they are never replicated) and the vocabulary.
-  CHECK_THROWS_WITH(param_specs(c, StageRange::full(c), TensorShard{0, 4}),
+  CHECK_THROWS_WITH(param_specs(c, LayerRange::full(c.n_layer), TensorShard{0, 4}),
                     Catch::Contains("must divide n_kv_head"));
   ModelConfig odd_vocab = c;
   odd_vocab.vocab_size = 47;
-  CHECK_THROWS_WITH(param_specs(odd_vocab, StageRange::full(odd_vocab), TensorShard{0, 2}),
+  CHECK_THROWS_WITH(param_specs(odd_vocab, LayerRange::full(odd_vocab.n_layer), TensorShard{0, 2}),
                     Catch::Contains("must divide vocab_size"));
 }
 
@@ -131,7 +131,7 @@ TEST_CASE("llama: float forward matches the double reference, backward matches f
   for (bool tied : {false, true}) {
     const ModelConfig c = tiny_llama(tied);
     const int B = 2, T = 5, N = B * T;
-    Stage s(c, StageRange::full(c), 1, B);
+    Stage s(c, LayerRange::full(c.n_layer), 1, B);
     perturb(s, 31);
     const auto tok = tokens_of(1, N, c.vocab_size), tgt = tokens_of(2, N, c.vocab_size);
     const double loss = s.forward(0, tok.data(), nullptr, tgt.data(), B, T) / N;
@@ -182,7 +182,7 @@ TEST_CASE("llama: recomputation gives the same bits, and a bf16 stage follows th
   auto run = [&](const ModelConfig& cfg, DType dt, std::vector<float>* grads) {
     DeviceContext ctx = DeviceContext::cpu();
     ctx.compute_dtype = dt;
-    Stage s(cfg, StageRange::full(cfg), 2, B, ctx);
+    Stage s(cfg, LayerRange::full(cfg.n_layer), 2, B, ctx);
     perturb(s, 9);
     const double l = s.forward(1, tok.data(), nullptr, tgt.data(), B, T);
     s.backward(1, nullptr, 1.0f / N);

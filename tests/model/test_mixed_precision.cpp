@@ -52,12 +52,12 @@ TEST_CASE("mixed precision: a bf16 or f16 stage follows the f32 loss and every g
   const ModelConfig c = small();
   const int B = 2, T = 16;
   const auto tok = tokens(1, B * T), tgt = tokens(2, B * T);
-  Stage ref(c, StageRange::full(c), 1, B);
+  Stage ref(c, LayerRange::full(c.n_layer), 1, B);
   const double ref_loss = ref.forward(0, tok.data(), nullptr, tgt.data(), B, T);
   ref.backward(0, nullptr, 1.0f / (B * T));
   for (DType dt : {DType::bf16, DType::f16}) {
     INFO(dtype_name(dt));
-    Stage st(c, StageRange::full(c), 1, B, computing_in(dt));
+    Stage st(c, LayerRange::full(c.n_layer), 1, B, computing_in(dt));
     CHECK(st.store().compute_dtype() == dt);
     const double loss = st.forward(0, tok.data(), nullptr, tgt.data(), B, T);
     CHECK(loss != ref_loss);  // it really computed in 16 bits
@@ -83,9 +83,9 @@ TEST_CASE("mixed precision: the same inputs give the same bits, and recomputatio
   const auto tok = tokens(3, B * T), tgt = tokens(4, B * T);
   ModelConfig rc = c;
   rc.recompute = true;
-  Stage a(c, StageRange::full(c), 2, B, computing_in(DType::bf16));
-  Stage b(c, StageRange::full(c), 2, B, computing_in(DType::bf16));
-  Stage r(rc, StageRange::full(rc), 2, B, computing_in(DType::bf16));
+  Stage a(c, LayerRange::full(c.n_layer), 2, B, computing_in(DType::bf16));
+  Stage b(c, LayerRange::full(c.n_layer), 2, B, computing_in(DType::bf16));
+  Stage r(rc, LayerRange::full(rc.n_layer), 2, B, computing_in(DType::bf16));
   const double la = a.forward(1, tok.data(), nullptr, tgt.data(), B, T);
   CHECK(b.forward(1, tok.data(), nullptr, tgt.data(), B, T) == la);
   CHECK(r.forward(1, tok.data(), nullptr, tgt.data(), B, T) == la);
@@ -105,11 +105,11 @@ TEST_CASE("mixed precision: the products' saved inputs are 16-bit, so a bf16 sta
   bf16.alloc = &bf16_bytes;
   // Activations only: the parameters' buffers (and the bf16 copy of the weights) left out.
   {
-    Stage s(c, StageRange::full(c), slots, B, f32);
+    Stage s(c, LayerRange::full(c.n_layer), slots, B, f32);
     f32_bytes.bytes -= param_store_bytes(s.store());
   }
   {
-    Stage s(c, StageRange::full(c), slots, B, bf16);
+    Stage s(c, LayerRange::full(c.n_layer), slots, B, bf16);
     bf16_bytes.bytes -= param_store_bytes(s.store());
   }
   // Per block and slot, the inputs of c_attn, attn.c_proj, mlp.c_fc and mlp.c_proj

@@ -67,7 +67,7 @@ TEST_CASE("model: GPT parameter names, shapes and decay flags", "[model]") {
   c.d_model = 16;
   c.seq_len = 32;
   c.n_layer = 3;
-  Stage s(c, StageRange::full(c));
+  Stage s(c, LayerRange::full(c.n_layer));
   const int64_t V = 256, T = 32, D = 16;
   std::vector<std::pair<std::string, Shape>> want = {{"wte.weight", {V, D}}, {"wpe.weight", {T, D}}};
   for (int i = 0; i < 3; ++i) {
@@ -109,7 +109,7 @@ TEST_CASE("model: GPT parameter names, shapes and decay flags", "[model]") {
 TEST_CASE("model: MLP parameter names and stage splits hold the right parameters", "[model]") {
   ModelConfig c = tiny_gpt();
   c.kind = ModelKind::mlp;
-  Stage s(c, StageRange::full(c));
+  Stage s(c, LayerRange::full(c.n_layer));
   std::vector<std::string> names;
   for (auto& p : s.params()) names.push_back(p.name);
   REQUIRE(names == std::vector<std::string>{
@@ -125,7 +125,7 @@ TEST_CASE("model: MLP parameter names and stage splits hold the right parameters
   REQUIRE(first.back().name == "h.0.mlp.c_proj.bias");
   REQUIRE(last.front().name == "h.1.ln_1.weight");
   REQUIRE(last.back().name == "wte.weight");  // tied head
-  REQUIRE(first.size() + last.size() == param_specs(g, StageRange::full(g)).size() + 1);
+  REQUIRE(first.size() + last.size() == param_specs(g, LayerRange::full(g.n_layer)).size() + 1);
   REQUIRE_THROWS_AS(param_specs(g, {1, 3, false, true}), troupe::Error);
   ModelConfig bad = g;
   bad.n_head = 3;
@@ -137,7 +137,7 @@ TEST_CASE("model: init statistics and layout-independent slices", "[model]") {
   c.d_model = 64;
   c.seq_len = 64;
   c.n_layer = 4;
-  Stage s(c, StageRange::full(c));
+  Stage s(c, LayerRange::full(c.n_layer));
   double m = 0;
   REQUIRE(std::abs(stddev(s.param("wte.weight").data, &m) - 0.02) < 0.001);
   REQUIRE(std::abs(m) < 0.001);
@@ -156,7 +156,7 @@ TEST_CASE("model: init statistics and layout-independent slices", "[model]") {
   Stage tail(c, {2, 4, false, true});
   for (auto& p : tail.params()) REQUIRE(same_bits(p.data, s.param(p.name).data));
   // Slices along either dim equal the corresponding part of the full tensor.
-  auto specs = param_specs(c, StageRange::full(c));
+  auto specs = param_specs(c, LayerRange::full(c.n_layer));
   for (auto& spec : specs) {
     if (spec.name != "h.0.attn.c_attn.weight") continue;
     const Tensor& full = s.param(spec.name).data;  // (3D, D)
@@ -178,7 +178,7 @@ TEST_CASE("model: init statistics and layout-independent slices", "[model]") {
   }
   ModelConfig other = c;
   other.seed = c.seed + 1;
-  Stage s2(other, StageRange::full(other));
+  Stage s2(other, LayerRange::full(other.n_layer));
   REQUIRE_FALSE(same_bits(s2.param("wte.weight").data, s.param("wte.weight").data));
 }
 
@@ -190,7 +190,7 @@ TEST_CASE("model: initial loss on random tokens is about ln 256", "[model]") {
     c.seq_len = 16;
     c.n_head = 4;
     const int B = 8, T = 16;
-    Stage s(c, StageRange::full(c), 1, B);
+    Stage s(c, LayerRange::full(c.n_layer), 1, B);
     auto tok = random_tokens(1, B * T), tgt = random_tokens(2, B * T);
     double loss = s.forward(0, tok.data(), nullptr, tgt.data(), B, T) / (B * T);
     INFO(model_kind_name(kind) << " loss " << loss);
@@ -204,7 +204,7 @@ TEST_CASE("model: float forward matches the double reference, backward matches f
     ModelConfig c = tiny_gpt();
     c.kind = kind;
     const int B = 2, T = 4, N = B * T;
-    Stage s(c, StageRange::full(c), 1, B);
+    Stage s(c, LayerRange::full(c.n_layer), 1, B);
     perturb(s, 99);
     auto tok = random_tokens(3, N), tgt = random_tokens(4, N);
     double loss = s.forward(0, tok.data(), nullptr, tgt.data(), B, T) / N;
@@ -254,7 +254,7 @@ TEST_CASE("model: a two-stage split chained by hand equals the full model", "[mo
     c.d_model = 16;
     c.seq_len = 8;
     const int B = 3, T = 8, N = B * T;
-    Stage full(c, StageRange::full(c), 2, B);
+    Stage full(c, LayerRange::full(c.n_layer), 2, B);
     Stage s0(c, {0, 1, true, false}, 2, B);
     Stage s1(c, {1, 2, false, true}, 2, B);
     auto tok = random_tokens(7, N), tgt = random_tokens(8, N);
@@ -291,7 +291,7 @@ TEST_CASE("model: forward is deterministic and slots are independent", "[model][
   c.d_model = 16;
   c.seq_len = 8;
   const int B = 2, T = 8, N = B * T;
-  Stage s(c, StageRange::full(c), 3, B);
+  Stage s(c, LayerRange::full(c.n_layer), 3, B);
   auto tokA = random_tokens(10, N), tgtA = random_tokens(11, N);
   auto tokB = random_tokens(12, N), tgtB = random_tokens(13, N);
   double a1 = s.forward(0, tokA.data(), nullptr, tgtA.data(), B, T);
@@ -318,7 +318,7 @@ TEST_CASE("model: shorter sequences and last-position logits for sampling", "[mo
   ModelConfig c = tiny_gpt();
   c.d_model = 16;
   c.seq_len = 8;
-  Stage s(c, StageRange::full(c), 1, 2);
+  Stage s(c, LayerRange::full(c.n_layer), 1, 2);
   auto tok = random_tokens(20, 8);
   std::vector<float> last(256);
   for (int T = 1; T <= 8; ++T) {
@@ -342,7 +342,7 @@ TEST_CASE("model: AdamW on synthetic data lowers the loss clearly", "[model][tra
     c.seed = 5;
     const int B = 8, T = 16, N = B * T, steps = 300;
     Dataset data = Dataset::synthetic(9, 50000, 0.1);
-    Stage s(c, StageRange::full(c), 1, B);
+    Stage s(c, LayerRange::full(c.n_layer), 1, B);
     std::vector<Tensor> m, v;
     for (auto& p : s.params()) {
       m.push_back(Tensor::zeros(p.data.shape()));

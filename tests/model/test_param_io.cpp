@@ -20,13 +20,13 @@ TEST_CASE("param io: save, then load whole parameters and slices along either di
   c.n_layer = 2;
   c.n_head = 2;
   c.seed = 3;
-  Stage a(c, StageRange::full(c));
+  Stage a(c, LayerRange::full(c.n_layer));
   const std::string path = (dir / "model.safetensors").string();
   save_params(path, a.params(), {{"step", "0"}});
 
   ModelConfig c2 = c;
   c2.seed = 4;  // different init, overwritten by the load
-  Stage b(c2, StageRange::full(c2));
+  Stage b(c2, LayerRange::full(c2.n_layer));
   safetensors::Reader file(path);
   load_params(file, b.params());
   for (auto& p : a.params()) {
@@ -53,7 +53,7 @@ TEST_CASE("param io: save, then load whole parameters and slices along either di
       }
     // The slice loaded from the file equals the slice initialised on its own.
     ParamSpec spec;
-    for (auto& s : param_specs(c, StageRange::full(c)))
+    for (auto& s : param_specs(c, LayerRange::full(c.n_layer)))
       if (s.name == full.name) spec = s;
     spec.split_dim = dim;
     spec.offset = shard.offset;
@@ -65,7 +65,7 @@ TEST_CASE("param io: save, then load whole parameters and slices along either di
 
   ModelConfig wider = c;
   wider.d_model = 32;
-  Stage w(wider, StageRange::full(wider));
+  Stage w(wider, LayerRange::full(wider.n_layer));
   REQUIRE_THROWS_AS(load_params(file, w.params()), troupe::Error);
   fs::remove_all(dir);
 }

@@ -63,7 +63,7 @@ struct Shards {
   std::vector<std::unique_ptr<comm::Communicator>> comms;
   std::vector<std::unique_ptr<CountingAllocator>> allocs;
   std::vector<std::unique_ptr<Stage>> stages;
-  Shards(const ModelConfig& c, int tp, const StageRange& r, int slots, int mb, DType dt)
+  Shards(const ModelConfig& c, int tp, const LayerRange& r, int slots, int mb, DType dt)
       : comms(size_t(tp)), allocs(size_t(tp)), stages(size_t(tp)) {
     auto world = comm::make_local_world(tp);
     std::vector<std::thread> threads;
@@ -95,9 +95,9 @@ TEST_CASE("planner memory: a stage's parameters and allocations are the planner'
     for (int tp : {1, 2})
       for (DType dt : {DType::f32, DType::bf16})
         for (Recompute mode : {Recompute::none, Recompute::selective, Recompute::full})
-          for (const StageRange& r :
-               {StageRange{0, 4, true, true}, StageRange{0, 2, true, false}, StageRange{1, 3, false, false},
-                StageRange{2, 4, false, true}, StageRange{4, 4, false, true}}) {
+          for (const LayerRange& r :
+               {LayerRange{0, 4, true, true}, LayerRange{0, 2, true, false}, LayerRange{1, 3, false, false},
+                LayerRange{2, 4, false, true}, LayerRange{4, 4, false, true}}) {
             ModelConfig c = config(kind);
             c.recompute = mode == Recompute::full;
             const int slots = 3, mb = 2;
@@ -111,9 +111,8 @@ TEST_CASE("planner memory: a stage's parameters and allocations are the planner'
             const double expect_params = r.n_blocks() * plan::block_params(w.model, tp) +
                                          (r.has_embedding ? plan::embedding_params(w.model, tp) : 0) +
                                          (r.has_head ? plan::head_params(w.model, tp, r.has_embedding) : 0);
-            const plan::LayerRange lr{r.first, r.last, r.has_embedding, r.has_head};
             const double expect_bytes =
-                plan::stage_activation_bytes(w, lr, slots, mb, tp, mode, /*split_backward=*/false);
+                plan::stage_activation_bytes(w, r, slots, mb, tp, mode, /*split_backward=*/false);
             for (int t = 0; t < tp; ++t) {
               double params = 0;
               for (const Param& p : s.stages[size_t(t)]->params()) params += double(p.data.numel());
@@ -128,7 +127,7 @@ TEST_CASE("planner memory: a split backward's kept output gradients are the plan
           "[model][plan][memory]") {
   for (ModelKind kind : {ModelKind::gpt, ModelKind::llama, ModelKind::mlp}) {
     const ModelConfig c = config(kind);
-    const StageRange r{0, 2, true, false};  // the first stage of a pipeline: the embedding, no head
+    const LayerRange r{0, 2, true, false};  // the first stage of a pipeline: the embedding, no head
     const int slots = 2, mb = 2, N = mb * c.seq_len;
     INFO(model_kind_name(kind));
     Shards s(c, 1, r, slots, mb, DType::f32);
@@ -139,8 +138,7 @@ TEST_CASE("planner memory: a split backward's kept output gradients are the plan
       st.forward(slot, tokens.data(), nullptr, nullptr, mb, c.seq_len);
       st.backward_input(slot, dout.data(), 0.0f);
     }
-    const plan::LayerRange lr{r.first, r.last, r.has_embedding, r.has_head};
     CHECK(double(s.allocs[0]->bytes - param_store_bytes(st.store())) ==
-          plan::stage_activation_bytes(workload_of(c, DType::f32), lr, slots, mb, 1, Recompute::none, true));
+          plan::stage_activation_bytes(workload_of(c, DType::f32), r, slots, mb, 1, Recompute::none, true));
   }
 }

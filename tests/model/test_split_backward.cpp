@@ -58,7 +58,7 @@ std::vector<Named> models() {
 
 struct NamedRange {
   const char* name;
-  StageRange range;
+  LayerRange range;
 };
 // Of a 3-block model: the whole of it, and the three stages of a 3-way pipeline.
 std::vector<NamedRange> ranges() {
@@ -130,7 +130,7 @@ struct Result {
 };
 
 Result run(Stage& s, const std::vector<MicroBatch>& mbs, bool split) {
-  const StageRange& r = s.range();
+  const LayerRange& r = s.range();
   int tokens = 0;
   for (const MicroBatch& mb : mbs) tokens += mb.B * mb.T;
   const float dloss = 1.0f / float(tokens);
@@ -174,7 +174,7 @@ bool left_for_w(const std::string& name, const Stage& s) {
   auto ends_with = [&](const std::string& tail) {
     return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
   };
-  const StageRange& r = s.range();
+  const LayerRange& r = s.range();
   const bool tied_head = r.has_head && s.config().tied_head();
   if (ends_with("c_attn.weight") || ends_with("c_proj.weight") || ends_with("c_fc.weight") ||
       name == "lm_head.weight" || (tied_head && name == "wte.weight"))
@@ -288,7 +288,7 @@ TEST_CASE("split backward: the kept output gradients, per slot on first use, siz
   test::CountingAllocator counted;
   DeviceContext ctx = DeviceContext::cpu();
   ctx.alloc = &counted;
-  Stage s(c, StageRange::full(c), slots, max_B, ctx);
+  Stage s(c, LayerRange::full(c.n_layer), slots, max_B, ctx);
   const auto mbs = micro_batches(c, 2);  // smaller than max_micro_batch
   const size_t before = counted.bytes;
   CHECK(s.deferred_bytes() == 0);
@@ -324,7 +324,7 @@ TEST_CASE("split backward: refused under recomputation, and slots with weight gr
   rc.recompute = true;
   const auto mbs = micro_batches(rc, 1);
   const MicroBatch& mb = mbs[0];
-  Stage r(rc, StageRange::full(rc), 2, 1);
+  Stage r(rc, LayerRange::full(rc.n_layer), 2, 1);
   r.forward(0, mb.tokens.data(), nullptr, mb.targets.data(), mb.B, mb.T);
   CHECK_THROWS_AS(r.backward_input(0, nullptr, 0.1f), Error);
   CHECK_THROWS_WITH(r.backward_input(0, nullptr, 0.1f),
@@ -332,7 +332,7 @@ TEST_CASE("split backward: refused under recomputation, and slots with weight gr
                                     "activations: train.recompute is not supported with it"));
 
   const ModelConfig c = tiny(ModelKind::gpt);
-  Stage s(c, StageRange::full(c), 4, 1);
+  Stage s(c, LayerRange::full(c.n_layer), 4, 1);
   CHECK_THROWS_WITH(s.backward_weights(3), Catch::Contains("backward_weights(3) without a backward_input"));
   s.forward(3, mb.tokens.data(), nullptr, mb.targets.data(), mb.B, mb.T);
   CHECK_THROWS_WITH(s.backward_weights(3), Catch::Contains("backward_weights(3) without a backward_input"));

@@ -152,10 +152,10 @@ TEST_CASE("tensor parallel: shard specs, init slices and the q|k|v layout of c_a
   for (ModelKind kind : {ModelKind::gpt, ModelKind::mlp}) {
     const ModelConfig c = tiny(kind);
     const int64_t D = c.d_model;
-    Stage full(c, StageRange::full(c));
+    Stage full(c, LayerRange::full(c.n_layer));
     for (int tp : {2, 4}) {
       for (int t = 0; t < tp; ++t) {
-        const auto specs = param_specs(c, StageRange::full(c), TensorShard{t, tp});
+        const auto specs = param_specs(c, LayerRange::full(c.n_layer), TensorShard{t, tp});
         REQUIRE(specs.size() == full.params().size());
         ParamStore store(specs, c.seed);
         for (const Param& p : store.params()) {
@@ -207,11 +207,11 @@ TEST_CASE("tensor parallel: shard specs, init slices and the q|k|v layout of c_a
   }
   // Heads (and the MLP hidden) must divide evenly across shards.
   const ModelConfig g = tiny(ModelKind::gpt);
-  REQUIRE_THROWS_AS(param_specs(g, StageRange::full(g), TensorShard{0, 3}), troupe::Error);
-  REQUIRE_THROWS_AS(param_specs(g, StageRange::full(g), TensorShard{2, 2}), troupe::Error);
-  REQUIRE_THROWS_AS(Stage(g, StageRange::full(g), 1, 1, TensorShard{0, 2}, nullptr), troupe::Error);
+  REQUIRE_THROWS_AS(param_specs(g, LayerRange::full(g.n_layer), TensorShard{0, 3}), troupe::Error);
+  REQUIRE_THROWS_AS(param_specs(g, LayerRange::full(g.n_layer), TensorShard{2, 2}), troupe::Error);
+  REQUIRE_THROWS_AS(Stage(g, LayerRange::full(g.n_layer), 1, 1, TensorShard{0, 2}, nullptr), troupe::Error);
   // A multi-piece spec whose pieces do not tile the local extent is refused.
-  ParamSpec bad = param_specs(g, StageRange::full(g), TensorShard{0, 2})[4];
+  ParamSpec bad = param_specs(g, LayerRange::full(g.n_layer), TensorShard{0, 2})[4];
   REQUIRE(bad.name == "h.0.attn.c_attn.weight");
   bad.pieces[1].local_offset += 1;
   REQUIRE_THROWS_AS(bad.local_shape(), troupe::Error);
@@ -219,7 +219,7 @@ TEST_CASE("tensor parallel: shard specs, init slices and the q|k|v layout of c_a
 
 TEST_CASE("tensor parallel: the region pairs sum exactly where Megatron's do", "[model][tp]") {
   const ModelConfig c = tiny(ModelKind::mlp);
-  TpWorld w(c, 2, StageRange{0, 1, true, false});
+  TpWorld w(c, 2, LayerRange{0, 1, true, false});
   std::vector<std::vector<float>> fwd_copy(2), bwd_copy(2), fwd_reduce(2), bwd_reduce(2);
   w.run([&](int r, Stage&) {
     const TensorGroup g(TensorShard{r, 2}, w.comms[static_cast<size_t>(r)].get());
@@ -257,9 +257,9 @@ TEST_CASE("tensor parallel: loss and gradients of tp = 2 and 4 equal the tp = 1 
       const ModelConfig c = tiny(kind);
       const int B = 3, T = 8;
       // Two micro-batches in flight, backward in reverse order (as a pipeline would).
-      Stage full(c, StageRange::full(c), 2, B);
+      Stage full(c, LayerRange::full(c.n_layer), 2, B);
       perturb(full, 7);
-      TpWorld w(c, tp, StageRange::full(c), 2, B);
+      TpWorld w(c, tp, LayerRange::full(c.n_layer), 2, B);
       copy_slices(full, w);
       const auto tok0 = random_tokens(1, B * T), tgt0 = random_tokens(2, B * T);
       const auto tok1 = random_tokens(3, 2 * T), tgt1 = random_tokens(4, 2 * T);
@@ -313,7 +313,7 @@ TEST_CASE("tensor parallel: a pipeline split of tensor-parallel stages equals th
           "[model][tp]") {
   const ModelConfig c = tiny(ModelKind::gpt);
   const int B = 2, T = 8, tp = 2;
-  Stage full(c, StageRange::full(c), 1, B);
+  Stage full(c, LayerRange::full(c.n_layer), 1, B);
   perturb(full, 11);
   TpWorld first(c, tp, {0, 1, true, false}, 1, B), last(c, tp, {1, 2, false, true}, 1, B);
   copy_slices(full, first);
@@ -351,9 +351,9 @@ TEST_CASE("tensor parallel: parameters still match slices after AdamW steps", "[
       INFO(model_kind_name(kind) << " tp " << tp);
       const ModelConfig c = tiny(kind);
       const int B = 4, T = 8;
-      Stage full(c, StageRange::full(c), 1, B);
+      Stage full(c, LayerRange::full(c.n_layer), 1, B);
       perturb(full, 17);
-      TpWorld w(c, tp, StageRange::full(c), 1, B);
+      TpWorld w(c, tp, LayerRange::full(c.n_layer), 1, B);
       copy_slices(full, w);
       // Moments per parameter, for the full model and for each shard.
       auto moments = [](Stage& s) {
@@ -400,14 +400,14 @@ TEST_CASE("tensor parallel: loading a full safetensors file into shards gives th
   fs::create_directories(dir);
   const std::string path = (dir / "model.safetensors").string();
   const ModelConfig c = tiny(ModelKind::gpt);
-  Stage full(c, StageRange::full(c));
+  Stage full(c, LayerRange::full(c.n_layer));
   perturb(full, 13);
   save_params(path, full.params());
   ModelConfig other = c;
   other.seed = c.seed + 1;  // a different init, replaced by the load
   safetensors::Reader file(path);
   for (int tp : {2, 4}) {
-    TpWorld w(other, tp, StageRange::full(other));
+    TpWorld w(other, tp, LayerRange::full(other.n_layer));
     for (int r = 0; r < tp; ++r) {
       load_params(file, w[r].params());
       for (Param& p : w[r].params()) {
@@ -439,13 +439,13 @@ TEST_CASE(
       return t;
     };
     const auto tok = tokens(21), tgt = tokens(22);
-    Stage full(c, StageRange::full(c), 1, B);
+    Stage full(c, LayerRange::full(c.n_layer), 1, B);
     perturb(full, 13);
     const double want = full.forward(0, tok.data(), nullptr, tgt.data(), B, T);
     full.backward(0, nullptr, 1.0f / (B * T));
 
     // One stage, two shards: each holds V/2 logits columns; the loss is the same bits on both.
-    TpWorld w(c, tp, StageRange::full(c), 1, B);
+    TpWorld w(c, tp, LayerRange::full(c.n_layer), 1, B);
     copy_slices(full, w);
     std::vector<double> loss(tp);
     w.run([&](int r, Stage& s) {

@@ -19,7 +19,7 @@ struct TpWorld {
   std::vector<std::unique_ptr<comm::Communicator>> comms;
   std::vector<std::unique_ptr<Stage>> stages;
 
-  TpWorld(const ModelConfig& c, int tp, const StageRange& range, int n_slots = 1, int max_B = 1)
+  TpWorld(const ModelConfig& c, int tp, const LayerRange& range, int n_slots = 1, int max_B = 1)
       : comms(static_cast<size_t>(tp)), stages(static_cast<size_t>(tp)) {
     auto world = comm::make_local_world(tp);
     run_threads([&](int r) {

@@ -59,7 +59,7 @@ struct Outcome {
 constexpr int kSteps = 2;
 
 Outcome reference(const model::ModelConfig& cfg, int m) {
-  model::Stage full(cfg, model::StageRange::full(cfg), 1, kB);
+  model::Stage full(cfg, LayerRange::full(cfg.n_layer), 1, kB);
   Outcome o;
   const float dloss = 1.0f / (m * kB * kT);
   for (int step = 0; step < kSteps; ++step) {
@@ -205,13 +205,13 @@ TEST_CASE("pipeline: one rank runs the whole model without a communicator", "[pa
 TEST_CASE("pipeline: stages without the slots or ends the table needs are refused", "[parallel][pipeline]") {
   const model::ModelConfig cfg = tiny_gpt(2);
   plan::Schedule s = gpipe(1, 4);
-  model::Stage few(cfg, model::StageRange::full(cfg), 2, kB);
+  model::Stage few(cfg, LayerRange::full(cfg.n_layer), 2, kB);
   REQUIRE_THROWS_WITH(PipelineExecutor(s, 0, {&few}, nullptr, kB, kT),
                       Catch::Contains("has 2 activation slots; the gpipe schedule keeps 4"));
   model::Stage headless(cfg, {0, 2, true, false}, 4, kB);
   REQUIRE_THROWS_WITH(PipelineExecutor(s, 0, {&headless}, nullptr, kB, kT),
                       Catch::Contains("the head iff it is the last"));
-  model::Stage full(cfg, model::StageRange::full(cfg), 4, kB);
+  model::Stage full(cfg, LayerRange::full(cfg.n_layer), 4, kB);
   REQUIRE_THROWS_WITH(PipelineExecutor(s, 0, {&full}, nullptr, kB + 1, kT), Catch::Contains("does not fit"));
 }
 

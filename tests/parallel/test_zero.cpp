@@ -89,8 +89,8 @@ constexpr int kB = 2, kT = 8;
 struct TwoStages {
   std::unique_ptr<model::Stage> s0, s1;
   explicit TwoStages(const model::ModelConfig& cfg)
-      : s0(std::make_unique<model::Stage>(cfg, model::StageRange{0, 1, true, false}, 1, kB)),
-        s1(std::make_unique<model::Stage>(cfg, model::StageRange{1, 2, false, true}, 1, kB)) {}
+      : s0(std::make_unique<model::Stage>(cfg, LayerRange{0, 1, true, false}, 1, kB)),
+        s1(std::make_unique<model::Stage>(cfg, LayerRange{1, 2, false, true}, 1, kB)) {}
   std::vector<model::Stage*> ptrs() const { return {s0.get(), s1.get()}; }
 };
 
@@ -448,9 +448,9 @@ TEST_CASE("BucketReducer in reduce-scatter mode through backward_overlapped matc
     for (size_t bucket : {size_t(1000), size_t(333)}) {
       INFO("dp " << dp << " bucket " << bucket);
       const auto errors = run_group(dp, [&](int r, comm::Communicator& group) {
-        model::Stage overlapped(cfg, model::StageRange::full(cfg), 1, kB);
-        model::Stage after(cfg, model::StageRange::full(cfg), 1, kB);
-        model::Stage summed(cfg, model::StageRange::full(cfg), 1, kB);
+        model::Stage overlapped(cfg, LayerRange::full(cfg.n_layer), 1, kB);
+        model::Stage after(cfg, LayerRange::full(cfg.n_layer), 1, kB);
+        model::Stage summed(cfg, LayerRange::full(cfg.n_layer), 1, kB);
         rng::Stream s(500, uint64_t(r));
         std::vector<int32_t> tok(kB * kT), tgt(kB * kT);
         for (auto& t : tok) t = int32_t(s.below(256));
