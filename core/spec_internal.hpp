@@ -205,7 +205,7 @@ class Section {
   std::map<std::string, Entry> entries_;
 };
 
-// ---- the schema as data (spec_sections.cpp)
+// ---- the schema as data (spec_sections*.cpp)
 
 // A mapping of the spec is a Table: its keys in order, each declared once with what reads it, so
 // that the keys a section accepts (and suggests) are exactly the keys it reads.

@@ -1,4 +1,4 @@
-// What a valid spec asks of this build that its engine cannot do. The schema (spec_sections.cpp)
+// What a valid spec asks of this build that its engine cannot do. The schema (spec_sections*.cpp)
 // says what a spec may say; this says what runs here, so that a job the workers would refuse at
 // start (and the coordinator would relaunch max_restarts times) is refused before it is launched:
 // a cuda device in a build without CUDA kernels or over a pipeline or tensor group, token files that are

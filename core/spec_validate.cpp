@@ -1,5 +1,5 @@
 // The schema walk: every mapping of the document is checked against the keys its table declares
-// (spec_sections.cpp), every value against its type and range (spec_values.cpp), then the rules
+// (spec_sections*.cpp), every value against its type and range (spec_values.cpp), then the rules
 // that tie fields together. Nothing stops at the first problem; each one becomes a Diagnostic and
 // the walk goes on, so a user fixes a file in one pass.
 #include <algorithm>
