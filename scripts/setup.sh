@@ -22,6 +22,7 @@ packages=(
   build-essential cmake ninja-build pkg-config ccache git
   libcaf-dev libzmq3-dev cppzmq-dev libyaml-cpp-dev catch2 libgloo-dev libopenblas-dev
   libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libxxhash-dev libzstd-dev libdnnl-dev
+  libcpp-httplib-dev
   python3 python3-zmq python3-numpy fortunes procps
 )
 # Only the tests need these: the PyTorch reference forwards (tests/checkpoint/hf_reference.py),
