@@ -1,16 +1,17 @@
-// The dashboard's HTTP/1.1 transport: POSIX sockets, one thread, poll(2),
-// non-blocking sockets. Read-only: GET and HEAD, no request bodies, one
-// response per connection (Connection: close). The routes are the caller's
-// Handler; this server only frames, bounds and validates (the parsing of a
-// request head is plain code in http_parse.hpp).
+// The dashboard's HTTP/1.1 transport: cpp-httplib (Debian's libcpp-httplib) reads each
+// request's line and headers and writes the answer; this layer (http_guard.hpp,
+// http_checks.hpp) keeps every peer bounded around it. Read-only: GET and HEAD, no
+// request bodies, one answer per connection (Connection: close). The routes are the
+// caller's Handler, called on the connection's thread (handlers run concurrently, one
+// per connection at most).
 //
 // Everything a peer sends is hostile. Every connection is bounded in bytes
-// (max_header_bytes), in time (idle_timeout_ms from accept for the request; one
-// deadline for the whole answer) and in number (max_connections), and the answers
-// being written are bounded together (max_inflight_bytes); a peer that sends half a
-// request, or reads its answer slowly or never, holds one slot for a bounded time and
-// delays nobody else. Malformed input, a wrong Host and a missing token are answered
-// 4xx and never reach the handler.
+// (max_header_bytes), in time (the whole head within idle_timeout_ms from accept; one
+// deadline for the whole answer) and in number (max_connections), and the answers being
+// written are bounded together (max_inflight_bytes); a peer that sends half a request,
+// a byte at a time, or reads its answer slowly or never, holds one slot for a bounded
+// time and delays nobody else. Malformed input, a wrong Host and a missing token are
+// answered 4xx and never reach the handler.
 //
 // The slots are shared fairly between addresses (core/net_address.hpp: an IPv4 address or
 // an IPv6 /64). One address holds at most max_connections_per_address of them; beyond, it
@@ -19,15 +20,19 @@
 // that address's oldest connection still waiting for its request: a client that keeps slow
 // connections open, however many addresses it uses, cannot keep another one out.
 //
-// A connection's life:
+// A connection's life (each on a thread of its own, taken in the order of accept):
 //
-//   accept -> reading --(a whole, valid head)--> handler ---+
-//                |                                          +--> writing -> draining -> closed
-//                +--(malformed, too large, timed out,       |       |
-//                    wrong Host, no token)--> 4xx ----------+       +--(past its deadline)--> reset
+//   accept -> admitted? --no--> 503, or closed unanswered past a few 503s
+//                |
+//               yes -> the library reads the head --(whole, valid)--> handler --+
+//                        |                                                       +--> answer -> FIN, drain ->
+//                        closed
+//                        +--(malformed, too large, timed out, wrong Host,        |      |
+//                            no token)--> 4xx ---------------------------------+      +--(past its
+//                            deadline)--> reset
 //
-//   draining: FIN sent; what the peer still sends is read and dropped for a moment,
-//   so that the close is no RST, which could make the peer lose the answer unread.
+//   drain: what the peer still sends is read and dropped for a moment, so that the close is
+//   no RST, which could make the peer lose the answer unread.
 #pragma once
 
 #include <atomic>
@@ -45,11 +50,14 @@ struct HttpRequest {
   std::string method;  // "GET" or "HEAD" (others never reach the handler)
   std::string path;    // percent-decoded path, always starts with '/', no query ("/api/jobs/j-1")
   std::string query;   // raw query string after '?', "" if none ("after=12&token=abc")
+  // The query's parameters as the library decodes them ('+' = space), in no set order.
+  std::vector<std::pair<std::string, std::string>> params;
   std::vector<std::pair<std::string, std::string>> headers;  // names lower-cased, values trimmed
   std::string peer;                                          // "127.0.0.1:53422"
 
   // The value of query parameter `key` (percent-decoded, '+' = space), or "" when absent.
-  // "a=1&b=x%20y+z&c" -> query_param("b") == "x y z", query_param("c") == "".
+  // "a=1&b=x%20y+z&c" -> query_param("b") == "x y z", query_param("c") == "". A key given
+  // twice has one of its values.
   std::string query_param(const std::string& key) const;
   // The value of header `name` (lower-case), or "" when absent.
   std::string header(const std::string& name) const;
@@ -81,9 +89,13 @@ struct HttpOptions {
   // name is answered 421: a page of another site that points its own name at 127.0.0.1
   // (DNS rebinding) names that site in its Host.
   bool check_host = true;
-  size_t max_header_bytes = 16 << 10;    // request line + headers; more -> 431, connection closed
+  // Request line + headers; more -> 431, connection closed. (The library answers a request
+  // line over 8 KiB 414 and ignores a header line over 8 KiB: its limits, compiled in.)
+  size_t max_header_bytes = 16 << 10;
   int max_connections = 64;              // beyond: accepted, answered 503, closed
   int max_connections_per_address = 16;  // one address's share (503 beyond)
+  // Threads: one per connection with a slot or a 503 being written, 2 * max_connections + 8
+  // at most.
   // A connection that has not sent a whole request this long after accept is closed (408
   // if it sent bytes). An answer has max(this, its body at min_send_rate) from its first
   // byte to be taken whole, or the connection is reset: a peer reading a byte now and
@@ -103,9 +115,9 @@ class HttpServer {
  public:
   using Handler = std::function<HttpResponse(const HttpRequest&)>;
 
-  // Binds and starts serving on its own thread. Throws troupe::Error when HOST:PORT
-  // does not parse, when a non-loopback address has no token, or when it cannot bind
-  // (the message names the address and strerror).
+  // Binds and starts serving (the library's accept loop on a thread of its own). Throws
+  // troupe::Error when HOST:PORT does not parse, when a non-loopback address has no token,
+  // or when it cannot bind (the message names the address and strerror).
   HttpServer(HttpOptions options, Handler handler);
   ~HttpServer();  // stops and joins
   HttpServer(const HttpServer&) = delete;
@@ -114,18 +126,20 @@ class HttpServer {
   // The bound "host:port" with the real port ("127.0.0.1:43117", "[::1]:43117").
   const std::string& address() const { return address_; }
   bool requires_token() const { return requires_token_; }
-  // Wakes the server thread, closes every connection and the listening socket, joins.
-  // Idempotent; from inside the handler it only asks the thread to end.
+  // Shuts every connection down, closes the listening socket, joins the threads.
+  // Idempotent; from inside the handler it only asks the server to end.
   void stop();
-  // Requests answered, any status (a 400, a 503 to a connection over the limit, a 408).
+  // Requests answered, any status (a 400, a 503 to a connection over the limit, a 408):
+  // answers whose first byte went out.
   int64_t requests() const { return requests_.load(); }
 
  private:
-  struct Loop;  // sockets and connections, owned by the server thread (http_server.cpp)
-  std::unique_ptr<Loop> loop_;
+  struct Impl;  // the library's server and the guard around it (http_server.cpp)
+  std::unique_ptr<Impl> impl_;
   std::string address_;
   bool requires_token_ = false;
-  std::atomic<bool> joined_{false};
+  int listen_fd_ = -1;
+  std::atomic<bool> stopped_{false}, joined_{false}, loop_ended_{false};
   std::atomic<int64_t> requests_{0};
   std::thread thread_;
 };

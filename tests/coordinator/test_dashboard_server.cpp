@@ -1,11 +1,17 @@
 // The dashboard's routes over a real HTTP server, with the coordinator's answers given by the
 // test (the whole path with a real coordinator: tests/fault/test_dashboard_http.cpp).
+#include <poll.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <thread>
+#include <vector>
 
 #include "coordinator/dashboard_server.hpp"
 #include "tests/support/http_get.hpp"
@@ -140,4 +146,46 @@ TEST_CASE("on loopback a request that names another host is refused", "[dashboar
   CHECK(http_raw(port, "GET /api/jobs HTTP/1.1\r\nHost: rebound.example\r\n\r\n").status == 421);
   CHECK(http_raw(port, "GET /api/jobs HTTP/1.1\r\nHost: localhost:" + std::to_string(port) + "\r\n\r\n")
             .status == 200);
+}
+
+TEST_CASE("200 slow connections sending their headers a byte a second do not stop a GET of /metrics",
+          "[dashboard][http]") {
+  TempDir dir;
+  FakeCoordinator fake{dir.path};
+  DashboardServer d({"127.0.0.1:0", "token"}, [&](const std::string& r) { return fake(r); });
+  // The slow client: 200 connections from eight addresses (25 each, more than an address's
+  // share and, together, than every slot), each sending its request a byte a second and never
+  // finishing it; one the server closes is left closed.
+  const std::string head = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + std::string(64, 's');
+  std::vector<std::unique_ptr<troupe::test::HttpConn>> slow;
+  for (int i = 0; i < 200; ++i)
+    slow.push_back(
+        std::make_unique<troupe::test::HttpConn>(d.address(), 0, "127.0.0." + std::to_string(2 + i % 8)));
+  std::atomic<bool> stop{false};
+  std::atomic<int> sent{0};
+  std::thread sender([&] {
+    for (size_t at = 0; !stop.load() && at < head.size(); ++at) {
+      for (auto& c : slow)
+        if (c->ok()) c->send(head.substr(at, 1));
+      ++sent;
+      for (int t = 0; t < 10 && !stop.load(); ++t)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  while (sent.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  // Another client, from its own address, asks as a scraper would: every time a 200.
+  for (int i = 0; i < 5; ++i) {
+    const auto r = http_get(d.address(), "/metrics");
+    CHECK(r.status == 200);
+    CHECK(r.body.find("troupe_jobs{state=\"running\"} 1") != std::string::npos);
+  }
+  // Meanwhile the slow client held slots: most of the 64 (the others were answered 503).
+  int held = 0;
+  for (auto& c : slow) {
+    pollfd p{c->fd(), POLLIN, 0};
+    held += c->ok() && ::poll(&p, 1, 0) == 0;
+  }
+  CHECK(held >= 32);
+  stop.store(true);
+  sender.join();
 }
