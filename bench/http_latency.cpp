@@ -1,12 +1,14 @@
 // /metrics latency under many concurrent connections: the dashboard's HTTP transport
-// (coordinator/http_server.hpp, the reference) against the two HTTP server libraries
-// Debian ships, measured in the same run on the same body.
+// (coordinator/http_server.hpp, the reference: cpp-httplib with the guard around it)
+// against the two HTTP server libraries Debian ships as they come, measured in the same
+// run on the same body. (Until commit 370798c the reference was the hand-written poll(2)
+// loop the transport replaced; that commit's bench measures it.)
 //
 //   http_latency [concurrency=200] [seconds=4] [rounds=3]
 //   http_latency --serve NAME [seconds=60]     serve one of them alone (for wrk), print its port
 //
 // The body is the Prometheus text the coordinator's prometheus_text makes for 4 running
-// jobs of 16 workers each (a few tens of KB), made once and copied into every answer, so
+// jobs of 16 workers each (about 16 KB), made once and copied into every answer, so
 // that the figures are the transports'. Each server closes the connection after its answer
 // (the dashboard's own rule; the load generator asks Connection: close of all of them). The
 // load generator (bench/http_load.hpp) keeps `concurrency` connections open from one thread,
@@ -14,7 +16,8 @@
 // rounds. An answer counts only when it is a 200 with the whole body.
 //
 // The transport's limits are raised above the concurrency here (its defaults answer 503
-// beyond 64 connections, 16 per address), so that every server answers every connection.
+// beyond 64 connections, 16 per address), so that every server answers every connection;
+// it runs a thread per connection.
 // The libraries run as they come: cpp-httplib's thread pool of CPPHTTPLIB_THREAD_POOL_COUNT
 // threads (as compiled into Debian's libcpp-httplib: max(8, cores - 1)) and its listen
 // backlog of 5, and once more with the backlog the other two use (SOMAXCONN); civetweb's

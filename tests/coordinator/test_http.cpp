@@ -297,6 +297,16 @@ TEST_CASE("http a head larger than max_header_bytes is 431", "[http]") {
   CHECK(round_trip(s.addr(), "GET /" + std::string(100000, 'a')).status == 431);  // never ends
   CHECK(get(s.addr(), "/", "X-Pad: " + std::string(900, 'a') + "\r\n").status == 200);
   CHECK(s.calls == 1);
+
+  // Within the default 16 KiB, the library's own line limits (8 KiB, compiled in): a longer
+  // request line is 414, a longer header line 400; neither reaches the handler.
+  Served wide;
+  const HttpReply long_line = get(wide.addr(), "/" + std::string(9000, 'a'));
+  CHECK(long_line.status == 414);
+  CHECK(long_line.body.find(R"("error":"target_too_long")") != std::string::npos);
+  CHECK(get(wide.addr(), "/", "X-Pad: " + std::string(9000, 'a') + "\r\n").status == 400);
+  CHECK(get(wide.addr(), "/", "X-Pad: " + std::string(7000, 'a') + "\r\n").status == 200);
+  CHECK(wide.calls == 1);
 }
 
 TEST_CASE("http a handler that throws is 500 with its message and the next request is served", "[http]") {
