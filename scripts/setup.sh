@@ -11,6 +11,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 mode=build
+# Each stage's line says how long the script has run, so that a slow machine shows where its
+# time goes (packages, the build, the tests, the sanitizer build).
+stage() { printf '== [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
 case "${1:-}" in
   "") ;;
   --test) mode=test ;;
@@ -40,16 +43,16 @@ for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if ((${#missing[@]})); then
-  echo "== installing ${#missing[@]} Debian packages: ${missing[*]}"
+  stage "installing ${#missing[@]} Debian packages: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   $sudo apt-get update -qq
   $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 else
-  echo "== all ${#packages[@]} Debian packages present"
+  stage "all ${#packages[@]} Debian packages present"
 fi
 
 jobs=$(nproc)
-echo "== configuring and building (build/, $jobs jobs)"
+stage "configuring and building (build/, $jobs jobs)"
 cmake -S "$root" -B "$root/build" -G Ninja -DCMAKE_BUILD_TYPE=Release >"$root/build-configure.log" 2>&1 \
   || { cat "$root/build-configure.log"; exit 1; }
 sed -n '/troupe .* configuration/,/sanitizers/p' "$root/build-configure.log" | sed 's/^-- //'
@@ -62,18 +65,18 @@ if [ "$mode" = test ]; then
   # (tests/browser/package.json: playwright-core, which drives the chromium installed above).
   # Debian's nodejs ships without npm; NodeSource's includes it.
   if ! command -v npm >/dev/null; then
-    echo "== installing npm"
+    stage "installing npm"
     { $sudo apt-get update -qq && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm; } ||
       echo "npm could not be installed: the tokenizer reference tests will report SKIPPED and browser_dashboard will fail"
   fi
-  echo "== npm packages of the tokenizer tests (tests/tokenizer/node_modules)"
+  stage "npm packages of the tokenizer tests (tests/tokenizer/node_modules)"
   bash "$root/tests/tokenizer/install.sh" || echo "(the tokenizer reference tests will report SKIPPED)"
-  echo "== npm package of the browser test (tests/browser/node_modules)"
+  stage "npm package of the browser test (tests/browser/node_modules)"
   bash "$root/tests/browser/install.sh" || echo "(browser_dashboard will fail until bash tests/browser/install.sh succeeds)"
-  echo "== running the test suite"
+  stage "running the test suite"
   (cd "$root/build" && ctest --output-on-failure -j "$jobs" --timeout 600)
   # The fuzz tests (spec parser, control-plane handlers, API) also run under AddressSanitizer and UBSan.
-  echo "== fuzz tests under ASan+UBSan (build-asan/)"
+  stage "fuzz tests under ASan+UBSan (build-asan/)"
   # -O1 -g1: the level AddressSanitizer's documentation suggests, with line tables so that every
   # report has file:line; it compiles the CAF-heavy sources about twice as fast as RelWithDebInfo's
   # -O2 -g (coordinator_actor.cpp: 67 s instead of 125 s on one core).
@@ -85,4 +88,4 @@ if [ "$mode" = test ]; then
   (cd "$root/build-asan" &&
     LSAN_OPTIONS="suppressions=$root/tests/lsan_caf.supp" ctest --output-on-failure -R 'fuzz' --timeout 600)
 fi
-echo "== done"
+stage "done"
