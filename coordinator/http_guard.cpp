@@ -21,7 +21,7 @@ constexpr size_t kMaxDrainBytes = 1 << 20;
 // Each 503 holds its connection (and a thread) until the peer has read it: a few per address.
 constexpr int kMaxRefusalsPerAddress = 4;
 
-thread_local uint64_t t_ticket = 0;
+thread_local bool t_on_queue = false;
 
 }  // namespace
 
@@ -34,7 +34,7 @@ int64_t steady_ms() {
 
 void ConnectionQueue::enqueue(std::function<void()> fn) {
   std::lock_guard<std::mutex> lock(mu_);
-  tasks_.emplace_back(next_ticket_++, std::move(fn));
+  tasks_.emplace_back(std::move(fn));
   // Each idle thread takes one task; a task no idle thread is left for gets a new thread, or
   // past the cap waits for the next thread that is done.
   if (tasks_.size() > idle_ && threads_.size() < max_threads_) threads_.emplace_back([this] { work(); });
@@ -51,13 +51,13 @@ void ConnectionQueue::work() {
     auto task = std::move(tasks_.front());
     tasks_.pop_front();
     lock.unlock();
-    t_ticket = task.first;
+    t_on_queue = true;
     try {
-      task.second();
+      task();
     } catch (...) {
-      // The library's task closes its own socket; nothing here may end the thread early.
+      // The task closes its own socket; nothing here may end the thread early.
     }
-    t_ticket = 0;
+    t_on_queue = false;
     lock.lock();
   }
 }
@@ -73,21 +73,12 @@ void ConnectionQueue::shutdown() {
   for (auto& t : threads) t.join();
 }
 
-uint64_t ConnectionQueue::ticket() { return t_ticket; }
+bool ConnectionQueue::on_queue_thread() { return t_on_queue; }
 
 // ---------------------------------------------------------------- ConnectionTable
 
-Admission ConnectionTable::admit(uint64_t ticket, const std::string& key, int fd) {
-  std::unique_lock<std::mutex> lock(mu_);
-  turn_.wait(lock, [&] { return stopping_ || ticket == 0 || next_ticket_ >= ticket; });
-  struct NextTurn {  // however this returns, the next ticket's turn comes
-    ConnectionTable& t;
-    uint64_t ticket;
-    ~NextTurn() {
-      t.next_ticket_ = std::max(t.next_ticket_, ticket + 1);
-      t.turn_.notify_all();
-    }
-  } next{*this, ticket};
+Admission ConnectionTable::admit(const std::string& key, int fd) {
+  std::lock_guard<std::mutex> lock(mu_);
   Admission a;
   if (stopping_) return a;
 
@@ -109,7 +100,7 @@ Admission ConnectionTable::admit(uint64_t ticket, const std::string& key, int fd
     a.message = std::move(message);
     if (kind == Admission::drop) return a;
     a.id = next_id_++;
-    entries_[a.id] = Entry{key, fd, ticket, kind == Admission::refuse, true};
+    entries_[a.id] = Entry{key, fd, kind == Admission::refuse, true};
     return a;
   };
   if (mine >= per_address_)
@@ -122,13 +113,11 @@ Admission ConnectionTable::admit(uint64_t ticket, const std::string& key, int fd
   auto busiest = std::max_element(held.begin(), held.end(),
                                   [](const auto& x, const auto& y) { return x.second < y.second; });
   if (busiest != held.end() && busiest->second > mine + 1) {
-    auto oldest = entries_.end();
-    for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-      const Entry& e = it->second;
-      if (!e.answering_503 && e.waiting && e.key == busiest->first &&
-          (oldest == entries_.end() || e.ticket < oldest->second.ticket))
-        oldest = it;
-    }
+    // entries_ is ordered by id, the order of accept: the first found is the oldest.
+    auto oldest = std::find_if(entries_.begin(), entries_.end(), [&](const auto& entry) {
+      const Entry& e = entry.second;
+      return !e.answering_503 && e.waiting && e.key == busiest->first;
+    });
     if (oldest != entries_.end()) {
       // Its thread sees the peer gone and closes it; the slot is free from now on.
       ::shutdown(oldest->second.fd, SHUT_RDWR);
@@ -137,13 +126,6 @@ Admission ConnectionTable::admit(uint64_t ticket, const std::string& key, int fd
     }
   }
   return no_more_503 ? add(Admission::drop, "") : add(Admission::refuse, "too many connections; try again");
-}
-
-void ConnectionTable::skip(uint64_t ticket) {
-  std::unique_lock<std::mutex> lock(mu_);
-  turn_.wait(lock, [&] { return stopping_ || ticket == 0 || next_ticket_ >= ticket; });
-  next_ticket_ = std::max(next_ticket_, ticket + 1);
-  turn_.notify_all();
 }
 
 void ConnectionTable::waiting_done(uint64_t id) {
@@ -161,7 +143,6 @@ void ConnectionTable::stop_all() {
   std::lock_guard<std::mutex> lock(mu_);
   stopping_ = true;
   for (const auto& [id, e] : entries_) ::shutdown(e.fd, SHUT_RDWR);
-  turn_.notify_all();
 }
 
 bool ConnectionTable::reserve(size_t bytes, size_t limit) {

@@ -1,10 +1,10 @@
 // What the dashboard's HTTP transport adds to cpp-httplib (http_server.hpp) so that no
-// peer can hold it: the library accepts, reads the request line and headers, routes and
-// writes the answer; this layer decides which accepted connection gets a thread, and
-// gives each one a socket stream with deadlines and a bound on its head.
+// peer can hold it: the library reads the request line and headers, routes and writes the
+// answer; this layer accepts, decides on the accepting thread (so in the order of accept,
+// with no thread waiting for another) which connection gets a slot, gives each one a
+// thread, and a socket stream with deadlines and a bound on its head.
 //
-//   ConnectionQueue   the library's TaskQueue: a thread per connection (up to a cap),
-//                     connections admitted in the order they were accepted;
+//   ConnectionQueue   a thread per connection (up to a cap; then in order of arrival);
 //   ConnectionTable   the slots: a cap, each address's share, and the fair share (a
 //                     newcomer whose address holds fewer slots than the busiest takes
 //                     that address's oldest connection still waiting for its request);
@@ -38,17 +38,18 @@ int64_t steady_ms();
 // ---------------------------------------------------------------- the threads
 
 // A thread per task, up to `max_threads` (then tasks wait their turn, first come first
-// served); idle threads are kept for the next task. Each task runs with its ticket, its
-// place in the order of enqueue(): ticket() on the running thread.
-class ConnectionQueue : public httplib::TaskQueue {
+// served); idle threads are kept for the next task.
+class ConnectionQueue {
  public:
   explicit ConnectionQueue(size_t max_threads) : max_threads_(max_threads) {}
-  ~ConnectionQueue() override { shutdown(); }
-  void enqueue(std::function<void()> fn) override;
+  ~ConnectionQueue() { shutdown(); }
+  ConnectionQueue(const ConnectionQueue&) = delete;
+  ConnectionQueue& operator=(const ConnectionQueue&) = delete;
+  void enqueue(std::function<void()> fn);
   // Runs what is still queued (each task closes its socket), then joins every thread.
-  void shutdown() override;
-  // The ticket of the task running on this thread (0 on any other thread).
-  static uint64_t ticket();
+  void shutdown();
+  // Whether the calling thread is one of a queue's.
+  static bool on_queue_thread();
 
  private:
   void work();
@@ -56,10 +57,9 @@ class ConnectionQueue : public httplib::TaskQueue {
   const size_t max_threads_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::pair<uint64_t, std::function<void()>>> tasks_;
+  std::deque<std::function<void()>> tasks_;
   std::vector<std::thread> threads_;
   size_t idle_ = 0;
-  uint64_t next_ticket_ = 1;
   bool stopping_ = false;
 };
 
@@ -76,16 +76,13 @@ class ConnectionTable {
   ConnectionTable(int max_connections, int max_per_address)
       : max_(max_connections), per_address_(max_per_address) {}
 
-  // Whether a connection of address `key` (core/net_address.hpp) on socket `fd` gets a slot.
-  // Connections are decided in the order of their tickets (ConnectionQueue::ticket(), 1, 2, 3
-  // ...): this waits until every earlier ticket has been. When every slot is taken, the
+  // Whether a connection of address `key` (core/net_address.hpp) on socket `fd` gets a slot,
+  // asked by the accepting thread in the order of accept. When every slot is taken, the
   // busiest address's oldest connection still waiting for its request is shut down (its
   // thread sees the peer gone) to make room, if that address holds more than the newcomer's
   // would. A connection answered 503 is held too, until it is closed: a few per address and
   // max_connections in all; past that a connection is dropped unanswered.
-  Admission admit(uint64_t ticket, const std::string& key, int fd);
-  // The turn of a ticket that will not be admitted (its connection failed before), passed on.
-  void skip(uint64_t ticket);
+  Admission admit(const std::string& key, int fd);
   // The request has arrived whole: the connection is no longer one to give up for a newcomer.
   void waiting_done(uint64_t id);
   void release(uint64_t id);  // before its socket is closed
@@ -101,16 +98,13 @@ class ConnectionTable {
   struct Entry {
     std::string key;
     int fd = -1;
-    uint64_t ticket = 0;  // accept order: the oldest has the smallest
     bool answering_503 = false;
     bool waiting = true;  // for its request
   };
 
   const int max_, per_address_;
   std::mutex mu_;
-  std::condition_variable turn_;
-  uint64_t next_ticket_ = 1;
-  uint64_t next_id_ = 1;
+  uint64_t next_id_ = 1;  // in the order of accept: the oldest entry has the smallest
   bool stopping_ = false;
   std::map<uint64_t, Entry> entries_;
   size_t inflight_ = 0;

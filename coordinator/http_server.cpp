@@ -1,11 +1,12 @@
 // The dashboard's HTTP transport (http_server.hpp) on cpp-httplib. The library's Server
-// accepts, reads each request's line and headers, calls the handlers below and writes the
-// answer. What it cannot keep by itself is kept here, through the hooks it offers:
+// reads each request's line and headers, calls the handlers below and writes the answer.
+// What it cannot keep by itself is kept here, around it and through the hooks it offers:
 //
-//   new_task_queue              ConnectionQueue: a thread per connection, in accept order;
-//   process_and_close_socket    (virtual) admission to a slot (ConnectionTable), then the
-//                               library's process_request over a DeadlineStream, then the
-//                               close with its drain;
+//   accept_loop                 accepts, and decides each connection's admission to a slot
+//                               (ConnectionTable) there, in the order of accept; hands it to
+//                               ConnectionQueue, a thread per connection;
+//   serve                       the library's process_request over a DeadlineStream, then
+//                               the close with its drain;
 //   set_pre_routing_handler     every request: the checks (http_checks.hpp), the Host, the
 //                               token, the caller's handler, the bytes in flight;
 //   set_post_routing_handler    every answer, the library's refusals too: the security
@@ -13,18 +14,19 @@
 //   set_error_handler           the library's own refusals (a malformed line) as JSON, and
 //                               a head that was too large or late as 431 / 408.
 //
-// The listening socket is made here (svr_sock_, the library's protected member) so that its
-// backlog, close-on-exec and IPv6-only flags and its errors are ours.
+// The listening socket and its accept loop are ours, not the library's: its backlog,
+// close-on-exec and IPv6-only flags, the order of admission, and an accept(2) that fails for
+// want of descriptors or memory retried rather than ending the loop.
 #include "coordinator/http_server.hpp"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -41,6 +43,8 @@ namespace {
 
 // After the answer, what the peer still sends is read and dropped this long at most.
 constexpr int kLingerMs = 1000;
+// accept(2) out of descriptors or memory: tried again after this long.
+constexpr auto kAcceptRetry = std::chrono::milliseconds(10);
 
 // The connection this thread serves: the library's handlers see only its Request and
 // Response, and call them on the thread that runs process_and_close_socket.
@@ -203,14 +207,15 @@ struct HttpServer::Impl : httplib::Server {
   bool requires_token = false;
   std::atomic<int64_t>* requests;
   ConnectionTable table;
+  std::atomic<bool> stopping{false};
+  ConnectionQueue queue;  // declared last: destroyed first, joining the threads that use the rest
 
   Impl(HttpOptions o, HttpServer::Handler h, std::atomic<int64_t>* counter)
       : opt(std::move(o)),
         handler(std::move(h)),
         requests(counter),
-        table(opt.max_connections, opt.max_connections_per_address) {
-    const size_t threads = 2 * static_cast<size_t>(opt.max_connections) + 8;
-    new_task_queue = [threads] { return new ConnectionQueue(threads); };
+        table(opt.max_connections, opt.max_connections_per_address),
+        queue(2 * static_cast<size_t>(opt.max_connections) + 8) {
     set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       answer(req, res);
       return HandlerResponse::Handled;
@@ -227,8 +232,7 @@ struct HttpServer::Impl : httplib::Server {
     });
   }
 
-  // Binds `ep` as the library's listening socket. Blocking: the library's accept loop waits in
-  // accept(2) and is ended by Server::stop(), which shuts the socket down.
+  // Binds `ep` and listens. accept_loop waits in accept(2) until the socket is shut down.
   int listen_on(const Endpoint& ep) {
     const int fd = ::socket(ep.addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     const int one = 1;
@@ -241,35 +245,50 @@ struct HttpServer::Impl : httplib::Server {
     const int err = errno;
     if (!ok && fd >= 0) ::close(fd);
     require(ok, "cannot listen on the dashboard address ", opt.listen, ": ", std::strerror(err));
-    svr_sock_ = fd;
     return fd;
   }
 
-  // One accepted connection, on its own thread: admitted or refused, then served, then closed.
-  bool process_and_close_socket(socket_t sock) override {
-    const uint64_t ticket = ConnectionQueue::ticket();
-    Connection c;
-    c.fd = sock;
-    c.answered = requests;
-    Admission a;
-    try {
-      ::fcntl(sock, F_SETFD, FD_CLOEXEC);  // the library accepts without SOCK_CLOEXEC
+  // Until the listening socket is shut down: each connection admitted here, in the order of
+  // accept, then served on a thread of the queue (or closed at once when dropped).
+  void accept_loop(int listen_fd) {
+    while (!stopping.load()) {
       sockaddr_storage ss{};
       socklen_t len = sizeof ss;
-      if (::getpeername(sock, reinterpret_cast<sockaddr*>(&ss), &len) == 0) c.peer = format_address(ss);
-      a = table.admit(ticket, address_key(host_of(c.peer)), sock);
-    } catch (...) {
-      table.skip(ticket);
-      a = Admission();
+      const int sock = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_CLOEXEC);
+      if (sock < 0) {
+        if (stopping.load()) break;
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+          std::this_thread::sleep_for(kAcceptRetry);
+          continue;
+        }
+        if (errno == EINTR || errno == EAGAIN || errno == ECONNABORTED || errno == EPROTO || errno == EPERM ||
+            errno == ENETDOWN || errno == EHOSTUNREACH || errno == ENETUNREACH)
+          continue;
+        break;  // the socket itself is gone (shut down or closed)
+      }
+      try {
+        std::string peer = format_address(ss);
+        const Admission a = table.admit(address_key(host_of(peer)), sock);
+        if (a.kind == Admission::drop) {
+          ::close(sock);
+          continue;
+        }
+        queue.enqueue([this, sock, a, peer = std::move(peer)] { serve(sock, a, peer); });
+      } catch (...) {
+        ::close(sock);  // out of memory for one connection: the next is tried
+      }
     }
-    if (a.kind == Admission::drop) {
-      ::close(sock);
-      return true;
-    }
+  }
+
+  // One admitted connection, on its own thread: refused or served, then closed.
+  void serve(int sock, const Admission& a, const std::string& peer) {
+    Connection c;
+    c.fd = sock;
+    c.peer = peer;
+    c.answered = requests;
     c.head_deadline = steady_ms() + opt.idle_timeout_ms;
     c.head_limit = opt.max_header_bytes;
     c.answer_ms = opt.idle_timeout_ms;
-    bool ok = false;
     try {
       if (a.kind == Admission::refuse) {
         write_refusal(c, 503, error_json(503, a.message));
@@ -277,7 +296,7 @@ struct HttpServer::Impl : httplib::Server {
         t_conn = &c;
         DeadlineStream strm(c);
         bool closed = false;
-        ok = process_request(strm, true, closed, [&](httplib::Request& req) {
+        process_request(strm, true, closed, [&](httplib::Request& req) {
           // The whole head is in: no longer a connection to give up for a newcomer. The body
           // goes out as it is and whole: no compression, no ranges, no 100 Continue.
           table.waiting_done(a.id);
@@ -304,7 +323,6 @@ struct HttpServer::Impl : httplib::Server {
     }
     table.release(a.id);
     ::close(sock);
-    return ok;
   }
 
   std::string too_large_message() const {
@@ -436,31 +454,23 @@ HttpServer::HttpServer(HttpOptions options, Handler handler)
   TROUPE_CHECK(::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&bound), &len) == 0,
                std::strerror(errno));
   address_ = format_address(bound);
-  // The library's accept loop ends when stop() shuts the socket down, and also on an
-  // accept(2) error it does not retry (ENFILE, ENOBUFS, ENOMEM; EMFILE it retries): then
-  // the dashboard no longer answers, and the coordinator goes on without it.
-  thread_ = std::thread([this] {
-    impl_->listen_after_bind();
-    loop_ended_.store(true);
-  });
+  thread_ = std::thread([this] { impl_->accept_loop(listen_fd_); });
 }
 
 HttpServer::~HttpServer() { stop(); }
 
 void HttpServer::stop() {
-  impl_->table.stop_all();
   if (!stopped_.exchange(true)) {
-    // Once the accept loop runs, the library's stop() shuts the listening socket down and
-    // closes it; before, shutting it down here makes the loop end as soon as it starts.
-    if (impl_->is_running())
-      impl_->stop();
-    else if (!loop_ended_.load())
-      ::shutdown(listen_fd_, SHUT_RDWR);
+    impl_->stopping.store(true);
+    ::shutdown(listen_fd_, SHUT_RDWR);  // accept(2) returns: the loop ends
   }
-  // From a handler, on a connection's thread: the accept loop joins it when it returns.
-  if (ConnectionQueue::ticket() != 0) return;
+  impl_->table.stop_all();
+  // From a handler, on a connection's thread: the owner joins when it stops or destroys.
+  if (ConnectionQueue::on_queue_thread()) return;
   if (joined_.exchange(true)) return;
   if (thread_.joinable()) thread_.join();
+  ::close(listen_fd_);
+  impl_->queue.shutdown();  // each connection's thread, once its answer is done
 }
 
 }  // namespace troupe::coord

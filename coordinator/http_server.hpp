@@ -115,7 +115,7 @@ class HttpServer {
  public:
   using Handler = std::function<HttpResponse(const HttpRequest&)>;
 
-  // Binds and starts serving (the library's accept loop on a thread of its own). Throws
+  // Binds and starts serving (its accept loop on a thread of its own). Throws
   // troupe::Error when HOST:PORT does not parse, when a non-loopback address has no token,
   // or when it cannot bind (the message names the address and strerror).
   HttpServer(HttpOptions options, Handler handler);
@@ -139,7 +139,7 @@ class HttpServer {
   std::string address_;
   bool requires_token_ = false;
   int listen_fd_ = -1;
-  std::atomic<bool> stopped_{false}, joined_{false}, loop_ended_{false};
+  std::atomic<bool> stopped_{false}, joined_{false};
   std::atomic<int64_t> requests_{0};
   std::thread thread_;
 };
