@@ -1,7 +1,7 @@
 // /metrics latency under many concurrent connections: the dashboard's HTTP transport
 // (coordinator/http_server.hpp, the reference: cpp-httplib with the guard around it)
 // against the two HTTP server libraries Debian ships as they come, measured in the same
-// run on the same body. (Until commit 370798c the reference was the hand-written poll(2)
+// run on the same body. (At commit e228066 the reference was the hand-written poll(2)
 // loop the transport replaced; that commit's bench measures it.)
 //
 //   http_latency [concurrency=200] [seconds=4] [rounds=3]
