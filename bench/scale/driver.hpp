@@ -1,0 +1,36 @@
+// The scale harness's driver: starts the real coordinator (`troupe coordinator`, mutual TLS,
+// --state-dir, --http), the simulated processes (sim.hpp), submits one job over every device,
+// walks it through its phases (launch, steady state, checkpoints, queries, a rank killed, a
+// rank hung, an agent lost) and prints what each took (docs/scale.md).
+#pragma once
+
+#include <string>
+
+namespace troupe::scale {
+
+struct DriverOptions {
+  int ranks = 256;
+  int per_agent = 8;         // devices (ranks) per simulated agent
+  int agents_per_proc = 16;  // simulated agents (and their workers) per simulated process
+  int pp = 0, tp = 0;        // layout; 0 = tensor across an agent's devices, pipeline 2
+  int step_ms = 1000;
+  int steady_s = 20;    // the steady-state window
+  int ckpt_every = 10;  // steps between checkpoints
+  int gloo_max = 0;     // the gloo pattern in groups of at most this many ranks (0 = not run)
+  bool faults = true;   // a rank killed, a rank hung, an agent lost
+  double patience = 1;  // multiplies every wait's limit
+  // The coordinator's niceness. On a cluster it has a machine of its own; here thousands of
+  // simulated nodes' threads share two cores with it, and at equal priority they starve the
+  // one multiplexer thread being measured (best effort: needs CAP_SYS_NICE).
+  int coordinator_nice = -10;
+  std::string json_out;  // the figures as JSON ("" = none)
+  std::string dir;       // working directory ("" = a new one under /tmp, removed at the end)
+  std::string self_exe = "/proc/self/exe";
+  std::string troupe_binary;
+};
+
+// 0 when every check held (each rank got its assignment and its peers, every fault aborted
+// every survivor and the next generation formed), 1 otherwise; 2 for bad options.
+int run_driver(const DriverOptions& o);
+
+}  // namespace troupe::scale

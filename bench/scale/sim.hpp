@@ -1,0 +1,43 @@
+// One process of the simulated cluster of bench/scale: a slice of the agents (the real agent
+// actor, each in an actor system of its own, connected to the coordinator over mutual TLS)
+// and the workers they start, each a simulated worker (sim_worker.hpp) in an actor system of
+// its own with its own connection, as a worker process has. No compute, no data plane.
+//
+// CAF 0.17.6 names a node by (host id, process id) and tells the actor systems of one process
+// apart only by the last byte of the host id (a uint8 counter: 256 systems per process, then
+// the ids repeat). Every actor system this process makes gets a process id of its own
+// instead (node_ids.cpp), so each simulated node is a node of its own to the coordinator.
+//
+// It talks to the driver in lines: commands on stdin, events on stdout (sim_protocol in
+// driver.cpp reads them); times are CLOCK_MONOTONIC nanoseconds, one clock for every
+// process of the machine.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace troupe::scale {
+
+struct SimOptions {
+  std::string coordinator;  // host:port
+  std::string secret_file;
+  int index = 0;  // this process among the simulated ones
+  int first_agent = 0, agents = 1, devices = 8;
+  int step_ms = 1000;  // a rank reports a step this often
+  int ckpt_every = 0;  // steps between checkpoints (0 = none)
+  int ckpt_bytes = 4096;
+  int gloo_max = 0;        // the gloo pattern runs in groups of at most this many ranks (0 = none)
+  int launch_threads = 8;  // threads that start and stop simulated nodes
+  int reap_ms = 50;        // the agents' reaping period
+};
+
+int run_sim(const SimOptions& o);
+
+// CLOCK_MONOTONIC in nanoseconds.
+int64_t now_ns();
+
+// Node ids (node_ids.cpp): from now on, every actor system of this process gets a process id
+// of its own, unique among the simulated processes (index < 2048).
+void distinct_node_ids(int process_index);
+
+}  // namespace troupe::scale
