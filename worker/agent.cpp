@@ -30,6 +30,7 @@ struct Child {
 struct AgentState {
   AgentActorOptions opt;
   coordinator_actor coordinator;
+  std::shared_ptr<WorkerLauncher> launcher;
   std::map<pid_t, Child> children;
   bool stopped = false;
   static inline const char* name = "troupe.agent";
@@ -37,12 +38,109 @@ struct AgentState {
 
 using self_ptr = agent_actor::stateful_pointer<AgentState>;
 
-constexpr auto kReapEvery = std::chrono::milliseconds(20);
-
 extern "C" char** environ;
 
-// fork + exec one worker. Returns its pid, or -errno (-EINVAL for a request
-// that names a device this agent does not offer, or a malformed id).
+// Worker processes: fork + exec of the troupe binary, reaped with waitpid.
+class ProcessLauncher : public WorkerLauncher {
+ public:
+  explicit ProcessLauncher(const AgentActorOptions& o) : o_(o) {}
+
+  int32_t start(const LaunchRequest& r) override {
+    std::vector<std::string> args = {o_.worker_binary, "worker",
+                                     "--coordinator",  o_.coordinator_address,
+                                     "--job",          r.job_id,
+                                     "--generation",   std::to_string(r.generation),
+                                     "--rank",         std::to_string(r.rank),
+                                     "--device",       r.device,
+                                     "--secret-file",  o_.secret_file};
+    if (!o_.data_interface.empty()) {
+      args.push_back("--data-interface");
+      args.push_back(o_.data_interface);
+    }
+    if (o_.worker_protocol_override) {
+      args.push_back("--protocol-version-override");
+      args.push_back(std::to_string(o_.worker_protocol_override));
+    }
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    // The launch token goes through the environment, which only this user can
+    // read (/proc/PID/environ), not the command line, which everyone can.
+    std::vector<std::string> env;
+    for (char** e = environ; e && *e; ++e)
+      if (std::string(*e).rfind(std::string(kLaunchTokenEnv) + "=", 0) != 0) env.emplace_back(*e);
+    env.push_back(std::string(kLaunchTokenEnv) + "=" + r.token);
+    std::vector<char*> envp;
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    int logfd = -1;
+    if (!r.log_path.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(std::filesystem::path(r.log_path).parent_path(), ec);
+      logfd = ::open(r.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+      if (logfd < 0) return -errno;
+    }
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+      int err = errno;
+      if (logfd >= 0) ::close(logfd);
+      return -err;
+    }
+    if (pid == 0) {
+      // Only async-signal-safe calls from here to exec.
+      setpgid(0, 0);  // a Ctrl-C at the terminal reaches the agent, which stops its workers itself
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(127);  // the agent died between fork and prctl
+      if (logfd >= 0) {
+        dup2(logfd, 1);
+        dup2(logfd, 2);
+      }
+      sigset_t none;
+      sigemptyset(&none);
+      sigprocmask(SIG_SETMASK, &none, nullptr);  // the agent blocks SIGINT/SIGTERM; exec would keep the mask
+      // Inherited sockets (the agent's CAF connections) must not live on in the worker.
+#ifdef SYS_close_range
+      if (syscall(SYS_close_range, 3u, ~0u, 0u) != 0)
+#endif
+        for (int fd = 3; fd < 4096; ++fd) ::close(fd);
+      execve(argv[0], argv.data(), envp.data());
+      _exit(127);
+    }
+    if (logfd >= 0) ::close(logfd);
+    pids_.push_back(pid);
+    return pid;
+  }
+
+  void kill(int32_t pid) override {
+    if (std::find(pids_.begin(), pids_.end(), pid) != pids_.end()) ::kill(pid, SIGKILL);
+  }
+
+  std::vector<Ended> reap(bool block) override {
+    std::vector<Ended> out;
+    for (auto it = pids_.begin(); it != pids_.end();) {
+      int status = 0;
+      pid_t got = waitpid(*it, &status, block ? 0 : WNOHANG);
+      if (got == 0) {
+        ++it;
+        continue;
+      }
+      Ended e{*it, -1, 0};
+      if (got > 0 && WIFEXITED(status)) e.exit_code = WEXITSTATUS(status);
+      if (got > 0 && WIFSIGNALED(status)) e.signal = WTERMSIG(status);
+      out.push_back(e);
+      it = pids_.erase(it);
+    }
+    return out;
+  }
+
+ private:
+  AgentActorOptions o_;
+  std::vector<pid_t> pids_;
+};
+
+// Starts one worker. Returns its pid, or -errno (-EINVAL for a request that names a
+// device this agent does not offer, or a malformed id).
 int32_t start_worker(self_ptr self, const LaunchRequest& r) {
   auto& o = self->state.opt;
   if (std::find(o.devices.begin(), o.devices.end(), r.device) == o.devices.end() ||
@@ -50,86 +148,19 @@ int32_t start_worker(self_ptr self, const LaunchRequest& r) {
       r.generation < 0 || r.rank < 0 || r.log_path.size() > 4096 ||
       r.log_path.find('\0') != std::string::npos)
     return -EINVAL;
-  std::vector<std::string> args = {o.worker_binary, "worker",
-                                   "--coordinator", o.coordinator_address,
-                                   "--job",         r.job_id,
-                                   "--generation",  std::to_string(r.generation),
-                                   "--rank",        std::to_string(r.rank),
-                                   "--device",      r.device,
-                                   "--secret-file", o.secret_file};
-  if (!o.data_interface.empty()) {
-    args.push_back("--data-interface");
-    args.push_back(o.data_interface);
-  }
-  if (o.worker_protocol_override) {
-    args.push_back("--protocol-version-override");
-    args.push_back(std::to_string(o.worker_protocol_override));
-  }
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  // The launch token goes through the environment, which only this user can
-  // read (/proc/PID/environ), not the command line, which everyone can.
-  std::vector<std::string> env;
-  for (char** e = environ; e && *e; ++e)
-    if (std::string(*e).rfind(std::string(kLaunchTokenEnv) + "=", 0) != 0) env.emplace_back(*e);
-  env.push_back(std::string(kLaunchTokenEnv) + "=" + r.token);
-  std::vector<char*> envp;
-  for (auto& e : env) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  int logfd = -1;
-  if (!r.log_path.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(std::filesystem::path(r.log_path).parent_path(), ec);
-    logfd = ::open(r.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (logfd < 0) return -errno;
-  }
-  pid_t parent = getpid();
-  pid_t pid = fork();
-  if (pid < 0) {
-    int err = errno;
-    if (logfd >= 0) ::close(logfd);
-    return -err;
-  }
-  if (pid == 0) {
-    // Only async-signal-safe calls from here to exec.
-    setpgid(0, 0);  // a Ctrl-C at the terminal reaches the agent, which stops its workers itself
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(127);  // the agent died between fork and prctl
-    if (logfd >= 0) {
-      dup2(logfd, 1);
-      dup2(logfd, 2);
-    }
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);  // the agent blocks SIGINT/SIGTERM; exec would keep the mask
-    // Inherited sockets (the agent's CAF connections) must not live on in the worker.
-#ifdef SYS_close_range
-    if (syscall(SYS_close_range, 3u, ~0u, 0u) != 0)
-#endif
-      for (int fd = 3; fd < 4096; ++fd) ::close(fd);
-    execve(argv[0], argv.data(), envp.data());
-    _exit(127);
-  }
-  if (logfd >= 0) ::close(logfd);
-  self->state.children[pid] = Child{r.job_id, r.generation, r.rank};
+  const int32_t pid = self->state.launcher->start(r);
+  if (pid > 0) self->state.children[pid] = Child{r.job_id, r.generation, r.rank};
   return pid;
 }
 
 void reap(self_ptr self, bool block) {
   auto& s = self->state;
-  for (auto it = s.children.begin(); it != s.children.end();) {
-    int status = 0;
-    pid_t got = waitpid(it->first, &status, block ? 0 : WNOHANG);
-    if (got == 0) {
-      ++it;
-      continue;
-    }
-    WorkerExit x{it->second.job_id, it->second.generation, it->second.rank, it->first, -1, 0};
-    if (got > 0 && WIFEXITED(status)) x.exit_code = WEXITSTATUS(status);
-    if (got > 0 && WIFSIGNALED(status)) x.signal = WTERMSIG(status);
+  for (const auto& e : s.launcher->reap(block)) {
+    auto it = s.children.find(e.pid);
+    if (it == s.children.end()) continue;
+    WorkerExit x{it->second.job_id, it->second.generation, it->second.rank, e.pid, e.exit_code, e.signal};
     if (!block) self->send(s.coordinator, worker_exit_atom::value, x);
-    it = s.children.erase(it);
+    s.children.erase(it);
   }
 }
 
@@ -137,21 +168,31 @@ void stop(self_ptr self, int code, const std::string& why) {
   auto& s = self->state;
   if (s.stopped) return;
   s.stopped = true;
-  for (const auto& [pid, c] : s.children) ::kill(pid, SIGKILL);
+  for (const auto& [pid, c] : s.children) s.launcher->kill(pid);
   reap(self, true);
   if (s.opt.on_stop) s.opt.on_stop(code, why);
   self->quit();
 }
 
+}  // namespace
+
+std::shared_ptr<WorkerLauncher> make_process_launcher(const AgentActorOptions& options) {
+  return std::make_shared<ProcessLauncher>(options);
+}
+
+namespace {
+
 agent_actor::behavior_type agent_fn(self_ptr self, coordinator_actor coordinator, AgentActorOptions opt) {
+  self->state.launcher = opt.launcher ? opt.launcher : make_process_launcher(opt);
   self->state.opt = std::move(opt);
   self->state.coordinator = coordinator;
   self->monitor(coordinator);
   self->set_down_handler([=](caf::down_msg& dm) {
     stop(self, kAgentLostCoordinator, "lost the coordinator: " + self->system().render(dm.reason));
   });
-  AgentHello hello{self->state.opt.protocol, host_name(), static_cast<int32_t>(getpid()),
-                   self->state.opt.devices};
+  AgentHello hello{self->state.opt.protocol,
+                   self->state.opt.host.empty() ? host_name() : self->state.opt.host,
+                   static_cast<int32_t>(getpid()), self->state.opt.devices};
   self->request(coordinator, std::chrono::seconds(30), reg_agent_atom::value, hello)
       .then(
           [=](const Welcome& w) {
@@ -163,16 +204,16 @@ agent_actor::behavior_type agent_fn(self_ptr self, coordinator_actor coordinator
           [=](caf::error& e) {
             stop(self, kAgentLostCoordinator, "registration failed: " + self->system().render(e));
           });
-  self->delayed_send(self, kReapEvery, tick_atom::value);
+  self->delayed_send(self, self->state.opt.reap_every, tick_atom::value);
   return {
       [=](launch_atom, const LaunchRequest& r) -> int32_t { return start_worker(self, r); },
       [=](kill_atom, const std::string& job, int32_t generation) {
         for (const auto& [pid, c] : self->state.children)
-          if (c.job_id == job && c.generation == generation) ::kill(pid, SIGKILL);
+          if (c.job_id == job && c.generation == generation) self->state.launcher->kill(pid);
       },
       [=](tick_atom) {
         reap(self, false);
-        self->delayed_send(self, kReapEvery, tick_atom::value);
+        self->delayed_send(self, self->state.opt.reap_every, tick_atom::value);
       },
       [=](shutdown_atom) { stop(self, 0, "shut down"); },
   };

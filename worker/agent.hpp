@@ -5,7 +5,9 @@
 // before exec, and the agent SIGKILLs and reaps them when it stops.
 #pragma once
 
+#include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,9 +22,29 @@ constexpr int kAgentLostCoordinator = 3;
 // The environment variable that carries LaunchRequest::token to the worker process.
 constexpr const char* kLaunchTokenEnv = "TROUPE_LAUNCH_TOKEN";
 
+// How an agent's workers come and go. The default (make_process_launcher) forks and execs
+// the troupe binary and reaps with waitpid; bench/scale starts simulated workers inside its
+// own processes through the same agent actor.
+class WorkerLauncher {
+ public:
+  virtual ~WorkerLauncher() = default;
+  // Starts the worker of a checked request; its pid (> 0) or -errno.
+  virtual int32_t start(const actors::LaunchRequest& r) = 0;
+  // Kills a started worker (SIGKILL); it is reported by reap() once it is gone.
+  virtual void kill(int32_t pid) = 0;
+  struct Ended {
+    int32_t pid = 0;
+    int32_t exit_code = -1;  // when it exited normally
+    int32_t signal = 0;      // when a signal ended it
+  };
+  // The started workers that ended since the last call; `block` waits for every one of them.
+  virtual std::vector<Ended> reap(bool block) = 0;
+};
+
 struct AgentActorOptions {
   std::string coordinator_address;   // "host:port" handed to the workers
   std::vector<std::string> devices;  // "cpu:0", ...
+  std::string host;                  // the host name it registers with ("" = this host's)
   std::string worker_binary = "/proc/self/exe";
   std::string secret_file;     // the cluster secret, handed to every worker it starts
   std::string data_interface;  // handed to every worker it starts ("" = none given)
@@ -32,7 +54,15 @@ struct AgentActorOptions {
   std::function<void(int, const std::string&)> on_stop;
   // Called when the coordinator accepted the registration.
   std::function<void()> on_registered;
+  // nullptr = worker processes (make_process_launcher of these options).
+  std::shared_ptr<WorkerLauncher> launcher;
+  // How often ended workers are collected and reported.
+  std::chrono::milliseconds reap_every{20};
 };
+
+// fork + exec of options.worker_binary with the worker's arguments, PR_SET_PDEATHSIG, the
+// launch token in the environment; waitpid.
+std::shared_ptr<WorkerLauncher> make_process_launcher(const AgentActorOptions& options);
 
 actors::agent_actor spawn_agent(caf::actor_system& sys, actors::coordinator_actor coordinator,
                                 AgentActorOptions options);
