@@ -61,29 +61,32 @@ bool Driver::start_coordinator() {
 
 void Driver::start_sims() {
   const int procs = (agents_ + o_.agents_per_proc - 1) / o_.agents_per_proc;
+  const int threads = std::max(1, o_.connects / procs);
   for (int p = 0; p < procs; ++p) {
     const int first = p * o_.agents_per_proc, count = std::min(o_.agents_per_proc, agents_ - first);
-    sims_.push_back(std::make_unique<Child>(std::vector<std::string>{o_.self_exe,
-                                                                     "sim",
-                                                                     "--coordinator",
-                                                                     ready_.value("listen", ""),
-                                                                     "--secret-file",
-                                                                     secret_,
-                                                                     "--index",
-                                                                     std::to_string(p),
-                                                                     "--first-agent",
-                                                                     std::to_string(first),
-                                                                     "--agents",
-                                                                     std::to_string(count),
-                                                                     "--devices",
-                                                                     std::to_string(o_.per_agent),
-                                                                     "--step-ms",
-                                                                     std::to_string(o_.step_ms),
-                                                                     "--checkpoint-every",
-                                                                     std::to_string(o_.ckpt_every),
-                                                                     "--gloo-max",
-                                                                     std::to_string(o_.gloo_max)},
-                                            dir_ + "/sim-" + std::to_string(p) + ".log", true));
+    const std::vector<std::string> argv = {o_.self_exe,
+                                           "sim",
+                                           "--coordinator",
+                                           ready_.value("listen", ""),
+                                           "--secret-file",
+                                           secret_,
+                                           "--index",
+                                           std::to_string(p),
+                                           "--first-agent",
+                                           std::to_string(first),
+                                           "--agents",
+                                           std::to_string(count),
+                                           "--devices",
+                                           std::to_string(o_.per_agent),
+                                           "--step-ms",
+                                           std::to_string(o_.step_ms),
+                                           "--checkpoint-every",
+                                           std::to_string(o_.ckpt_every),
+                                           "--gloo-max",
+                                           std::to_string(o_.gloo_max),
+                                           "--launch-threads",
+                                           std::to_string(threads)};
+    sims_.push_back(std::make_unique<Child>(argv, dir_ + "/sim-" + std::to_string(p) + ".log", true));
   }
   reader_ = std::thread([this] { read_sims(); });
 }

@@ -23,6 +23,11 @@ struct DriverOptions {
   // simulated nodes' threads share two cores with it, and at equal priority they starve the
   // one multiplexer thread being measured (best effort: needs CAP_SYS_NICE).
   int coordinator_nice = -10;
+  // Connections being opened at once, over every simulated process (each opens its share).
+  // Every simulated host here is 127.0.0.1, and the coordinator's handshake guard keeps at
+  // most 64 pending handshakes per address (actors/handshake_guard.hpp); more at once also
+  // starve the harness's own nodes of the two cores (docs/scale.md).
+  int connects = 16;
   std::string json_out;  // the figures as JSON ("" = none)
   std::string dir;       // working directory ("" = a new one under /tmp, removed at the end)
   std::string self_exe = "/proc/self/exe";

@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   app.add_option("--patience", d.patience, "multiplies every wait's limit");
   app.add_option("--coordinator-nice", d.coordinator_nice,
                  "the coordinator's niceness (negative needs CAP_SYS_NICE; else 0)");
+  app.add_option("--connects", d.connects, "connections opened at once over all simulated processes");
   app.add_option("--json", d.json_out, "write the figures and checks as JSON here");
   app.add_option("--dir", d.dir, "working directory, kept (default: a new one under /tmp, removed)");
   app.add_option("--troupe", d.troupe_binary, "the troupe binary whose coordinator is measured");
