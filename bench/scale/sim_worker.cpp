@@ -204,8 +204,16 @@ void checkpoint(self_ptr self, int64_t step) {
 
 void start_stepping(self_ptr self) {
   auto& s = self->state;
-  s.stepping = true;
   s.step = s.a.first_step;
+  // As the engine: a relaunch resumes after the step of the checkpoint it names.
+  if (!s.a.resume_from.empty()) {
+    try {
+      s.step = checkpoint::read_manifest(s.a.resume_from).step;
+    } catch (const std::exception& e) {
+      return fail(self, "engine_error", std::string("cannot resume: ") + e.what());
+    }
+  }
+  s.stepping = true;
   s.where = "step " + std::to_string(s.step) + ": forward mb 0";
   self->delayed_send(self, std::chrono::milliseconds(s.cfg.step_ms), sim_step_atom::value);
 }
