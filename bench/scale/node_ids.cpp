@@ -1,9 +1,8 @@
-// Each simulated node its own CAF node id. CAF 0.17.6 makes a node id from the host's id
-// (MAC addresses and root disk) with its last byte replaced by a per-process uint8 counter,
-// and from caf::detail::get_process_id(), which libcaf_core calls through its PLT: the
-// definition below, in the executable, takes its place. A real process id is below 2^22;
-// these have the top bit set, the simulated process's index and a counter, so they never
-// equal each other or a real process's.
+// Each simulated node its own CAF node id. CAF 0.17.6 builds a node id from the host's id
+// and caf::detail::get_process_id(), which libcaf_core calls through its PLT: the definition
+// below, in the executable, takes its place. A real process id is below 2^22; these have the
+// top bit set, the simulated process's index and a counter, so they never equal each other
+// or a real process's.
 #include <unistd.h>
 
 #include <atomic>

@@ -3,13 +3,12 @@
 // and the workers they start, each a simulated worker (sim_worker.hpp) in an actor system of
 // its own with its own connection, as a worker process has. No compute, no data plane.
 //
-// CAF 0.17.6 names a node by (host id, process id) and tells the actor systems of one process
-// apart only by the last byte of the host id (a uint8 counter: 256 systems per process, then
-// the ids repeat). Every actor system this process makes gets a process id of its own
-// instead (node_ids.cpp), so each simulated node is a node of its own to the coordinator.
+// Actor systems of one process would share its process id in their CAF node ids; every
+// actor system this process makes gets a process id of its own instead (node_ids.cpp), so
+// each simulated node is a node of its own to the coordinator.
 //
-// It talks to the driver in lines: commands on stdin, events on stdout (sim_protocol in
-// driver.cpp reads them); times are CLOCK_MONOTONIC nanoseconds, one clock for every
+// It talks to the driver in lines: commands on stdin, events on stdout (observed.cpp,
+// Observed::take_sim_line, reads them); times are CLOCK_MONOTONIC nanoseconds, one clock for every
 // process of the machine.
 #pragma once
 
