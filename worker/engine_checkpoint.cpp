@@ -126,7 +126,9 @@ checkpoint::ShardSnapshot Engine::Impl::snapshot(const std::string& root) const 
                                nullptr,
                                nullptr,
                                split ? coord().d : coord().d * layout().tp + coord().t,
-                               split ? layout().dp : layout().dp * layout().tp};
+                               split ? layout().dp : layout().dp * layout().tp,
+                               {},
+                               {}};
       if (!zpart) {
         t.m = host_view(opt->m(k), 3 * k + 1);
         t.v = host_view(opt->v(k), 3 * k + 2);
