@@ -387,6 +387,7 @@ async function olderCoordinatorAnswers(page, jobPath, token) {
         .observe(chart, { attributes: true, attributeFilter: ['data-points'] });
   });
   const asked = [], failures = [];  // 'after' or 'all', in the order the page asked
+  let handled = 0;  // requests whose answer the handler has given
   const isJob = (url) => url.pathname === jobPath;
   const handler = async (route) => {
     const request = route.request(), after = new URL(request.url()).searchParams.has('after');
@@ -404,13 +405,16 @@ async function olderCoordinatorAnswers(page, jobPath, token) {
       await route.fulfill({ status: response.status(), headers, body: JSON.stringify(d) });
     } catch (err) {
       failures.push(err.message);
+    } finally {
+      ++handled;
     }
   };
   await page.route(isJob, handler);
   try {
-    await waitFor('two requests for the job', () => asked.length >= 2);
+    // Unrouting while a request is still in the handler would answer it from under the handler.
+    await waitFor('two requests for the job answered', () => handled >= 2);
   } finally {
-    await page.unroute(isJob, handler);
+    await page.unrouteAll({ behavior: 'wait' });  // the only route; a request in its handler finishes there
   }
   if (failures.length) throw new Error('rewriting an answer failed: ' + failures.join('; '));
   if (asked[0] !== 'after' || asked[1] !== 'all')
