@@ -231,12 +231,17 @@ ssize_t DeadlineStream::write(const char* ptr, size_t size) {
   }
 }
 
-void DeadlineStream::get_remote_ip_and_port(std::string& ip, int& port) const {
+namespace {
+
+// The address of `fd`'s peer (getpeername) or of its own end (getsockname), as the library
+// wants it: "127.0.0.1" or "::1" (no brackets), and the port; "" and -1 when unknown.
+void ip_and_port(int fd, bool peer, std::string& ip, int& port) {
   sockaddr_storage ss{};
   socklen_t len = sizeof ss;
   ip.clear();
   port = -1;
-  if (::getpeername(c_.fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return;
+  auto* sa = reinterpret_cast<sockaddr*>(&ss);
+  if ((peer ? ::getpeername(fd, sa, &len) : ::getsockname(fd, sa, &len)) != 0) return;
   const std::string a = format_address(ss);
   const size_t colon = a.rfind(':');
   ip = a.substr(0, colon);
@@ -244,17 +249,14 @@ void DeadlineStream::get_remote_ip_and_port(std::string& ip, int& port) const {
   port = std::atoi(a.c_str() + colon + 1);
 }
 
+}  // namespace
+
+void DeadlineStream::get_remote_ip_and_port(std::string& ip, int& port) const {
+  ip_and_port(c_.fd, true, ip, port);
+}
+
 void DeadlineStream::get_local_ip_and_port(std::string& ip, int& port) const {
-  sockaddr_storage ss{};
-  socklen_t len = sizeof ss;
-  ip.clear();
-  port = -1;
-  if (::getsockname(c_.fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return;
-  const std::string a = format_address(ss);
-  const size_t colon = a.rfind(':');
-  ip = a.substr(0, colon);
-  if (ip.size() > 2 && ip.front() == '[') ip = ip.substr(1, ip.size() - 2);
-  port = std::atoi(a.c_str() + colon + 1);
+  ip_and_port(c_.fd, false, ip, port);
 }
 
 // ---------------------------------------------------------------- refusals and the close
