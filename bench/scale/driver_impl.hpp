@@ -5,6 +5,7 @@
 #include <atomic>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -83,6 +84,9 @@ class Driver {
   void first_step(int gen, int64_t from, json& out);
   void steady_phase();
   void queries();
+  // Sends `fault` ("kill" or "hang") for rank `victim` of generation `gen` to its process and
+  // waits for it in `seen`: when it happened (as the observer recorded it), 0 when it did not.
+  int64_t inject(const std::string& fault, int gen, int victim, std::map<std::pair<int, int>, int64_t>& seen);
   void kill_phase();
   void hang_phase();
   void agent_phase();

@@ -206,21 +206,27 @@ void Driver::first_step(int gen, int64_t from, json& out) {
   check("generation " + std::to_string(gen) + " completed a step", ok);
 }
 
-void Driver::kill_phase() {
-  const int gen = 0, victim = o_.ranks / 2 + 1;
+int64_t Driver::inject(const std::string& fault, int gen, int victim,
+                       std::map<std::pair<int, int>, int64_t>& seen) {
   int sim = -1;
   {
     std::lock_guard<std::mutex> lock(obs_.mu);
     sim = obs_.rank(gen, victim).sim;
   }
-  if (sim < 0) return check("kill: the victim's process is known", false);
-  sims_[sim]->send_line("kill " + std::to_string(gen) + " " + std::to_string(victim));
-  wait(10, [&] { return obs_.killed.count({gen, victim}) > 0; });
-  int64_t t = 0;
-  {
-    std::lock_guard<std::mutex> lock(obs_.mu);
-    t = obs_.killed.count({gen, victim}) ? obs_.killed[{gen, victim}] : 0;
+  if (sim < 0) {
+    check(fault + ": the victim's process is known", false);
+    return 0;
   }
+  sims_[sim]->send_line(fault + " " + std::to_string(gen) + " " + std::to_string(victim));
+  wait(10, [&] { return seen.count({gen, victim}) > 0; });
+  std::lock_guard<std::mutex> lock(obs_.mu);
+  auto it = seen.find({gen, victim});
+  return it != seen.end() ? it->second : 0;
+}
+
+void Driver::kill_phase() {
+  const int gen = 0, victim = o_.ranks / 2 + 1;
+  const int64_t t = inject("kill", gen, victim, obs_.killed);
   if (t == 0) return check("kill: rank killed", false);
   json out = {{"rank", victim}};
   out["abort"] = aborts(gen, {victim}, t);
@@ -234,19 +240,7 @@ void Driver::kill_phase() {
 
 void Driver::hang_phase() {
   const int gen = 1, victim = o_.ranks / 4 + 3;
-  int sim = -1;
-  {
-    std::lock_guard<std::mutex> lock(obs_.mu);
-    sim = obs_.rank(gen, victim).sim;
-  }
-  if (sim < 0) return check("hang: the victim's process is known", false);
-  sims_[sim]->send_line("hang " + std::to_string(gen) + " " + std::to_string(victim));
-  wait(10, [&] { return obs_.hung.count({gen, victim}) > 0; });
-  int64_t t = 0;
-  {
-    std::lock_guard<std::mutex> lock(obs_.mu);
-    t = obs_.hung.count({gen, victim}) ? obs_.hung[{gen, victim}] : 0;
-  }
+  const int64_t t = inject("hang", gen, victim, obs_.hung);
   if (t == 0) return check("hang: rank held", false);
   json out = {{"rank", victim}};
   out["failure"] = failure(gen, t);
