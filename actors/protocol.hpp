@@ -15,9 +15,16 @@
 //   worker --store_set/get/add-----------> coordinator   => StoreValue
 //   worker --ckpt_shard(CkptShard)-------> coordinator   => CkptCommitted (once every rank reported
 //                                                            and the coordinator committed step_N)
-//   coord  --abort(reason)---------------> worker
+//   coord  --abort(generation, reason)---> worker
 //   coord  --where-----------------------> worker        => "step 12: forward mb 3"
-//   coord  --drain(step)-----------------> worker          (checkpoint after `step`, then stop: a resize)
+//   coord  --drain(generation, step)-----> worker          (checkpoint after `step`, then stop: a resize)
+//   coord  --assign(Assignment)----------> worker          (a survivor's next generation, or refused: exit)
+//   coord  --kill(KillRequest)-----------> agent           (SIGKILL the named launches of a job)
+//
+// A worker's life may span generations: a rank whose generation was aborted under it
+// reports a WorkerResult with `stays` and waits; the coordinator either pushes it the
+// Assignment of a later generation (it keeps its rank, device and process) or a refused
+// one (it exits). Its agent still knows it by its launch: (job, launch generation, rank).
 //
 // Registration carries kProtocolVersion; the coordinator refuses a peer that
 // speaks another version, naming both versions.
@@ -52,6 +59,7 @@ using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;
 using lost_atom = caf::atom_constant<caf::atom("lost")>;
 using ckpt_shard_atom = caf::atom_constant<caf::atom("ckpt_shard")>;
 using drain_atom = caf::atom_constant<caf::atom("drain")>;
+using assign_atom = caf::atom_constant<caf::atom("assign")>;
 
 // ---------------------------------------------------------------- messages
 
@@ -153,6 +161,16 @@ struct WorkerResult {
   std::string error_name;  // !ok: to_string(FailureCause) (core/failure.hpp), e.g. "engine_error"
   std::string message;
   bool drained = false;  // ok: it checkpointed after the drain step and stopped (a resize)
+  // !ok: the process keeps running and waits for the Assignment of a later generation (its
+  // generation was aborted under it, or a peer failed it); false: it exits.
+  bool stays = false;
+};
+
+// SIGKILL the worker processes an agent launched as (job, generations[i], ranks[i]).
+struct KillRequest {
+  std::string job_id;
+  std::vector<int32_t> generations;
+  std::vector<int32_t> ranks;
 };
 
 // A rendezvous key, namespaced by (job, generation, group).
@@ -235,7 +253,11 @@ typename Inspector::result_type inspect(Inspector& f, StepMetrics& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, WorkerResult& x) {
   return f(caf::meta::type_name("WorkerResult"), x.job_id, x.generation, x.rank, x.ok, x.error_name,
-           x.message, x.drained);
+           x.message, x.drained, x.stays);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, KillRequest& x) {
+  return f(caf::meta::type_name("KillRequest"), x.job_id, x.generations, x.ranks);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, CkptFile& x) {
@@ -276,17 +298,19 @@ using coordinator_actor = caf::typed_actor<
     caf::reacts_to<lost_atom, std::string, int32_t, int32_t>,   // self: (job, generation, rank)
     caf::reacts_to<tick_atom>>;                                 // self: recovery clock and watchdog
 
-// SIGKILL of (job, generation) kills every worker of that launch on the agent.
+// A kill names each process by its launch (a survivor keeps the key it was launched with).
 using agent_actor =
     caf::typed_actor<caf::replies_to<launch_atom, LaunchRequest>::with<int32_t>,  // pid or -errno
-                     caf::reacts_to<kill_atom, std::string, int32_t>,
+                     caf::reacts_to<kill_atom, KillRequest>,
                      caf::reacts_to<tick_atom>,  // self: reap children
                      caf::reacts_to<shutdown_atom>>;
 
-// Answered at once while the engine thread computes.
+// Answered at once while the engine thread computes. Abort and drain name the generation
+// they concern: a worker ignores them for any other.
 // A drained rank checkpoints after the given step and reports a WorkerResult with ok and drained.
 using worker_actor =
-    caf::typed_actor<caf::reacts_to<abort_atom, std::string>, caf::replies_to<where_atom>::with<std::string>,
-                     caf::reacts_to<drain_atom, int64_t>>;
+    caf::typed_actor<caf::reacts_to<abort_atom, int32_t, std::string>,
+                     caf::replies_to<where_atom>::with<std::string>,
+                     caf::reacts_to<drain_atom, int32_t, int64_t>, caf::reacts_to<assign_atom, Assignment>>;
 
 }  // namespace troupe::actors

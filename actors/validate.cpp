@@ -86,6 +86,15 @@ std::string check(WorkerResult& m) {
   return "";
 }
 
+std::string check(const KillRequest& m) {
+  if (auto e = check_word(m.job_id, kMaxId, "job id"); !e.empty()) return e;
+  if (m.generations.size() != m.ranks.size()) return "kill request: generations and ranks differ in length";
+  if (m.ranks.size() > static_cast<size_t>(kMaxRanks)) return "kill request: too many ranks";
+  for (size_t i = 0; i < m.ranks.size(); ++i)
+    if (auto e = generation_rank(m.generations[i], m.ranks[i]); !e.empty()) return e;
+  return "";
+}
+
 std::string check(const StoreKey& k) {
   if (auto e = check_word(k.job_id, kMaxId, "job id"); !e.empty()) return e;
   if (k.generation < 0) return "negative generation";

@@ -35,6 +35,7 @@ std::string check(const WorkerHello& m);
 std::string check(const WorkerExit& m);
 std::string check(const StepMetrics& m);
 std::string check(WorkerResult& m);  // repairs message and error_name text
+std::string check(const KillRequest& m);
 std::string check(const StoreKey& k);
 std::string check(const CkptShard& m);
 

@@ -6,6 +6,6 @@
 
 namespace troupe::actors {
 
-constexpr int32_t kProtocolVersion = 6;
+constexpr int32_t kProtocolVersion = 7;
 
 }  // namespace troupe::actors

@@ -81,6 +81,51 @@ void take_shard(self_ptr self, const CkptShard& r, caf::typed_response_promise<C
   s.ckpt_waiting.erase(key);
 }
 
+// What rank `rank` of the job's current generation runs: its place in the generation's plan
+// (computed once at launch: CoordinatorState::launch), device, spec and checkpoint.
+Assignment assignment_of(const Job& j, int rank) {
+  Assignment out;
+  const auto& l = j.layout;
+  out.job_id = j.id;
+  out.generation = j.generation;
+  out.rank = rank;
+  out.world = l.world();
+  out.dp = l.dp;
+  out.pp = l.pp;
+  out.tp = l.tp;
+  const plan::Plan& p = j.plan;
+  const plan::RankPlace place = plan::rank_place(p, rank);
+  out.dp_index = place.coord.d;
+  out.pp_index = place.coord.p;
+  out.tp_index = place.coord.t;
+  out.micro_batch = p.micro_batch;
+  for (int b : p.boundaries()) out.chunk_boundaries.push_back(b);
+  out.place = place.str();
+  out.device = j.ranks[rank].device.device;
+  out.spec_yaml = j.spec_yaml;  // the generation's (an auto job's: planned)
+  out.resume_from = j.resume_from;
+  out.run_dir = j.run_dir;
+  return out;
+}
+
+// A survivor serves the job's current generation: its handle moves to the new key and it
+// is sent the generation's Assignment.
+void reassign(self_ptr self, const Actions::Reassign& r) {
+  auto& s = self->state;
+  auto it = s.workers.find({r.job_id, r.from_generation, r.rank});
+  const Job* j = s.st->job(r.job_id);
+  if (it == s.workers.end() || !j || j->generation != r.generation ||
+      r.rank >= static_cast<int>(j->ranks.size())) {
+    // Its connection broke meanwhile: the down handler reports it as lost.
+    return;
+  }
+  worker_actor handle = it->second;
+  s.workers.erase(it);
+  s.workers[{r.job_id, r.generation, r.rank}] = handle;
+  s.worker_refs[handle.address()] = WorkerRef{r.job_id, r.generation, r.rank};
+  self->send(handle, assign_atom::value, assignment_of(*j, r.rank));
+}
+
 void apply(self_ptr self, Actions&& a) {
   auto& s = self->state;
   persist(self, a.events);
@@ -117,17 +162,30 @@ void apply(self_ptr self, Actions&& a) {
   }
   for (const auto& ab : a.aborts) {
     auto it = s.workers.find({ab.job_id, ab.generation, ab.rank});
-    if (it != s.workers.end()) self->send(it->second, abort_atom::value, ab.reason);
+    if (it != s.workers.end()) self->send(it->second, abort_atom::value, int32_t{ab.generation}, ab.reason);
     drop_checkpoints(self, ab.job_id, ab.generation, "generation aborted: " + ab.reason);
   }
   for (const auto& d : a.drains) {
     auto it = s.workers.find({d.job_id, d.generation, d.rank});
-    if (it != s.workers.end()) self->send(it->second, drain_atom::value, d.step);
+    if (it != s.workers.end()) self->send(it->second, drain_atom::value, int32_t{d.generation}, d.step);
   }
+  for (const auto& r : a.releases) {
+    auto it = s.workers.find({r.job_id, r.generation, r.rank});
+    if (it == s.workers.end()) continue;
+    Assignment none;
+    none.refused = "no later generation needs this process: " + r.reason;
+    self->send(it->second, assign_atom::value, none);
+  }
+  for (const auto& r : a.reassigns) reassign(self, r);
   for (const auto& k : a.kills) {
     auto it = s.agents.find(k.agent_id);
-    if (it != s.agents.end())
-      self->delayed_send(it->second, s.opt.kill_grace, kill_atom::value, k.job_id, k.generation);
+    if (it == s.agents.end()) continue;
+    KillRequest req{k.job_id, {}, {}};
+    for (size_t i = 0; i < k.ranks.size(); ++i) {
+      req.generations.push_back(k.generations[i]);
+      req.ranks.push_back(k.ranks[i]);
+    }
+    self->delayed_send(it->second, s.opt.kill_grace, kill_atom::value, req);
   }
 }
 
@@ -183,7 +241,13 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
       WorkerRef w = it->second;
       s.worker_refs.erase(it);
       s.workers.erase({w.job, w.generation, w.rank});
-      if (!s.st->current(w.job, w.generation)) return;
+      if (!s.st->current(w.job, w.generation)) {
+        // A survivor of an ended generation can serve no other.
+        Actions a;
+        s.st->survivor_lost(w.job, w.generation, w.rank, &a);
+        apply(self, std::move(a));
+        return;
+      }
       // The agent's exit report (with the signal) follows within a reaping
       // period (20 ms); give it a moment before calling the rank merely "lost".
       s.lost_reasons[{w.job, w.generation, w.rank}] = self->system().render(dm.reason);
@@ -243,32 +307,11 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
           out.refused = w.refused;
           if (w.refused.empty()) {
             s.launch_tokens.erase(tok);
-            const Job& j = *w.job;
             auto handle = caf::actor_cast<worker_actor>(sender);
             self->monitor(handle);
             s.workers[key] = handle;
             s.worker_refs[handle.address()] = WorkerRef{h.job_id, h.generation, h.rank};
-            const auto& l = j.layout;
-            out.job_id = j.id;
-            out.generation = j.generation;
-            out.rank = w.rank;
-            out.world = l.world();
-            out.dp = l.dp;
-            out.pp = l.pp;
-            out.tp = l.tp;
-            // The generation's plan, computed once at launch (CoordinatorState::launch).
-            const plan::Plan& p = j.plan;
-            const plan::RankPlace& place = w.place;
-            out.dp_index = place.coord.d;
-            out.pp_index = place.coord.p;
-            out.tp_index = place.coord.t;
-            out.micro_batch = p.micro_batch;
-            for (int b : p.boundaries()) out.chunk_boundaries.push_back(b);
-            out.place = place.str();
-            out.device = j.ranks[w.rank].device.device;
-            out.spec_yaml = j.spec_yaml;  // the generation's (an auto job's: planned)
-            out.resume_from = j.resume_from;
-            out.run_dir = j.run_dir;
+            out = assignment_of(*w.job, w.rank);
           }
           apply(self, std::move(a));
         } catch (const std::exception& e) {
@@ -333,7 +376,7 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
             self->state.st->worker_done(r.job_id, r.generation, r.rank, r.drained, &a);
           else  // the name is the peer's: only a cause a worker reports is believed
             self->state.st->worker_failed(r.job_id, r.generation, r.rank,
-                                          reported_failure_cause(r.error_name), r.message, &a);
+                                          reported_failure_cause(r.error_name), r.message, &a, r.stays);
           apply(self, std::move(a));
         } catch (const std::exception& e) {
           internal_error("worker result", e);

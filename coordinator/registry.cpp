@@ -108,10 +108,17 @@ std::optional<std::vector<DeviceRef>> DeviceRegistry::allocate(const std::string
   return out;
 }
 
-void DeviceRegistry::release(const std::string& job_id) {
+void DeviceRegistry::release(const std::string& job_id, const std::vector<DeviceRef>& keep) {
   for (auto& [id, a] : agents_)
     for (auto& [dev, job] : a.owner)
-      if (job == job_id) job.clear();
+      if (job == job_id && std::find(keep.begin(), keep.end(), DeviceRef{id, dev}) == keep.end()) job.clear();
+}
+
+void DeviceRegistry::release_device(const std::string& job_id, const DeviceRef& device) {
+  auto a = agents_.find(device.agent_id);
+  if (a == agents_.end()) return;
+  auto o = a->second.owner.find(device.device);
+  if (o != a->second.owner.end() && o->second == job_id) o->second.clear();
 }
 
 std::vector<DeviceRef> DeviceRegistry::held_by(const std::string& job_id) const {

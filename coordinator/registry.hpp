@@ -48,8 +48,10 @@ class DeviceRegistry {
   // talk over loopback), else fills agents in registration order.
   std::optional<std::vector<DeviceRef>> allocate(const std::string& job_id, const std::string& kind, int n,
                                                  std::string* why);
-  // Frees every device held by job_id.
-  void release(const std::string& job_id);
+  // Frees every device held by job_id but those in `keep`.
+  void release(const std::string& job_id, const std::vector<DeviceRef>& keep = {});
+  // Frees one device if job_id holds it.
+  void release_device(const std::string& job_id, const DeviceRef& device);
   std::vector<DeviceRef> held_by(const std::string& job_id) const;
 
   nlohmann::json to_json() const;

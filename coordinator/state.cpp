@@ -53,6 +53,8 @@ void Actions::append(Actions&& o) {
   for (auto& x : o.aborts) aborts.push_back(std::move(x));
   for (auto& x : o.kills) kills.push_back(std::move(x));
   for (auto& x : o.drains) drains.push_back(std::move(x));
+  for (auto& x : o.reassigns) reassigns.push_back(std::move(x));
+  for (auto& x : o.releases) releases.push_back(std::move(x));
   for (auto& x : o.events) events.push_back(std::move(x));
 }
 
@@ -102,6 +104,9 @@ void CoordinatorState::remove_agent(const std::string& agent_id, Actions* out) {
     Job* j = find(job_id);
     if (!j || is_terminal(j->state)) continue;
     // Its workers died with it (PDEATHSIG); nobody will report their exit.
+    j->survivors.erase(std::remove_if(j->survivors.begin(), j->survivors.end(),
+                                      [&](const Survivor& v) { return v.device.agent_id == agent_id; }),
+                       j->survivors.end());
     int first = -1;
     for (size_t r = 0; r < j->ranks.size(); ++r)
       if (j->ranks[r].device.agent_id == agent_id) {
@@ -248,9 +253,22 @@ void CoordinatorState::launch(Job& job, const std::vector<DeviceRef>& devices, A
     return;
   }
   job.ranks.assign(devices.size(), RankSlot{});
+  job.peer_report.reset();
   for (size_t r = 0; r < devices.size(); ++r) {
     job.ranks[r].device = devices[r];
+    job.ranks[r].launch_generation = job.generation;
     if (const Agent* a = registry_.agent(devices[r].agent_id)) job.ranks[r].host = a->host;
+  }
+  // Survivors of the failed generation keep their rank, device and process: registered at once.
+  std::vector<bool> kept(devices.size(), false);
+  for (const Survivor& v : job.survivors) {
+    if (v.rank < 0 || v.rank >= static_cast<int>(devices.size()) || !(devices[v.rank] == v.device)) continue;
+    RankSlot& slot = job.ranks[v.rank];
+    slot.registered = true;
+    slot.pid = v.pid;
+    slot.host = v.host;
+    slot.launch_generation = v.launch_generation;
+    kept[v.rank] = true;
   }
   job.metrics = std::make_unique<MetricsAggregator>(job.layout.world(), job.generation, job.layout.str());
   job.stepped = false;
@@ -258,6 +276,8 @@ void CoordinatorState::launch(Job& job, const std::vector<DeviceRef>& devices, A
   for (size_t r = 0; r < devices.size(); ++r)
     placed += (r ? ", " : "") + std::to_string(r) + "=" + job.ranks[r].host + "/" + devices[r].device;
   std::string from = job.resume_from.empty() ? "" : ", resuming from " + job.resume_from;
+  const int n_kept = static_cast<int>(std::count(kept.begin(), kept.end(), true));
+  if (n_kept > 0) from += ", " + std::to_string(n_kept) + " rank(s) kept their process";
   transition(job, JobState::launching,
              "generation " + std::to_string(job.generation) + ": placed " + job.layout.str() + " on " +
                  placed + from,
@@ -265,30 +285,88 @@ void CoordinatorState::launch(Job& job, const std::vector<DeviceRef>& devices, A
   job.last_progress_ms = 0;
   // Logs of later generations go beside the first one's: workers/<rank>.g<generation>.log.
   std::string suffix = job.generation == 0 ? "" : ".g" + std::to_string(job.generation);
-  for (size_t r = 0; r < devices.size(); ++r)
+  for (size_t r = 0; r < devices.size(); ++r) {
+    if (kept[r]) continue;
     out->launches.push_back({devices[r].agent_id, job.id, job.generation, static_cast<int>(r),
                              devices[r].device,
                              job.run_dir + "/workers/" + std::to_string(r) + suffix + ".log"});
+  }
+  for (const Survivor& v : job.survivors)
+    if (v.rank >= 0 && v.rank < static_cast<int>(kept.size()) && kept[v.rank])
+      out->reassigns.push_back({job.id, v.generation, v.rank, job.generation});
+  job.survivors.clear();
+  if (n_kept == static_cast<int>(devices.size())) {
+    transition(
+        job, JobState::running,
+        std::to_string(devices.size()) + " worker(s) running, generation " + std::to_string(job.generation),
+        out);
+    job.last_progress_ms = now_ms();
+  }
+}
+
+// Adds the launch (generation, rank) to the kill of its agent.
+static void kill_launch(std::vector<Kill>& kills, const std::string& agent_id, const std::string& job_id,
+                        int generation, int rank) {
+  auto k = std::find_if(kills.begin(), kills.end(),
+                        [&](const Kill& x) { return x.agent_id == agent_id && x.job_id == job_id; });
+  if (k == kills.end()) k = kills.insert(kills.end(), Kill{agent_id, job_id, {}, {}});
+  k->generations.push_back(generation);
+  k->ranks.push_back(rank);
 }
 
 void CoordinatorState::stop_workers(Job& job, const std::string& reason, Actions* out) {
-  std::vector<std::string> agents;
+  std::vector<Kill> kills;
   for (size_t r = 0; r < job.ranks.size(); ++r) {
     const RankSlot& s = job.ranks[r];
     if (s.exited) continue;
     if (s.registered && !s.done) out->aborts.push_back({job.id, job.generation, static_cast<int>(r), reason});
-    if (registry_.agent(s.device.agent_id) &&
-        std::find(agents.begin(), agents.end(), s.device.agent_id) == agents.end())
-      agents.push_back(s.device.agent_id);
+    const bool survives = std::any_of(job.survivors.begin(), job.survivors.end(), [&](const Survivor& v) {
+      return v.rank == static_cast<int>(r) && v.generation == job.generation;
+    });
+    if (!survives && registry_.agent(s.device.agent_id))
+      kill_launch(kills, s.device.agent_id, job.id, s.launch_generation, static_cast<int>(r));
   }
-  for (const auto& a : agents) out->kills.push_back({a, job.id, job.generation});
+  for (auto& k : kills) out->kills.push_back(std::move(k));
+}
+
+void CoordinatorState::keep_survivors(Job& job, int blamed) {
+  job.survivors.clear();
+  for (size_t r = 0; r < job.ranks.size(); ++r) {
+    const RankSlot& s = job.ranks[r];
+    if (static_cast<int>(r) == blamed || !s.registered || s.done || s.exited) continue;
+    job.survivors.push_back(
+        Survivor{static_cast<int>(r), job.generation, s.launch_generation, s.pid, s.device, s.host, s.stays});
+  }
+}
+
+void CoordinatorState::drop_survivors(Job& job, const std::function<bool(const Survivor&)>& drop,
+                                      const std::string& why, Actions* out) {
+  std::vector<Kill> kills;
+  for (auto it = job.survivors.begin(); it != job.survivors.end();) {
+    if (!drop(*it)) {
+      ++it;
+      continue;
+    }
+    out->releases.push_back({job.id, it->generation, it->rank, why});
+    if (registry_.agent(it->device.agent_id))
+      kill_launch(kills, it->device.agent_id, job.id, it->launch_generation, it->rank);
+    registry_.release_device(job.id, it->device);
+    it = job.survivors.erase(it);
+  }
+  for (auto& k : kills) out->kills.push_back(std::move(k));
 }
 
 void CoordinatorState::end_generation(Job& job, JobState to, const std::string& reason,
                                       const std::string& abort_reason, double relaunch_at_ms, Actions* out) {
   transition(job, to, reason, out);
+  // A job that ends releases the processes it kept for its next generation.
+  if (to != JobState::recovering)
+    drop_survivors(
+        job, [](const Survivor&) { return true; }, "job " + std::string(to_string(to)), out);
   if (!abort_reason.empty()) stop_workers(job, abort_reason, out);
-  registry_.release(job.id);
+  std::vector<DeviceRef> keep;
+  for (const Survivor& v : job.survivors) keep.push_back(v.device);
+  registry_.release(job.id, keep);
   store_.drop_job(job.id);
   if (to == JobState::recovering) {
     ++job.generation;
@@ -447,17 +525,61 @@ void CoordinatorState::worker_done(const std::string& job_id, int generation, in
 }
 
 void CoordinatorState::worker_failed(const std::string& job_id, int generation, int rank, FailureCause cause,
-                                     const std::string& message, Actions* out) {
+                                     const std::string& message, Actions* out, bool stays) {
+  Job* old = find(job_id);
+  if (old && old->generation != generation && !is_terminal(old->state)) {
+    // The report of a generation that already ended: a survivor says it is ready, or going.
+    for (auto it = old->survivors.begin(); it != old->survivors.end(); ++it) {
+      if (it->generation != generation || it->rank != rank) continue;
+      if (stays) {
+        it->parked = true;
+      } else {
+        registry_.release_device(old->id, it->device);  // its process exits
+        old->survivors.erase(it);
+      }
+      return;
+    }
+    return;
+  }
   Job* j = live_rank_job(job_id, generation, rank);
   if (!j) return;
   ++j->control_messages;
+  if (stays) {
+    // A peer failed it: the peer's own report (its exit, its lost connection) names the
+    // culprit, and usually follows within milliseconds. tick() decides if none does.
+    j->ranks[rank].stays = true;
+    if (!j->peer_report && j->state != JobState::recovering)
+      j->peer_report =
+          Job::PeerReport{rank, cause, "rank " + std::to_string(rank) + ": " + message, now_ms()};
+    return;
+  }
   on_failure(*j, cause, "rank " + std::to_string(rank) + ": " + message, rank, out);
+}
+
+void CoordinatorState::survivor_lost(const std::string& job_id, int generation, int rank, Actions* out) {
+  Job* j = find(job_id);
+  if (!j) return;
+  drop_survivors(
+      *j, [&](const Survivor& v) { return v.generation == generation && v.rank == rank; },
+      "its connection to the coordinator broke", out);
 }
 
 void CoordinatorState::worker_exited(const std::string& job_id, int generation, int rank, int pid,
                                      int exit_code, int signal, Actions* out) {
-  Job* j = rank_job(job_id, generation, rank);
+  // The agent names a process by its launch: a survivor launched in an earlier generation
+  // now runs the job's current one, or waits for it.
+  Job* j = find(job_id);
   if (!j) return;
+  for (auto it = j->survivors.begin(); it != j->survivors.end(); ++it)
+    if (it->launch_generation == generation && it->rank == rank) {
+      registry_.release_device(j->id, it->device);
+      j->survivors.erase(it);
+      return;
+    }
+  // The ranks of a recovering job are those of the generation that ended: news of them changes nothing.
+  if (j->state == JobState::recovering || rank < 0 || rank >= static_cast<int>(j->ranks.size()) ||
+      j->ranks[rank].launch_generation != generation)
+    return;
   RankSlot& s = j->ranks[rank];
   s.exited = true;
   std::string how =

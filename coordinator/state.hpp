@@ -59,12 +59,28 @@ struct RankSlot {
   DeviceRef device;
   std::string host;
   int pid = 0;
+  // The generation whose launch started this rank's process: its agent knows it by
+  // (job, launch_generation, rank). Older than the job's generation for a survivor.
+  int launch_generation = 0;
   bool registered = false;  // the worker process asked for its assignment
   bool done = false;        // it reported success
   bool drained = false;     // with done: it stopped after the checkpoint of a resize
   bool exited = false;      // its agent reaped it
+  bool stays = false;       // it reported a failure a peer caused and waits for the next generation
   std::string where;        // its last answer to "where are you" ("" = none yet)
   double where_ms = 0;      // when it answered
+};
+
+// A rank's worker process that outlived its generation (a peer failed) and may serve the
+// next one in the same place: it keeps its process, device and rank.
+struct Survivor {
+  int rank = 0;
+  int generation = 0;         // the generation it last ran (its key on the coordinator)
+  int launch_generation = 0;  // its agent's key (RankSlot::launch_generation)
+  int pid = 0;
+  DeviceRef device;
+  std::string host;
+  bool parked = false;  // it reported the end of its generation and waits for an assignment
 };
 
 struct Job {
@@ -78,6 +94,20 @@ struct Job {
   int generation = 0;
   std::string run_dir;
   std::vector<RankSlot> ranks;  // by rank, once placed
+  // Recovering: the processes of the failed generation that may serve the next one (they
+  // hold their devices meanwhile). Taken by the relaunch when the layout stays, else released.
+  std::vector<Survivor> survivors;
+  // The first report of the current generation from a rank that a peer failed through the data
+  // plane (comm_peer_lost, ...): it names no culprit, so it becomes the generation's failure only
+  // when no direct report (an exit, a lost connection) of another rank follows within a grace
+  // period (tick()).
+  struct PeerReport {
+    int rank = 0;
+    FailureCause cause = FailureCause::worker_failed;
+    std::string message;
+    double at_ms = 0;
+  };
+  std::optional<PeerReport> peer_report;
   std::unique_ptr<MetricsAggregator> metrics;
   int64_t last_step = -1;
   double last_loss = 0;
@@ -134,12 +164,13 @@ struct Abort {
   int rank = 0;
   std::string reason;
 };
-// SIGKILL what is left of (job, generation) on an agent, after a grace period
-// that lets aborted workers exit on their own.
+// SIGKILL worker processes of a job on an agent, each named by its launch (generation,
+// rank), after a grace period that lets aborted workers exit on their own.
 struct Kill {
   std::string agent_id;
   std::string job_id;
-  int generation = 0;
+  std::vector<int> generations;
+  std::vector<int> ranks;
 };
 struct Actions {
   std::vector<Launch> launches;
@@ -153,6 +184,23 @@ struct Actions {
     int64_t step = 0;
   };
   std::vector<Drain> drains;
+  // A survivor serves a later generation: the shell re-keys its handle from
+  // (job, from_generation, rank) to (job, generation, rank) and pushes it the Assignment.
+  struct Reassign {
+    std::string job_id;
+    int from_generation = 0;
+    int rank = 0;
+    int generation = 0;
+  };
+  std::vector<Reassign> reassigns;
+  // A survivor no generation takes: it is told so (a refused Assignment) and exits.
+  struct Release {
+    std::string job_id;
+    int generation = 0;
+    int rank = 0;
+    std::string reason;
+  };
+  std::vector<Release> releases;
   // Events for the run directory and the PUB socket: {"event":"state"|"step"|"log", "job":..., ...}.
   std::vector<nlohmann::json> events;
   void append(Actions&& o);
@@ -203,9 +251,13 @@ class CoordinatorState {
   void step(const std::string& job_id, int generation, const StepSample& sample, Actions* out);
   // The rank finished: all its steps, or (drained) up to the checkpoint of a resize.
   void worker_done(const std::string& job_id, int generation, int rank, bool drained, Actions* out);
-  // The rank failed with a cause it named (core/failure.hpp: reported_failure_cause).
+  // The rank failed with a cause it named (core/failure.hpp: reported_failure_cause). `stays`:
+  // its process waits for a later generation (it was aborted, or a peer failed it); a rank
+  // of a generation that already ended so becomes a parked survivor.
   void worker_failed(const std::string& job_id, int generation, int rank, FailureCause cause,
-                     const std::string& message, Actions* out);
+                     const std::string& message, Actions* out, bool stays = false);
+  // The connection to a survivor of an ended generation broke: it serves no other.
+  void survivor_lost(const std::string& job_id, int generation, int rank, Actions* out);
   // The agent reaped the process: exit_code >= 0, or the signal that ended it.
   void worker_exited(const std::string& job_id, int generation, int rank, int pid, int exit_code, int signal,
                      Actions* out);
@@ -287,12 +339,22 @@ class CoordinatorState {
   void end_generation(Job& job, JobState to, const std::string& reason, const std::string& abort_reason,
                       double relaunch_at_ms, Actions* out);
   void fail(Job& job, FailureCause cause, const std::string& message, Actions* out);
-  // Aborts the job's live workers and asks their agents to kill what is left.
+  // Aborts the job's live workers and asks their agents to kill what is left, except the
+  // ranks kept as survivors (job.survivors of the current generation).
   void stop_workers(Job& job, const std::string& reason, Actions* out);
+  // The ranks of the current generation whose processes may serve the next: registered, not
+  // finished, not exited and not `blamed` (the rank the failure is put on; -1: none).
+  void keep_survivors(Job& job, int blamed);
+  // Releases the survivors for which `drop` holds: told to exit, killed, devices freed.
+  void drop_survivors(Job& job, const std::function<bool(const Survivor&)>& drop, const std::string& why,
+                      Actions* out);
   bool try_place(Job& job, Actions* out);
   // A rank failed: restart the job (recovering) when its policy allows, else fail it
   // (coordinator/policy.hpp: judge_failure).
-  void on_failure(Job& job, FailureCause cause, const std::string& message, int rank, Actions* out);
+  // `rank_stays`: the rank reported the failure and waits for a later generation (a peer
+  // failed it): it is not blamed and may serve the next generation.
+  void on_failure(Job& job, FailureCause cause, const std::string& message, int rank, Actions* out,
+                  bool rank_stays = false);
   // Recovering: plan on the free devices and launch generation + 1, or keep waiting.
   void try_relaunch(Job& job, double now, Actions* out);
   // The same for an auto job: the planner chooses the layout for the devices there are.

@@ -9,13 +9,22 @@
 
 namespace troupe::coord {
 
+// How long a relaunch that keeps survivors waits past its backoff for their reports.
+constexpr double kSurvivorReportMs = 2000;
+// A rank whose last "where" answer is this much older than the newest one has stopped answering
+// (ranks are asked every 500 ms).
+constexpr double kStaleWhereMs = 1500;
+// How long a peer-caused failure report waits for a direct report that names the culprit.
+constexpr double kPeerReportGraceMs = 300;
+
 std::string CoordinatorState::checkpoint_root(const Job& job) const {
   return job.request.checkpoint_dir.empty() ? job.run_dir + "/ckpt" : job.request.checkpoint_dir;
 }
 
 void CoordinatorState::on_failure(Job& job, FailureCause cause, const std::string& message, int rank,
-                                  Actions* out) {
+                                  Actions* out, bool rank_stays) {
   if (is_terminal(job.state) || job.state == JobState::recovering) return;
+  job.peer_report.reset();
   const std::string name = to_string(cause);
   // Judged on the failures before this one.
   const FailureVerdict verdict = judge_failure(job, cause, message);
@@ -50,6 +59,8 @@ void CoordinatorState::on_failure(Job& job, FailureCause cause, const std::strin
   }
   ++job.restarts;
   job.crash_streak = job.stepped ? 1 : job.crash_streak + 1;
+  // The other ranks' processes stay for the next generation; the failed rank's is killed.
+  keep_survivors(job, rank_stays ? -1 : rank);
   // Every survivor aborts its communicators now, so none waits for a timeout.
   end_generation(job, JobState::recovering,
                  name + ": " + message + "; restart " + std::to_string(job.restarts) + " of " +
@@ -71,10 +82,16 @@ void CoordinatorState::wait_for_devices(Job& job, double now, const std::string&
 
 void CoordinatorState::try_relaunch(Job& job, double now, Actions* out) {
   if (job.state != JobState::recovering || now < job.relaunch_at_ms) return;
-  if (job.request.auto_plan) return relaunch_auto(job, now, out);
+  if (job.request.auto_plan) {
+    // The planner may choose another layout: nobody keeps a place.
+    drop_survivors(
+        job, [](const Survivor&) { return true; }, "an auto job is planned again", out);
+    return relaunch_auto(job, now, out);
+  }
   const int unit = job.layout.pp * job.layout.tp;
   int want = job.target_dp > 0 ? job.target_dp : job.layout.dp;
-  int free_devices = registry_.free(job.request.device_kind);
+  // The survivors' devices count: they are the job's own.
+  int free_devices = registry_.free(job.request.device_kind) + static_cast<int>(job.survivors.size());
   int d = fit_data_size(job, want, free_devices);
   if (d == 0)
     return wait_for_devices(job, now,
@@ -83,10 +100,49 @@ void CoordinatorState::try_relaunch(Job& job, double now, Actions* out) {
                                 std::to_string(min_devices(job)) +
                                 " (a multiple of pipeline x tensor = " + std::to_string(unit) + ")",
                             out);
+  if (d == job.layout.dp && !job.survivors.empty()) {
+    // Same layout: each survivor keeps its place. One that has not reported the end of its
+    // generation yet gets a moment more, then is replaced like the failed rank.
+    const bool all_parked =
+        std::all_of(job.survivors.begin(), job.survivors.end(), [](const Survivor& v) { return v.parked; });
+    if (!all_parked && now < job.relaunch_at_ms + kSurvivorReportMs) return;
+    drop_survivors(
+        job, [](const Survivor& v) { return !v.parked; },
+        "it did not report the end of its generation in time", out);
+  } else {
+    drop_survivors(
+        job, [](const Survivor&) { return true; },
+        "the layout changes: " + job.layout.str() + " -> " + std::to_string(d) + "x" +
+            std::to_string(job.layout.pp) + "x" + std::to_string(job.layout.tp),
+        out);
+  }
   std::string why;
-  auto devices = registry_.allocate(job.id, job.request.device_kind, d * unit, &why);
+  std::optional<std::vector<DeviceRef>> devices;
+  if (job.survivors.empty()) {
+    devices = registry_.allocate(job.id, job.request.device_kind, d * unit, &why);
+  } else {
+    // The survivors' places, and new devices for the others.
+    const int need = d * unit - static_cast<int>(job.survivors.size());
+    std::vector<DeviceRef> fresh;
+    if (need > 0) {
+      auto got = registry_.allocate(job.id, job.request.device_kind, need, &why);
+      if (!got) return;
+      fresh = std::move(*got);
+    }
+    std::vector<DeviceRef> all(d * unit);
+    std::vector<bool> taken(d * unit, false);
+    for (const Survivor& v : job.survivors)
+      if (v.rank < d * unit) {
+        all[v.rank] = v.device;
+        taken[v.rank] = true;
+      }
+    size_t next = 0;
+    for (int r = 0; r < d * unit; ++r)
+      if (!taken[r] && next < fresh.size()) all[r] = fresh[next++];
+    devices = std::move(all);
+  }
   if (!devices) return;
-  Layout from = job.layout;
+  const Layout from = job.layout;
   job.layout.dp = d;
   job.target_dp = 0;
   relaunch_from_checkpoint(job, from, *devices, out);
@@ -122,12 +178,15 @@ void CoordinatorState::relaunch_from_checkpoint(Job& job, const Layout& from,
   for (const auto& s : skipped)
     out->events.push_back({{"event", "log"}, {"job", job.id}, {"message", "checkpoint skipped: " + s}});
   job.resume_from = ckpt.empty() ? job.request.resume_from : ckpt;
+  nlohmann::json kept = nlohmann::json::array();
+  for (const Survivor& v : job.survivors) kept.push_back(v.rank);
   out->events.push_back({{"event", "relaunch"},
                          {"job", job.id},
                          {"generation", job.generation},
                          {"from_layout", from.str()},
                          {"layout", job.layout.str()},
-                         {"resume_from", job.resume_from}});
+                         {"resume_from", job.resume_from},
+                         {"kept_ranks", kept}});
   launch(job, devices, out);
 }
 
@@ -138,17 +197,33 @@ void CoordinatorState::tick(double now, Actions* out) {
       try_relaunch(j, now, out);
       continue;
     }
+    if (j.peer_report && now >= j.peer_report->at_ms + kPeerReportGraceMs &&
+        (j.state == JobState::running || j.state == JobState::launching)) {
+      const Job::PeerReport p = *j.peer_report;
+      on_failure(j, p.cause, p.message, p.rank, out, true);
+      continue;
+    }
     if (j.state != JobState::running || j.last_progress_ms <= 0) continue;
     double limit = step_timeout_ms(j);
     if (now - j.last_progress_ms <= limit) continue;
-    // Blame the rank furthest behind: a rank inside a collective that never
-    // returns names the op; the others wait for it.
+    // Blame the hung rank: the one whose answer to "where are you" went stale while the
+    // others still answer (a stopped process cannot); else the first unfinished one. Its
+    // process is replaced, the others may stay. Every rank's op is in the message.
     std::string detail;
     int rank = -1;
+    double newest = 0;
+    for (const RankSlot& s : j.ranks)
+      if (!s.done) newest = std::max(newest, s.where_ms);
+    int stale = -1;
+    for (size_t r = 0; r < j.ranks.size(); ++r) {
+      const RankSlot& s = j.ranks[r];
+      if (s.done || newest - s.where_ms <= kStaleWhereMs) continue;
+      if (stale < 0 || s.where_ms < j.ranks[stale].where_ms) stale = static_cast<int>(r);
+    }
     for (size_t r = 0; r < j.ranks.size(); ++r) {
       const RankSlot& s = j.ranks[r];
       if (s.done) continue;
-      if (rank < 0) rank = static_cast<int>(r);
+      if (rank < 0) rank = stale >= 0 ? stale : static_cast<int>(r);
       detail += (detail.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " (pid " +
                 std::to_string(s.pid) + " on " + s.host + "): " + (s.where.empty() ? "?" : s.where);
     }

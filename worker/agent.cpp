@@ -207,9 +207,13 @@ agent_actor::behavior_type agent_fn(self_ptr self, coordinator_actor coordinator
   self->delayed_send(self, self->state.opt.reap_every, tick_atom::value);
   return {
       [=](launch_atom, const LaunchRequest& r) -> int32_t { return start_worker(self, r); },
-      [=](kill_atom, const std::string& job, int32_t generation) {
-        for (const auto& [pid, c] : self->state.children)
-          if (c.job_id == job && c.generation == generation) self->state.launcher->kill(pid);
+      [=](kill_atom, const KillRequest& k) {
+        if (!check(k).empty()) return;  // only the coordinator sends it; a malformed one names nothing
+        for (const auto& [pid, c] : self->state.children) {
+          if (c.job_id != k.job_id) continue;
+          for (size_t i = 0; i < k.ranks.size(); ++i)
+            if (c.generation == k.generations[i] && c.rank == k.ranks[i]) self->state.launcher->kill(pid);
+        }
       },
       [=](tick_atom) {
         reap(self, false);

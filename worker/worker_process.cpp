@@ -1,10 +1,17 @@
 // The worker process: one worker actor (control) + one engine thread (compute).
+//
+// A process may serve several generations of its job: when its generation is aborted under
+// it (a peer failed), it reports so with `stays` and waits; the coordinator then pushes the
+// Assignment of the next generation (same rank and device: a new Engine in this process) or
+// a refused one (it exits).
 #include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdlib>
+#include <deque>
 #include <filesystem>
 #include <future>
 #include <iostream>
@@ -31,27 +38,77 @@ namespace {
 
 using namespace troupe::actors;
 
-// Shared by the worker actor (abort, where) and the engine thread.
+// How long a process whose generation ended waits for its next assignment.
+constexpr auto kParkedWait = std::chrono::minutes(10);
+
+// Shared by the worker actor (abort, drain, where, assignments) and the engine thread.
 struct Control {
   std::mutex mu;
+  std::condition_variable cv;
   Engine* engine = nullptr;
-  bool aborted = false;
+  int32_t generation = -1;    // the generation the engine thread runs (-1: none yet)
+  int32_t aborted_upto = -1;  // every generation up to this one was aborted
+  bool aborted = false;       // the current generation was
   std::string abort_reason;
   std::string phase = "registering";
-  std::promise<Assignment> assignment;
+  std::deque<Assignment> assignments;  // the registration's, then those pushed for later generations
   // A resize: checkpoint after this step and stop (-1 = none).
   std::atomic<int64_t> drain_after{-1};
-  std::atomic<bool> assigned{false};
+  int32_t drain_generation = -1;
+
   void assign(Assignment a) {
-    if (!assigned.exchange(true)) assignment.set_value(std::move(a));
-  }
-  void abort(const std::string& why) {
     std::lock_guard<std::mutex> lock(mu);
-    if (!aborted) abort_reason = why;
+    assignments.push_back(std::move(a));
+    cv.notify_all();
+  }
+  // The next assignment, or a refused one after `limit`.
+  Assignment next_assignment(std::chrono::milliseconds limit) {
+    std::unique_lock<std::mutex> lock(mu);
+    if (!cv.wait_for(lock, limit, [&] { return !assignments.empty(); })) {
+      Assignment none;
+      none.refused = "no assignment within " + std::to_string(limit.count() / 1000) + " s";
+      return none;
+    }
+    Assignment a = std::move(assignments.front());
+    assignments.pop_front();
+    return a;
+  }
+  // The engine thread starts generation `g`: news of earlier ones no longer concerns it.
+  void begin(int32_t g) {
+    std::lock_guard<std::mutex> lock(mu);
+    generation = g;
+    aborted = g <= aborted_upto;
+    if (!aborted) abort_reason.clear();
+    drain_after = drain_generation == g ? drain_after.load() : -1;
+    phase = "building the engine";
+  }
+  // `g` < 0: whatever runs now (the coordinator is gone).
+  void abort(int32_t g, const std::string& why) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (g < 0) g = std::max(generation, aborted_upto);
+    if (g > aborted_upto) {
+      aborted_upto = g;
+      abort_reason = why;
+    }
+    if (g != generation) return;
     aborted = true;
     if (engine) engine->request_abort();
   }
+  void drain(int32_t g, int64_t step) {
+    std::lock_guard<std::mutex> lock(mu);
+    drain_generation = g;
+    if (g == generation || generation < 0) drain_after = step;
+  }
 };
+
+// A rank whose generation ended under it (aborted by the coordinator, or failed by a peer
+// through the data plane) is healthy and may serve the next one; any other failure ends it.
+bool stays_after(const std::string& error_name) {
+  return error_name == to_string(FailureCause::aborted) ||
+         error_name == to_string(FailureCause::comm_peer_lost) ||
+         error_name == to_string(FailureCause::comm_timed_out) ||
+         error_name == to_string(FailureCause::comm_aborted);
+}
 
 struct WorkerState {
   std::shared_ptr<Control> control;
@@ -67,7 +124,7 @@ worker_actor::behavior_type worker_fn(worker_actor::stateful_pointer<WorkerState
     Assignment none;
     none.refused = "lost the coordinator: " + self->system().render(dm.reason);
     control->assign(none);
-    control->abort("lost the coordinator");
+    control->abort(-1, "lost the coordinator");
   });
   self->request(coord, std::chrono::seconds(30), reg_worker_atom::value, hello)
       .then([=](const Assignment& a) { control->assign(a); },
@@ -77,8 +134,9 @@ worker_actor::behavior_type worker_fn(worker_actor::stateful_pointer<WorkerState
               control->assign(none);
             });
   return {
-      [=](abort_atom, const std::string& reason) { control->abort(reason); },
-      [=](drain_atom, int64_t step) { control->drain_after = step; },
+      [=](abort_atom, int32_t generation, const std::string& reason) { control->abort(generation, reason); },
+      [=](drain_atom, int32_t generation, int64_t step) { control->drain(generation, step); },
+      [=](assign_atom, const Assignment& a) { control->assign(a); },
       [=](where_atom) -> std::string {
         std::lock_guard<std::mutex> lock(control->mu);
         return control->engine ? control->engine->where() : control->phase;
@@ -178,7 +236,6 @@ WorkerResult train(const Assignment& a, const coordinator_actor& coord, const wo
     };
     {
       std::lock_guard<std::mutex> lock(control.mu);
-      control.phase = "building the engine";
       if (control.aborted) throw EngineAborted();
     }
     Engine engine(spec, ea);
@@ -272,34 +329,50 @@ int run_worker(const WorkerOptions& o) {
                     host_name(),
                     token};
   auto self_actor = sys.spawn(worker_fn, *coord, hello, control);
-  Assignment a = control->assignment.get_future().get();
+  // The registration answers within its 30 s timeout (or the down handler does).
+  Assignment a = control->next_assignment(std::chrono::minutes(1));
   if (!a.refused.empty()) {
     std::cerr << "troupe worker: refused: " << a.refused << "\n";
     caf::anon_send_exit(self_actor, caf::exit_reason::user_shutdown);
     return 3;
   }
-  std::cout << "assignment: " << a.place << " of layout " << plan::Layout{a.dp, a.pp, a.tp}.str()
-            << std::endl;
-
   // On one host the ranks talk over loopback; across hosts over the address the
   // coordinator reaches this host by, unless the agent named one.
   std::cout << "data plane: " << data_address << std::endl;
 
   WorkerResult result;
-  auto store = make_coordinator_store(sys, *coord, a.job_id, a.generation);
-  std::thread engine_thread([&] { result = train(a, *coord, self_actor, *control, store, data_address); });
-  engine_thread.join();
-  if (!result.ok) std::cerr << "troupe worker: " << result.error_name << ": " << result.message << std::endl;
+  for (bool first = true;; first = false) {
+    std::cout << (first ? "" : "generation " + std::to_string(a.generation) + ": ")
+              << "assignment: " << a.place << " of layout " << plan::Layout{a.dp, a.pp, a.tp}.str()
+              << (a.resume_from.empty() ? "" : ", resuming from " + a.resume_from) << std::endl;
+    control->begin(a.generation);
+    auto store = make_coordinator_store(sys, *coord, a.job_id, a.generation);
+    std::thread engine_thread([&] { result = train(a, *coord, self_actor, *control, store, data_address); });
+    engine_thread.join();
+    result.stays = !result.ok && stays_after(result.error_name);
+    if (!result.ok)
+      std::cerr << "troupe worker: " << result.error_name << ": " << result.message << std::endl;
 
-  // The coordinator acknowledges the result before this process exits, so it
-  // learns why a rank ended before its agent reports the exit.
-  caf::scoped_actor self{sys};
-  self->request(*coord, std::chrono::seconds(10), worker_done_atom::value, result)
-      .receive([](bool) {},
-               [&](caf::error& e) {
-                 std::cerr << "troupe worker: the coordinator did not take the result: " << sys.render(e)
-                           << "\n";
-               });
+    // The coordinator acknowledges the result before this process exits or waits, so it
+    // learns why a rank ended before its agent reports the exit.
+    bool taken = false;
+    caf::scoped_actor self{sys};
+    self->request(*coord, std::chrono::seconds(10), worker_done_atom::value, result)
+        .receive([&](bool) { taken = true; },
+                 [&](caf::error& e) {
+                   std::cerr << "troupe worker: the coordinator did not take the result: " << sys.render(e)
+                             << "\n";
+                 });
+    if (!result.stays || !taken) break;
+    std::cout << "generation " << a.generation << " ended (" << result.error_name
+              << "): waiting for the next assignment" << std::endl;
+    a = control->next_assignment(kParkedWait);
+    if (!a.refused.empty()) {
+      std::cout << "troupe worker: " << a.refused << std::endl;
+      result.ok = a.refused.rfind("no later generation", 0) == 0;  // released, not failed
+      break;
+    }
+  }
   caf::anon_send_exit(self_actor, caf::exit_reason::user_shutdown);
   return result.ok ? 0 : 1;
 }

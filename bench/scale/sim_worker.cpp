@@ -276,7 +276,7 @@ caf::behavior sim_worker_fn(self_ptr self, coordinator_actor coord, SimWorkerCon
             end(self, 1);
           });
   return {
-      [=](abort_atom, const std::string& reason) {
+      [=](abort_atom, int32_t, const std::string& reason) {
         auto& st = self->state;
         if (st.ended || st.where == "aborted") return;
         st.sink->emit("abort " + key_of(st) + " " + std::to_string(now_ns()));
@@ -285,7 +285,10 @@ caf::behavior sim_worker_fn(self_ptr self, coordinator_actor coord, SimWorkerCon
         fail(self, "aborted", reason);
       },
       [=](where_atom) -> std::string { return self->state.where; },
-      [=](drain_atom, int64_t step) { self->state.drain_after = step; },
+      [=](drain_atom, int32_t, int64_t step) { self->state.drain_after = step; },
+      // A simulated rank never stays for a later generation (its WorkerResult says so): the
+      // coordinator sends it none.
+      [=](assign_atom, const Assignment&) {},
       [=](sim_step_atom) { one_step(self); },
   };
 }

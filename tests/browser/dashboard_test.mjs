@@ -327,7 +327,7 @@ async function main() {
     const overlaps = await overlappingStepLabels(page, chart);
     if (overlaps.length) throw new Error(`labels overlap on the step axis of #${chart}: ${overlaps.join(', ')}`);
   }
-  await runningJobPage(page, next, workers.map((w) => w.pid));
+  await runningJobPage(page, next, victim.pid, workers.filter((w) => w !== victim).map((w) => w.pid));
   checkConsole();
   await screenshot(page, 'dashboard-job.png', ['#job-header', '#loss-chart', '#tps-chart', '#workers']);
   await page.evaluate(() => (location.hash = '#/'));
@@ -429,7 +429,9 @@ async function olderCoordinatorAnswers(page, jobPath, token) {
 // the new generation's line (and the older one's, faded) and a mark where the new one starts;
 // the worker grid (layout 2x1x1) holds one block per data-parallel replica, each with one stage
 // and one cell, for ranks 0 and 1, live, by pids that none of the killed generation had.
-async function runningJobPage(page, gen, oldPids) {
+// The page of a 2x1x1 job whose generation `gen` replaced the killed `victimPid`: the other
+// rank kept its process (`keptPids`).
+async function runningJobPage(page, gen, victimPid, keptPids) {
   for (const [chart, series] of [['loss-chart', 'loss'], ['tps-chart', 'tps']]) {
     const d = await waitFor(`#${chart} with a line of generation ${gen} after the earlier one's`, async () => {
       const c = await chartDrawing(page, chart);
@@ -444,10 +446,10 @@ async function runningJobPage(page, gen, oldPids) {
   }
   const grid = await waitFor(`worker grid of generation ${gen}`, async () => {
     const g = await workerGrid(page);
-    const live = g.cells.filter((c) => c.pid > 0 && !oldPids.includes(c.pid) &&
+    const live = g.cells.filter((c) => c.pid > 0 && c.pid !== victimPid &&
                                        !/\b(exited|done|waiting)\b/.test(c.cls) &&
                                        c.text.includes('rank ' + c.rank) && c.text.includes('pid ' + c.pid));
-    if (live.length === 2 && g.cells.length === 2) return g;
+    if (live.length === 2 && g.cells.length === 2 && keptPids.every((p) => live.some((c) => c.pid === p))) return g;
     throw new Error(JSON.stringify(g.cells));
   });
   const ranks = grid.cells.map((c) => c.rank).sort().join(',');
@@ -455,7 +457,7 @@ async function runningJobPage(page, gen, oldPids) {
   if (ranks !== '0,1' || blocks.length !== 2 || grid.blocks.some((b, d) => b.title !== 'data-parallel replica ' + d ||
                                                                      b.stages !== 1 || b.ranks.length !== 1))
     throw new Error(`the worker grid of a 2x1x1 job: ${JSON.stringify(grid)}`);
-  log(`generation ${gen}: ${blocks.join('; ')}; pids ${grid.cells.map((c) => c.pid).join(', ')} (killed generation: ${oldPids.join(', ')})`);
+  log(`generation ${gen}: ${blocks.join('; ')}; pids ${grid.cells.map((c) => c.pid).join(', ')} (killed: ${victimPid}, kept: ${keptPids.join(', ')})`);
   if ((await text(page, '#job-state')) !== 'running') throw new Error('the job is no longer running');
 }
 

@@ -378,6 +378,13 @@ struct Running {
     for (int r = 0; r < static_cast<int>(j->ranks.size()); ++r)
       f.st.register_worker(7, job, j->generation, r, j->ranks[r].host, 100 + r, &a);
   }
+  // The survivors of the generation that ended report it and wait (as worker processes do).
+  void park_survivors() {
+    Actions a;
+    const Job& jb = j();
+    for (const Survivor& v : std::vector<Survivor>(jb.survivors))
+      f.st.worker_failed(job, v.generation, v.rank, FailureCause::aborted, "aborted", &a, true);
+  }
   const Job& j() const { return *f.st.job(job); }
 };
 
@@ -441,6 +448,147 @@ TEST_CASE("recovery: a killed rank aborts every survivor and relaunches generati
   CHECK(has_state_event(t, r.job, "launching"));
   r.register_all();
   CHECK(r.j().state == JobState::running);
+}
+
+TEST_CASE("survivors: the killed rank alone is relaunched, its peers keep their process, device and rank",
+          "[recovery][survivors]") {
+  Running r(4, 2, elastic(2));
+  REQUIRE(r.j().state == JobState::running);
+  Actions x;
+  r.f.st.worker_exited(r.job, 0, 2, 102, -1, 9, &x);
+  CHECK(r.j().state == JobState::recovering);
+  // Every survivor is aborted; nothing of theirs is killed; the killed rank's devices are free.
+  CHECK(x.aborts.size() == 3);
+  for (const auto& k : x.kills) {
+    REQUIRE(k.ranks.size() == 1);
+    CHECK(k.ranks[0] == 2);
+  }
+  REQUIRE(r.j().survivors.size() == 3);
+  CHECK(r.f.st.registry().free("cpu") == 1);
+  // Until they report the end of their generation, the relaunch waits for them.
+  Actions early;
+  r.f.st.tick(now_ms() + 150, &early);
+  CHECK(r.j().state == JobState::recovering);
+  r.park_survivors();
+  Actions t;
+  r.f.st.tick(now_ms() + 1000, &t);
+  CHECK(r.j().state == JobState::launching);
+  REQUIRE(t.launches.size() == 1);
+  CHECK(t.launches[0].rank == 2);
+  CHECK(t.launches[0].generation == 1);
+  REQUIRE(t.reassigns.size() == 3);
+  for (const auto& g : t.reassigns) {
+    CHECK(g.from_generation == 0);
+    CHECK(g.generation == 1);
+    CHECK(g.rank != 2);
+  }
+  CHECK(r.j().ranks[0].registered);
+  CHECK(r.j().ranks[0].pid == 100);
+  CHECK(r.j().ranks[0].launch_generation == 0);
+  CHECK(r.j().ranks[2].launch_generation == 1);
+  CHECK(r.j().resume_from == r.j().run_dir + "/ckpt/step_000004");
+  CHECK(r.j().survivors.empty());
+  CHECK(r.f.st.registry().free("cpu") == 0);
+  Actions reg;
+  CHECK(r.f.st.register_worker(7, r.job, 1, 2, "h2", 200, &reg).refused.empty());
+  CHECK(r.j().state == JobState::running);
+
+  // The agent knows a survivor by its launch (generation 0): its death fails generation 1 by name.
+  Actions d;
+  r.f.st.worker_exited(r.job, 0, 1, 101, -1, 9, &d);
+  CHECK(r.j().state == JobState::recovering);
+  REQUIRE(r.j().failures.size() == 2);
+  CHECK(r.j().failures[1]["generation"] == 1);
+  CHECK(r.j().failures[1]["rank"] == 1);
+  CHECK(r.j().failures[1]["cause"] == "worker_killed");
+  // A rank of generation 0's launch that is no survivor now: its exit changes nothing.
+  Actions stale;
+  r.f.st.worker_exited(r.job, 0, 2, 102, -1, 9, &stale);
+  CHECK(stale.events.empty());
+}
+
+TEST_CASE("survivors: a rank reporting a peer's failure stays, one that never reports is replaced",
+          "[recovery][survivors]") {
+  Running r(2, 2, elastic(2));
+  Actions x;
+  // Rank 0 sees its peer fail through the data plane first and stays for the next generation.
+  // Its report names no culprit: the failure waits a moment for one.
+  r.f.st.worker_failed(r.job, 0, 0, FailureCause::comm_peer_lost, "peer lost", &x, true);
+  CHECK(r.j().state == JobState::running);
+  Actions none;
+  r.f.st.tick(now_ms(), &none);
+  CHECK(r.j().state == JobState::running);
+  Actions g;
+  r.f.st.tick(now_ms() + 1000, &g);
+  REQUIRE(r.j().state == JobState::recovering);
+  CHECK(r.j().failures[0]["rank"] == 0);
+  CHECK(r.j().failures[0]["cause"] == "comm_peer_lost");
+  REQUIRE(r.j().survivors.size() == 2);  // nobody is blamed yet
+  CHECK(r.j().survivors[0].parked);
+  CHECK_FALSE(r.j().survivors[1].parked);
+  // Rank 1 never reports (a stopped process): past the wait it is released, killed and replaced.
+  Actions t;
+  r.f.st.tick(now_ms() + 5000, &t);
+  CHECK(r.j().state == JobState::launching);
+  REQUIRE(t.releases.size() == 1);
+  CHECK(t.releases[0].rank == 1);
+  bool killed = false;
+  for (const auto& k : t.kills)
+    for (size_t i = 0; i < k.ranks.size(); ++i) killed = killed || (k.ranks[i] == 1 && k.generations[i] == 0);
+  CHECK(killed);
+  REQUIRE(t.launches.size() == 1);
+  CHECK(t.launches[0].rank == 1);
+  REQUIRE(t.reassigns.size() == 1);
+  CHECK(t.reassigns[0].rank == 0);
+}
+
+TEST_CASE("survivors: a peer's report waits for the culprit's, which names the failure",
+          "[recovery][survivors]") {
+  Running r(2, 2, elastic(2));
+  Actions x;
+  r.f.st.worker_failed(r.job, 0, 0, FailureCause::comm_peer_lost, "peer lost", &x, true);
+  r.f.st.worker_exited(r.job, 0, 1, 101, -1, 9, &x);
+  REQUIRE(r.j().state == JobState::recovering);
+  REQUIRE(r.j().failures.size() == 1);
+  CHECK(r.j().failures[0]["rank"] == 1);
+  CHECK(r.j().failures[0]["cause"] == "worker_killed");
+  REQUIRE(r.j().survivors.size() == 1);
+  CHECK(r.j().survivors[0].rank == 0);
+  CHECK(r.j().survivors[0].parked);  // its report is in hand
+  Actions t;
+  r.f.st.tick(now_ms() + 1000, &t);
+  CHECK(r.j().failures.size() == 1);  // the peer's report made no second failure
+  REQUIRE(t.launches.size() == 1);
+  CHECK(t.launches[0].rank == 1);
+  REQUIRE(t.reassigns.size() == 1);
+}
+
+TEST_CASE("survivors: a layout change or the job's end releases them", "[recovery][survivors]") {
+  // Shrink: an agent lost with two ranks, min_devices 2: data 4 -> 2, nobody keeps a place.
+  Running r(4, 2, elastic(2, 2));
+  Actions x;
+  r.f.st.remove_agent(r.a2, &x);
+  r.park_survivors();
+  REQUIRE(r.j().survivors.size() == 2);
+  Actions t;
+  r.f.st.tick(now_ms() + 1000, &t);
+  CHECK(r.j().layout.str() == "2x1x1");
+  CHECK(t.releases.size() == 2);
+  CHECK(t.reassigns.empty());
+  CHECK(t.launches.size() == 2);
+
+  // Cancelled while recovering: the survivors are told and killed, their devices freed.
+  Running q(2, 2, elastic(2));
+  Actions y;
+  q.f.st.worker_exited(q.job, 0, 1, 101, -1, 9, &y);
+  REQUIRE(q.j().survivors.size() == 1);
+  Actions c;
+  std::string why;
+  REQUIRE(q.f.st.cancel(q.job, "cancelled by user", &c, &why));
+  REQUIRE(c.releases.size() == 1);
+  CHECK(c.releases[0].rank == 0);
+  CHECK(q.j().survivors.empty());
+  CHECK(q.f.st.registry().free("cpu") == 4);
 }
 
 TEST_CASE(
@@ -584,6 +732,7 @@ TEST_CASE("recovery: below min_devices the job waits for replacements, then fail
   Running r(4, 2, req);
   Actions x;
   r.f.st.remove_agent(r.a2, &x);
+  r.park_survivors();
   double t0 = now_ms() + 1000;
   Actions t;
   r.f.st.tick(t0, &t);
@@ -612,6 +761,7 @@ TEST_CASE("recovery: the data size keeps global_batch divisible by data x micro_
   Running r(3, 3, req);
   Actions x;
   r.f.st.worker_exited(r.job, 0, 0, 100, -1, 9, &x);
+  r.park_survivors();
   // The released devices are free again: data 3 fits.
   Actions t;
   r.f.st.tick(now_ms() + 1000, &t);
