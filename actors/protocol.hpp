@@ -132,6 +132,12 @@ struct Assignment {
   std::string run_dir;      // runs/<name>-<id>
   std::string resume_from;  // checkpoint directory, "" = fresh
   int64_t first_step = 0;
+  // Resume from the in-memory snapshot of this step (the step it continues with; -1 = from
+  // resume_from): a survivor from its own, a new rank from a replica in its data-parallel group.
+  int64_t memory_step = -1;
+  // With memory_step: the rank whose snapshot every rank of this rank's data-parallel group
+  // receives (a new rank joined it; -1 = none: every member holds its own).
+  int32_t heal_root = -1;
 };
 
 // One optimizer step as seen by one rank.
@@ -164,6 +170,10 @@ struct WorkerResult {
   // !ok: the process keeps running and waits for the Assignment of a later generation (its
   // generation was aborted under it, or a peer failed it); false: it exits.
   bool stays = false;
+  // The steps whose in-memory snapshot the process holds (it continues with each), and
+  // whether a replica of its data-parallel group may be healed from them (train.zero 0).
+  std::vector<int64_t> snapshots;
+  bool replicated = false;
 };
 
 // SIGKILL the worker processes an agent launched as (job, generations[i], ranks[i]).
@@ -242,7 +252,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, Assignment& x) {
   return f(caf::meta::type_name("Assignment"), x.refused, x.job_id, x.generation, x.rank, x.world, x.dp, x.pp,
            x.tp, x.dp_index, x.pp_index, x.tp_index, x.micro_batch, x.chunk_boundaries, x.place, x.device,
-           x.spec_yaml, x.run_dir, x.resume_from, x.first_step);
+           x.spec_yaml, x.run_dir, x.resume_from, x.first_step, x.memory_step, x.heal_root);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepMetrics& x) {
@@ -253,7 +263,7 @@ typename Inspector::result_type inspect(Inspector& f, StepMetrics& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, WorkerResult& x) {
   return f(caf::meta::type_name("WorkerResult"), x.job_id, x.generation, x.rank, x.ok, x.error_name,
-           x.message, x.drained, x.stays);
+           x.message, x.drained, x.stays, x.snapshots, x.replicated);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, KillRequest& x) {

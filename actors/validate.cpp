@@ -83,6 +83,9 @@ std::string check(WorkerResult& m) {
   // A failure report is kept even when its text is odd: the text is repaired.
   m.error_name = sanitize_utf8(m.error_name, kMaxId);
   m.message = sanitize_utf8(m.message, kMaxText);
+  if (m.snapshots.size() > 2) return "more than two snapshots";
+  for (int64_t n : m.snapshots)
+    if (n < 0) return "negative snapshot step";
   return "";
 }
 

@@ -105,6 +105,8 @@ Assignment assignment_of(const Job& j, int rank) {
   out.spec_yaml = j.spec_yaml;  // the generation's (an auto job's: planned)
   out.resume_from = j.resume_from;
   out.run_dir = j.run_dir;
+  out.memory_step = j.memory_step;
+  if (j.memory_step >= 0 && rank < static_cast<int>(j.heal_roots.size())) out.heal_root = j.heal_roots[rank];
   return out;
 }
 
@@ -376,7 +378,8 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
             self->state.st->worker_done(r.job_id, r.generation, r.rank, r.drained, &a);
           else  // the name is the peer's: only a cause a worker reports is believed
             self->state.st->worker_failed(r.job_id, r.generation, r.rank,
-                                          reported_failure_cause(r.error_name), r.message, &a, r.stays);
+                                          reported_failure_cause(r.error_name), r.message, &a, r.stays,
+                                          r.snapshots, r.replicated);
           apply(self, std::move(a));
         } catch (const std::exception& e) {
           internal_error("worker result", e);

@@ -334,8 +334,8 @@ void CoordinatorState::keep_survivors(Job& job, int blamed) {
   for (size_t r = 0; r < job.ranks.size(); ++r) {
     const RankSlot& s = job.ranks[r];
     if (static_cast<int>(r) == blamed || !s.registered || s.done || s.exited) continue;
-    job.survivors.push_back(
-        Survivor{static_cast<int>(r), job.generation, s.launch_generation, s.pid, s.device, s.host, s.stays});
+    job.survivors.push_back(Survivor{static_cast<int>(r), job.generation, s.launch_generation, s.pid,
+                                     s.device, s.host, s.stays, s.snapshots, s.replicated});
   }
 }
 
@@ -484,6 +484,7 @@ void CoordinatorState::step(const std::string& job_id, int generation, const Ste
   if (!line) return;
   j->last_step = sample.step;
   j->stepped = true;
+  j->memory_failed = false;
   j->last_loss = (*line)["loss"].get<double>();
   double now = now_ms();
   if (j->first_step_ms == 0) j->first_step_ms = now;
@@ -525,7 +526,8 @@ void CoordinatorState::worker_done(const std::string& job_id, int generation, in
 }
 
 void CoordinatorState::worker_failed(const std::string& job_id, int generation, int rank, FailureCause cause,
-                                     const std::string& message, Actions* out, bool stays) {
+                                     const std::string& message, Actions* out, bool stays,
+                                     const std::vector<int64_t>& snapshots, bool replicated) {
   Job* old = find(job_id);
   if (old && old->generation != generation && !is_terminal(old->state)) {
     // The report of a generation that already ended: a survivor says it is ready, or going.
@@ -533,6 +535,8 @@ void CoordinatorState::worker_failed(const std::string& job_id, int generation, 
       if (it->generation != generation || it->rank != rank) continue;
       if (stays) {
         it->parked = true;
+        it->snapshots = snapshots;
+        it->replicated = replicated;
       } else {
         registry_.release_device(old->id, it->device);  // its process exits
         old->survivors.erase(it);
@@ -548,6 +552,8 @@ void CoordinatorState::worker_failed(const std::string& job_id, int generation, 
     // A peer failed it: the peer's own report (its exit, its lost connection) names the
     // culprit, and usually follows within milliseconds. tick() decides if none does.
     j->ranks[rank].stays = true;
+    j->ranks[rank].snapshots = snapshots;
+    j->ranks[rank].replicated = replicated;
     if (!j->peer_report && j->state != JobState::recovering)
       j->peer_report =
           Job::PeerReport{rank, cause, "rank " + std::to_string(rank) + ": " + message, now_ms()};

@@ -62,13 +62,15 @@ struct RankSlot {
   // The generation whose launch started this rank's process: its agent knows it by
   // (job, launch_generation, rank). Older than the job's generation for a survivor.
   int launch_generation = 0;
-  bool registered = false;  // the worker process asked for its assignment
-  bool done = false;        // it reported success
-  bool drained = false;     // with done: it stopped after the checkpoint of a resize
-  bool exited = false;      // its agent reaped it
-  bool stays = false;       // it reported a failure a peer caused and waits for the next generation
-  std::string where;        // its last answer to "where are you" ("" = none yet)
-  double where_ms = 0;      // when it answered
+  bool registered = false;         // the worker process asked for its assignment
+  bool done = false;               // it reported success
+  bool drained = false;            // with done: it stopped after the checkpoint of a resize
+  bool exited = false;             // its agent reaped it
+  bool stays = false;              // it reported a failure a peer caused and waits for the next generation
+  std::vector<int64_t> snapshots;  // with stays: the steps of its in-memory snapshots
+  bool replicated = false;         // with stays: a data-parallel replica may be healed from them
+  std::string where;               // its last answer to "where are you" ("" = none yet)
+  double where_ms = 0;             // when it answered
 };
 
 // A rank's worker process that outlived its generation (a peer failed) and may serve the
@@ -80,7 +82,9 @@ struct Survivor {
   int pid = 0;
   DeviceRef device;
   std::string host;
-  bool parked = false;  // it reported the end of its generation and waits for an assignment
+  bool parked = false;             // it reported the end of its generation and waits for an assignment
+  std::vector<int64_t> snapshots;  // the steps of its in-memory snapshots (the step each continues with)
+  bool replicated = false;         // a data-parallel replica may be healed from them (train.zero 0)
 };
 
 struct Job {
@@ -108,6 +112,12 @@ struct Job {
     double at_ms = 0;
   };
   std::optional<PeerReport> peer_report;
+  // The current generation continues from in-memory snapshots of this step (-1: from
+  // resume_from), each rank of a data-parallel group that took in a new rank receiving
+  // heal_roots[its rank]'s (-1: its own).
+  int64_t memory_step = -1;
+  std::vector<int> heal_roots;
+  bool memory_failed = false;  // a generation resumed from memory failed before its first step
   std::unique_ptr<MetricsAggregator> metrics;
   int64_t last_step = -1;
   double last_loss = 0;
@@ -255,7 +265,8 @@ class CoordinatorState {
   // its process waits for a later generation (it was aborted, or a peer failed it); a rank
   // of a generation that already ended so becomes a parked survivor.
   void worker_failed(const std::string& job_id, int generation, int rank, FailureCause cause,
-                     const std::string& message, Actions* out, bool stays = false);
+                     const std::string& message, Actions* out, bool stays = false,
+                     const std::vector<int64_t>& snapshots = {}, bool replicated = false);
   // The connection to a survivor of an ended generation broke: it serves no other.
   void survivor_lost(const std::string& job_id, int generation, int rank, Actions* out);
   // The agent reaped the process: exit_code >= 0, or the signal that ended it.
@@ -362,6 +373,9 @@ class CoordinatorState {
   // A recovering job without the devices it needs: fails with no_devices past its deadline,
   // else waits (a `waiting` event when the reason changes).
   void wait_for_devices(Job& job, double now, const std::string& why, Actions* out);
+  // Decides whether the relaunch that keeps job.survivors continues from in-memory snapshots
+  // (job.memory_step, job.heal_roots) or from the checkpoint at `disk_step`; says which in `out`.
+  void plan_memory_resume(Job& job, int64_t disk_step, Actions* out);
   // Launches generation + 1 of `job` on `devices` from its newest verified checkpoint.
   void relaunch_from_checkpoint(Job& job, const Layout& from, const std::vector<DeviceRef>& devices,
                                 Actions* out);

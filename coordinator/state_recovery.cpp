@@ -25,6 +25,7 @@ void CoordinatorState::on_failure(Job& job, FailureCause cause, const std::strin
                                   Actions* out, bool rank_stays) {
   if (is_terminal(job.state) || job.state == JobState::recovering) return;
   job.peer_report.reset();
+  if (!job.stepped && job.memory_step >= 0) job.memory_failed = true;
   const std::string name = to_string(cause);
   // Judged on the failures before this one.
   const FailureVerdict verdict = judge_failure(job, cause, message);
@@ -171,6 +172,70 @@ void CoordinatorState::relaunch_auto(Job& job, double now, Actions* out) {
   relaunch_from_checkpoint(job, from, *devices, out);
 }
 
+// N of a checkpoint directory ".../step_<N>" (the step it continues with); -1 for none.
+static int64_t checkpoint_step(const std::string& dir) {
+  const auto p = dir.rfind("step_");
+  if (p == std::string::npos || p + 5 >= dir.size()) return -1;
+  int64_t n = 0;
+  for (size_t i = p + 5; i < dir.size(); ++i) {
+    if (dir[i] < '0' || dir[i] > '9' || n > (int64_t(1) << 50)) return -1;
+    n = n * 10 + (dir[i] - '0');
+  }
+  return n;
+}
+
+void CoordinatorState::plan_memory_resume(Job& job, int64_t disk_step, Actions* out) {
+  job.memory_step = -1;
+  job.heal_roots.assign(size_t(job.layout.world()), -1);
+  if (job.survivors.empty()) return;
+  auto no = [&](const std::string& why) {
+    out->events.push_back({{"event", "log"},
+                           {"job", job.id},
+                           {"message", "in-memory snapshots not used: " + why + "; resuming from " +
+                                           (job.resume_from.empty() ? "scratch" : job.resume_from)}});
+  };
+  if (job.memory_failed) return no("the last generation that resumed from them failed before its first step");
+  // The newest step every rank completed: the last one every rank reported, and no newer
+  // than any survivor's newest snapshot.
+  int64_t n = job.last_step + 1;
+  for (const Survivor& v : job.survivors) {
+    if (v.snapshots.empty())
+      return no("rank " + std::to_string(v.rank) + " holds none (checkpoint.memory_every 0, or a GPU rank)");
+    n = std::min(n, *std::max_element(v.snapshots.begin(), v.snapshots.end()));
+  }
+  if (n < disk_step) return no("the checkpoint on disk is newer (step " + std::to_string(disk_step) + ")");
+  for (const Survivor& v : job.survivors)
+    if (std::find(v.snapshots.begin(), v.snapshots.end(), n) == v.snapshots.end())
+      return no("rank " + std::to_string(v.rank) + " no longer holds step " + std::to_string(n));
+  // Each rank started anew receives a data-parallel replica's state: the lowest surviving
+  // rank of its group sends it to the whole group.
+  const Layout& l = job.layout;
+  std::vector<const Survivor*> by_rank(size_t(l.world()), nullptr);
+  for (const Survivor& v : job.survivors)
+    if (v.rank >= 0 && v.rank < l.world()) by_rank[size_t(v.rank)] = &v;
+  for (int r = 0; r < l.world(); ++r) {
+    if (by_rank[size_t(r)]) continue;
+    const int t = r % l.tp, p = (r / l.tp) % l.pp;
+    int root = -1;
+    for (int d = 0; d < l.dp && root < 0; ++d) {
+      const int q = (d * l.pp + p) * l.tp + t;
+      if (by_rank[size_t(q)] && by_rank[size_t(q)]->replicated) root = q;
+    }
+    if (root < 0)
+      return no(l.dp == 1
+                    ? "rank " + std::to_string(r) + " has no data-parallel replica to receive its state from"
+                    : "rank " + std::to_string(r) +
+                          "'s data-parallel replicas hold sharded state (train.zero)");
+    for (int d = 0; d < l.dp; ++d) job.heal_roots[size_t((d * l.pp + p) * l.tp + t)] = root;
+  }
+  job.memory_step = n;
+  out->events.push_back(
+      {{"event", "log"},
+       {"job", job.id},
+       {"message", "resuming from in-memory snapshots of step " + std::to_string(n) +
+                       " (the checkpoint on disk is of step " + std::to_string(disk_step) + ")"}});
+}
+
 void CoordinatorState::relaunch_from_checkpoint(Job& job, const Layout& from,
                                                 const std::vector<DeviceRef>& devices, Actions* out) {
   std::vector<std::string> skipped;
@@ -178,6 +243,7 @@ void CoordinatorState::relaunch_from_checkpoint(Job& job, const Layout& from,
   for (const auto& s : skipped)
     out->events.push_back({{"event", "log"}, {"job", job.id}, {"message", "checkpoint skipped: " + s}});
   job.resume_from = ckpt.empty() ? job.request.resume_from : ckpt;
+  plan_memory_resume(job, checkpoint_step(job.resume_from), out);
   nlohmann::json kept = nlohmann::json::array();
   for (const Survivor& v : job.survivors) kept.push_back(v.rank);
   out->events.push_back({{"event", "relaunch"},
@@ -186,7 +252,8 @@ void CoordinatorState::relaunch_from_checkpoint(Job& job, const Layout& from,
                          {"from_layout", from.str()},
                          {"layout", job.layout.str()},
                          {"resume_from", job.resume_from},
-                         {"kept_ranks", kept}});
+                         {"kept_ranks", kept},
+                         {"memory_step", job.memory_step}});
   launch(job, devices, out);
 }
 

@@ -109,7 +109,8 @@ bool operator==(const ResourcesSpec& a, const ResourcesSpec& b) {
          a.memory_per_device == b.memory_per_device && a.hardware == b.hardware;
 }
 bool operator==(const CheckpointSpec& a, const CheckpointSpec& b) {
-  return a.dir == b.dir && a.every == b.every && a.keep == b.keep && a.async == b.async;
+  return a.dir == b.dir && a.every == b.every && a.keep == b.keep && a.async == b.async &&
+         a.memory_every == b.memory_every;
 }
 bool operator==(const FaultSpec& a, const FaultSpec& b) {
   return a.max_restarts == b.max_restarts && a.heartbeat == b.heartbeat && a.step_timeout == b.step_timeout;
@@ -485,6 +486,7 @@ std::string to_yaml(const JobSpec& s) {
   y << "  dir: " << quote(s.checkpoint.dir) << "\n";
   y << "  every: " << s.checkpoint.every << "\n";
   y << "  keep: " << s.checkpoint.keep << "\n";
+  y << "  memory_every: " << s.checkpoint.memory_every << "\n";
   y << "  async: " << (s.checkpoint.async ? "true" : "false") << "\n";
   y << "fault:\n";
   y << "  max_restarts: " << s.fault.max_restarts << "\n";

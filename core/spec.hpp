@@ -166,6 +166,9 @@ struct CheckpointSpec {
   int64_t every = 0;  // 0 = off
   int keep = 3;
   bool async = true;
+  // A snapshot of the rank's training state in host memory every this many steps (two kept),
+  // from which survivors of a failure continue; 0 = off. CPU ranks only.
+  int64_t memory_every = 1;
 };
 
 struct FaultSpec {

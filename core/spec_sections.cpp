@@ -85,6 +85,11 @@ const Table& checkpoint_table() {
                    "checkpoint.keep is how many checkpoints to keep, 1 or more");
        }},
       {"async", [](S& s, K& k, JobSpec& j) { s.boolean(k, j.checkpoint.async); }},
+      {"memory_every",
+       [](S& s, K& k, JobSpec& j) {
+         s.integer(k, j.checkpoint.memory_every, 0, kI64Max, false,
+                   "checkpoint.memory_every is 0 (off) or a step interval >= 1");
+       }},
   }};
   return t;
 }

@@ -13,6 +13,7 @@
 #include "model/from_spec.hpp"
 #include "worker/device.hpp"
 #include "worker/engine_impl.hpp"
+#include "worker/memory_snapshot.hpp"
 
 namespace troupe {
 
@@ -144,7 +145,13 @@ Engine::Impl::Impl(const JobSpec& s, const EngineAssignment& a)
         *ctx.alloc);
   tokens.resize(size_t(plan.micro_batch) * T);
   targets.resize(size_t(plan.micro_batch) * T);
-  if (!a.resume_from.empty())
+  if (a.memory_step >= 0) {
+    // A survivor continues from its own snapshot; a new rank gets its replica's (heal_root).
+    if (a.snapshots && a.snapshots->find(a.memory_step)) restore_memory(a.memory_step);
+    if (a.heal_root >= 0) heal_from_replica(a.heal_root);
+    TROUPE_CHECK(next_step == a.memory_step, "no in-memory snapshot of step ", a.memory_step,
+                 " here and no replica to receive it from");
+  } else if (!a.resume_from.empty())
     resume(a.resume_from);
   else if (!s.model.init_from.empty())
     init_from(s.model.init_from);
@@ -254,6 +261,7 @@ std::string to_string(const EngineMemory& m) {
   if (m.grads_kept != m.grads) s += " (" + mib(m.grads_kept) + " kept between buckets)";
   s += ", optimizer " + mib(m.optimizer);
   if (m.zero > 0) s += " (ZeRO " + std::to_string(m.zero) + ")";
+  if (m.snapshots > 0) s += ", in-memory snapshots " + mib(m.snapshots);
   return s;
 }
 
@@ -267,13 +275,14 @@ EngineMemory Engine::memory() const {
   }
   for (const ParamRef& r : impl_->refs) m.optimizer += int64_t(2 * r.numel * sizeof(float));
   m.zero = impl_->zero;
+  if (impl_->memory_snapshots()) m.snapshots = 2 * (m.params + m.optimizer);
   // Released bucket by bucket only where the reducer overlaps the backward (no pipeline).
   m.grads_kept =
       m.zero == 2 && impl_->reducer ? int64_t(impl_->zpart->owned_floats() * sizeof(float)) : m.grads;
   return m;
 }
 std::string Engine::where() const { return impl_->current_where(); }
-bool Engine::resumed() const { return !impl_->asg.resume_from.empty(); }
+bool Engine::resumed() const { return !impl_->asg.resume_from.empty() || impl_->asg.memory_step >= 0; }
 const plan::Plan& Engine::plan() const { return impl_->plan; }
 plan::RankPlace Engine::place() const { return impl_->where_in_plan; }
 

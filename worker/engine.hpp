@@ -25,6 +25,7 @@ namespace troupe {
 namespace model {
 struct DeviceContext;
 }
+class MemorySnapshots;  // worker/memory_snapshot.hpp
 
 // Which part of the job this rank runs (the coordinator's assignment).
 // Ranks sit on the grid of plan/grid.hpp: rank = (d * pp + p) * tp + t.
@@ -36,6 +37,14 @@ struct EngineAssignment {
   std::optional<plan::Plan> plan;
   int generation = 0;
   std::string resume_from;  // checkpoint directory to load ("" = fresh init or model.init_from)
+  // In-memory snapshots (checkpoint.memory_every): where the engine keeps them after its steps
+  // (they outlive it: the worker process owns them); null = none taken.
+  MemorySnapshots* snapshots = nullptr;
+  // Continue from the snapshot of this step instead of resume_from (-1 = no): this rank's own,
+  // or, with heal_root >= 0, the one the data-parallel group receives from rank heal_root
+  // (a replica: train.zero 0).
+  int64_t memory_step = -1;
+  int heal_root = -1;
   // How to build the world communicator when world > 1: backend, store, job and
   // generation (rank, size and group are filled in from the fields above).
   comm::CommConfig comm;
@@ -81,6 +90,7 @@ struct EngineMemory {
   int64_t grads_kept = 0;
   int64_t optimizer = 0;  // AdamW's m and v: this rank's part under ZeRO 1 and 2
   int zero = 0;           // the ZeRO stage in effect (0 without data parallelism)
+  int64_t snapshots = 0;  // host memory of the two in-memory snapshots (checkpoint.memory_every)
 };
 
 // "params 97.2 MiB, grads 97.2 MiB (24.3 MiB kept between buckets), optimizer 48.6 MiB
@@ -103,7 +113,7 @@ class Engine {
   // The step the next call to step() runs (0 for a fresh job, k after resuming at step k).
   int64_t next_step() const;
   bool done() const { return next_step() >= total_steps_; }
-  // True when the engine loaded a checkpoint (assignment.resume_from).
+  // True when the engine loaded a checkpoint (assignment.resume_from) or a snapshot.
   bool resumed() const;
 
   // Runs one optimizer step (all micro-batches, reduction, clipping, AdamW).

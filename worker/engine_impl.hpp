@@ -150,6 +150,14 @@ struct Engine::Impl {
   std::string wait_writer();
   std::string save(const std::string& root);
 
+  // ---- engine_memory.cpp: in-memory snapshots (checkpoint.memory_every)
+
+  bool memory_snapshots() const;
+  std::string memory_fingerprint() const;
+  void take_memory_snapshot();
+  void restore_memory(int64_t step);
+  void heal_from_replica(int root);
+
   // ---- engine_staging.cpp: between host and device
 
   void use_device() const;

@@ -179,6 +179,7 @@ StepReport Engine::Impl::step(const std::atomic<bool>& abort) {
     r.device_bytes = int64_t(st.in_use_bytes);
     r.device_peak_bytes = int64_t(st.peak_in_use_bytes);
   }
+  take_memory_snapshot();
   set_where("idle after step " + std::to_string(s));
   return r;
 }

@@ -29,6 +29,7 @@
 #include "worker/data_address.hpp"
 #include "worker/engine.hpp"
 #include "worker/failure.hpp"
+#include "worker/memory_snapshot.hpp"
 #include "worker/node.hpp"
 #include "worker/train_loop.hpp"
 
@@ -200,7 +201,8 @@ plan::Plan shipped_plan(const Assignment& a, const JobSpec& spec) {
 }
 
 WorkerResult train(const Assignment& a, const coordinator_actor& coord, const worker_actor& me,
-                   Control& control, std::shared_ptr<comm::Store> store, const std::string& comm_host) {
+                   Control& control, std::shared_ptr<comm::Store> store, const std::string& comm_host,
+                   MemorySnapshots& snapshots) {
   WorkerResult res{a.job_id, a.generation, a.rank, false, "", ""};
   try {
     JobSpec spec = parse_spec(a.spec_yaml, a.run_dir + "/spec.yaml");
@@ -210,6 +212,9 @@ WorkerResult train(const Assignment& a, const coordinator_actor& coord, const wo
     ea.plan = shipped_plan(a, spec);
     ea.generation = a.generation;
     ea.resume_from = a.resume_from;
+    ea.snapshots = &snapshots;
+    ea.memory_step = a.memory_step;
+    ea.heal_root = a.heal_root;
     ea.trace_dir = a.run_dir + "/trace";
     // Ranks find each other through the coordinator's store, under (job, generation).
     ea.comm.backend = spec.resources.device == DeviceKind::cuda ? "nccl" : "gloo";
@@ -341,15 +346,25 @@ int run_worker(const WorkerOptions& o) {
   std::cout << "data plane: " << data_address << std::endl;
 
   WorkerResult result;
+  MemorySnapshots snapshots;  // this rank's state after its latest steps, across generations
   for (bool first = true;; first = false) {
+    std::string from = a.resume_from.empty() ? "" : ", resuming from " + a.resume_from;
+    if (a.memory_step >= 0)
+      from = ", resuming from the in-memory snapshot of step " + std::to_string(a.memory_step) +
+             (a.heal_root >= 0 ? " (rank " + std::to_string(a.heal_root) + "'s)" : "");
     std::cout << (first ? "" : "generation " + std::to_string(a.generation) + ": ")
-              << "assignment: " << a.place << " of layout " << plan::Layout{a.dp, a.pp, a.tp}.str()
-              << (a.resume_from.empty() ? "" : ", resuming from " + a.resume_from) << std::endl;
+              << "assignment: " << a.place << " of layout " << plan::Layout{a.dp, a.pp, a.tp}.str() << from
+              << std::endl;
     control->begin(a.generation);
     auto store = make_coordinator_store(sys, *coord, a.job_id, a.generation);
-    std::thread engine_thread([&] { result = train(a, *coord, self_actor, *control, store, data_address); });
+    std::thread engine_thread(
+        [&] { result = train(a, *coord, self_actor, *control, store, data_address, snapshots); });
     engine_thread.join();
     result.stays = !result.ok && stays_after(result.error_name);
+    if (result.stays) {
+      result.snapshots = snapshots.held();
+      result.replicated = snapshots.replicated();
+    }
     if (!result.ok)
       std::cerr << "troupe worker: " << result.error_name << ": " << result.message << std::endl;
 

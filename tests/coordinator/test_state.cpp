@@ -563,6 +563,61 @@ TEST_CASE("survivors: a peer's report waits for the culprit's, which names the f
   REQUIRE(t.reassigns.size() == 1);
 }
 
+TEST_CASE("survivors: the relaunch continues from in-memory snapshots when every place can be filled",
+          "[recovery][survivors][memory]") {
+  // 4x1x1 on two agents of 2: rank 2 dies after every rank reported step 6.
+  JobRequest req = elastic(2);
+  Running r(4, 2, req);
+  Actions s;
+  for (int rank = 0; rank < 4; ++rank)
+    r.f.st.step(r.job, 0, StepSample{rank, 6, 2.0, 1e-3, 64, 10.0, 1.0, {}}, &s);
+  REQUIRE(r.j().last_step == 6);
+  Actions x;
+  r.f.st.worker_exited(r.job, 0, 2, 102, -1, 9, &x);
+  Actions p;
+  for (int rank : {0, 1, 3})
+    r.f.st.worker_failed(r.job, 0, rank, FailureCause::aborted, "aborted", &p, true, {8, 7}, true);
+  Actions t;
+  r.f.st.tick(now_ms() + 1000, &t);
+  REQUIRE(r.j().state == JobState::launching);
+  // Step 7 is the newest step every rank completed (the last one reported: 6).
+  CHECK(r.j().memory_step == 7);
+  // Rank 2's data-parallel group is every rank: the lowest survivor sends to all.
+  REQUIRE(r.j().heal_roots.size() == 4);
+  for (int h : r.j().heal_roots) CHECK(h == 0);
+}
+
+TEST_CASE("survivors: in-memory snapshots are not used, by name, when a place cannot be filled from them",
+          "[recovery][survivors][memory]") {
+  struct Case {
+    std::vector<int64_t> held;
+    bool replicated;
+    std::string why;
+  };
+  for (const Case& c : {Case{{}, true, "holds none"}, Case{{9, 8}, true, "no longer holds step 7"},
+                        Case{{8, 7}, false, "hold sharded state (train.zero)"}}) {
+    INFO(c.why);
+    Running r(2, 2, elastic(2));
+    Actions s;
+    for (int rank = 0; rank < 2; ++rank)
+      r.f.st.step(r.job, 0, StepSample{rank, 6, 2.0, 1e-3, 64, 10.0, 1.0, {}}, &s);
+    Actions x;
+    r.f.st.worker_exited(r.job, 0, 1, 101, -1, 9, &x);
+    r.f.st.worker_failed(r.job, 0, 0, FailureCause::aborted, "aborted", &x, true, c.held, c.replicated);
+    Actions t;
+    r.f.st.tick(now_ms() + 1000, &t);
+    REQUIRE(r.j().state == JobState::launching);
+    CHECK(r.j().memory_step == -1);
+    bool named = false;
+    for (const auto& e : t.events)
+      named = named ||
+              (e["event"] == "log" &&
+               e["message"].get<std::string>().find("in-memory snapshots not used") != std::string::npos &&
+               e["message"].get<std::string>().find(c.why) != std::string::npos);
+    CHECK(named);
+  }
+}
+
 TEST_CASE("survivors: a layout change or the job's end releases them", "[recovery][survivors]") {
   // Shrink: an agent lost with two ranks, min_devices 2: data 4 -> 2, nobody keeps a place.
   Running r(4, 2, elastic(2, 2));

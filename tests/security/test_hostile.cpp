@@ -21,6 +21,16 @@ using nlohmann::json;
 
 namespace {
 
+// Rank 0 of generation 0 reporting its end: ok, or failed with `cause` ("fake").
+actors::WorkerResult result_of(const std::string& job, bool ok, const std::string& cause) {
+  actors::WorkerResult r;
+  r.job_id = job;
+  r.ok = ok;
+  r.error_name = cause;
+  r.message = ok ? "" : "fake";
+  return r;
+}
+
 // An endless job of `dp` ranks that saves a checkpoint every 20 steps.
 std::string endless_spec(const std::string& name, int dp) {
   std::string s = read_file(std::string(TROUPE_SOURCE_DIR) + "/configs/layouts/tiny_dp2_pp1_tp1.yaml");
@@ -32,11 +42,6 @@ std::string endless_spec(const std::string& name, int dp) {
   replace("steps: 10", "steps: " + std::to_string(testing::kEndlessSteps));
   replace("data: 2", "data: " + std::to_string(dp));
   return s + "\ncheckpoint:\n  every: 20\n  keep: 3\nfault:\n  max_restarts: 5\n";
-}
-
-int64_t steps_done(Cluster& c, const std::string& job) {
-  auto s = c.status(job);
-  return s.is_object() ? s.value("steps_done", int64_t{0}) : -1;
 }
 
 // The job trains: `more` steps past where it is now, in the same generation, with no failure.
@@ -193,7 +198,7 @@ TEST_CASE("hostile: an insider with the secret cannot speak for what it is not",
   CHECK(json::parse(*api)["error"] == "unauthorized");
 
   // A fake success of rank 0 is not taken.
-  auto done = insider.ask<bool>(*coord, worker_done_atom::value, WorkerResult{job, 0, 0, true, "", ""});
+  auto done = insider.ask<bool>(*coord, worker_done_atom::value, result_of(job, true, ""));
   REQUIRE(done);
   CHECK(*done == false);
   // Fake metrics never reach metrics.jsonl.
@@ -202,8 +207,8 @@ TEST_CASE("hostile: an insider with the secret cannot speak for what it is not",
   self->send(*coord, step_atom::value, fake);
   // A fake exit report or failure costs no restart.
   self->send(*coord, worker_exit_atom::value, WorkerExit{job, 0, 0, 4242, 1, 0});
-  auto refused_result = insider.ask<bool>(*coord, worker_done_atom::value,
-                                          WorkerResult{job, 0, 0, false, "engine_error", "fake"});
+  auto refused_result =
+      insider.ask<bool>(*coord, worker_done_atom::value, result_of(job, false, "engine_error"));
   REQUIRE(refused_result);
   CHECK(*refused_result == false);
 

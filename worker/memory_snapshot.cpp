@@ -1,0 +1,44 @@
+#include "worker/memory_snapshot.hpp"
+
+namespace troupe {
+
+int64_t RankState::bytes() const {
+  int64_t n = 0;
+  for (const auto& t : tensors) n += int64_t(t.capacity() * sizeof(float));
+  return n;
+}
+
+RankState& MemorySnapshots::begin() {
+  RankState& s = slots_[0].next_step <= slots_[1].next_step ? slots_[0] : slots_[1];
+  s.next_step = -1;
+  return s;
+}
+
+void MemorySnapshots::commit(RankState& slot, int64_t next_step) { slot.next_step = next_step; }
+
+const RankState* MemorySnapshots::find(int64_t next_step) const {
+  for (const auto& s : slots_)
+    if (next_step >= 0 && s.next_step == next_step) return &s;
+  return nullptr;
+}
+
+std::vector<int64_t> MemorySnapshots::held() const {
+  std::vector<int64_t> out;
+  const int newer = slots_[0].next_step >= slots_[1].next_step ? 0 : 1;
+  for (int i : {newer, 1 - newer})
+    if (slots_[i].next_step >= 0) out.push_back(slots_[i].next_step);
+  return out;
+}
+
+bool MemorySnapshots::replicated() const {
+  const RankState& newest = slots_[0].next_step >= slots_[1].next_step ? slots_[0] : slots_[1];
+  return newest.next_step >= 0 && newest.replicated;
+}
+
+int64_t MemorySnapshots::bytes() const { return slots_[0].bytes() + slots_[1].bytes(); }
+
+void MemorySnapshots::clear() {
+  for (auto& s : slots_) s = RankState{};
+}
+
+}  // namespace troupe

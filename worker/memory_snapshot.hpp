@@ -1,0 +1,47 @@
+// A rank's training state in host memory: the two newest snapshots its engine took, kept by
+// the worker process across generations, so that after a failure the ranks that stay continue
+// from the newest step every rank completed instead of the newest checkpoint on disk.
+//
+// Plain C++ (no actors, no engine): the engine writes and reads it (worker/engine_memory.cpp),
+// the worker process owns it and reports what it holds.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "parallel/loss_scale.hpp"
+
+namespace troupe {
+
+struct RankState {
+  int64_t next_step = -1;  // the step training continues with from this state; -1: empty
+  // What the state fits: layout, rank and the sizes of its tensors. A snapshot is restored
+  // only into an engine of the same fingerprint.
+  std::string fingerprint;
+  std::vector<std::vector<float>> tensors;  // every chunk's flat parameters, then AdamW's m and v
+  parallel::LossScaleState loss_scale;
+  bool replicated = false;  // every data-parallel replica holds the same state (train.zero 0)
+  int64_t bytes() const;
+};
+
+class MemorySnapshots {
+ public:
+  // The slot the snapshot of a newer step goes into (the older one, or an empty one), marked
+  // empty until commit(): a snapshot interrupted half-way is never restored.
+  RankState& begin();
+  void commit(RankState& slot, int64_t next_step);
+  // The snapshot training continues with at `next_step`, nullptr when none is held.
+  const RankState* find(int64_t next_step) const;
+  // The steps held, newest first.
+  std::vector<int64_t> held() const;
+  // Whether the newest snapshot may heal a data-parallel replica.
+  bool replicated() const;
+  int64_t bytes() const;
+  void clear();
+
+ private:
+  RankState slots_[2];
+};
+
+}  // namespace troupe
