@@ -203,7 +203,10 @@ plan::Plan shipped_plan(const Assignment& a, const JobSpec& spec) {
 WorkerResult train(const Assignment& a, const coordinator_actor& coord, const worker_actor& me,
                    Control& control, std::shared_ptr<comm::Store> store, const std::string& comm_host,
                    MemorySnapshots& snapshots) {
-  WorkerResult res{a.job_id, a.generation, a.rank, false, "", ""};
+  WorkerResult res;
+  res.job_id = a.job_id;
+  res.generation = a.generation;
+  res.rank = a.rank;
   try {
     JobSpec spec = parse_spec(a.spec_yaml, a.run_dir + "/spec.yaml");
     EngineAssignment ea;
