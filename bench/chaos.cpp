@@ -55,7 +55,9 @@ std::string job_spec(const std::string& name, int64_t steps) {
   return s + "\ncheckpoint:\n  every: 5\n  keep: 3\nfault:\n  max_restarts: 1000\n";
 }
 
+// The step a generation continued with: its in-memory snapshot's, else its checkpoint's.
 int64_t resume_step(const json& status) {
+  if (status.value("memory_step", int64_t{-1}) >= 0) return status["memory_step"].get<int64_t>();
   const std::string from = status.value("resume_from", "");
   const auto p = from.rfind("step_");
   return p == std::string::npos ? 0 : std::stoll(from.substr(p + 5));
@@ -87,6 +89,7 @@ class MetricsTail {
       const int64_t step = m["step"], gen = m.value("generation", int64_t{0});
       // The last-written line of a step is the one of the generation that went on.
       curve_[step] = {m["loss"].get<double>(), gen, m.value("layout", "")};
+      if (m.contains("step_ms") && m["step_ms"].is_number()) step_ms_.push_back(m["step_ms"].get<double>());
       last_step_ = step;
       last_gen_ = std::max(last_gen_, gen);
       last_of_gen_[gen] = std::max(last_of_gen_[gen], step);
@@ -102,8 +105,15 @@ class MetricsTail {
     return it == last_of_gen_.end() ? 0 : it->second;
   }
   const std::map<int64_t, Point>& curve() const { return curve_; }
+  double median_step_ms() const {
+    if (step_ms_.empty()) return 0;
+    std::vector<double> v = step_ms_;
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2];
+  }
 
  private:
+  std::vector<double> step_ms_;
   std::string path_;
   std::streamoff offset_ = 0;
   int64_t last_step_ = 0, last_gen_ = 0;
@@ -215,7 +225,11 @@ struct Record {
   bool new_generation = false;
   double recovery_s = -1;  // fault -> the next step seen
   int64_t last_step = 0, resumed_from = 0;
-  int64_t recomputed() const { return new_generation ? std::max<int64_t>(0, last_step - resumed_from) : 0; }
+  // Steps resumed_from .. last_step were trained twice (resumed_from: the step the new generation
+  // continued with).
+  int64_t recomputed() const {
+    return new_generation ? std::max<int64_t>(0, last_step + 1 - resumed_from) : 0;
+  }
 };
 
 double percentile(std::vector<double> v, double p) {
@@ -305,6 +319,7 @@ int main(int argc, char** argv) {
   const std::string run_dir = c.status(job)["run_dir"];
   MetricsTail tail(run_dir + "/metrics.jsonl");
   tail.poll();
+  const int64_t first_step = tail.last_step();
   std::printf("chaos: job %s trains (run dir %s); faults for %.1f min\n", job.c_str(), run_dir.c_str(),
               opt.minutes);
 
@@ -461,6 +476,17 @@ int main(int argc, char** argv) {
       "\nchaos: %.1f s of faults, seed %llu, %zu fault(s); job %s at step %lld, generation %lld, %s\n",
       trained_s, (unsigned long long)opt.seed, records.size(), job.c_str(), (long long)tail.last_step(),
       (long long)tail.last_generation(), final_status.value("state", "?").c_str());
+  // Effective training time ratio: the steps trained once, at the clean step time (the median
+  // step time of the run), over the wall time.
+  int64_t twice = 0;
+  for (const auto& r : records) twice += r.recomputed();
+  const double clean_s = tail.median_step_ms() / 1000.0;
+  const int64_t once = tail.last_step() - first_step;
+  std::printf(
+      "ETTR %.1f %%: %lld step(s) trained once x %.1f ms (the median step) / %.1f s; %lld step(s) trained "
+      "twice\n",
+      100.0 * double(once) * clean_s / trained_s, (long long)once, 1000.0 * clean_s, trained_s,
+      (long long)twice);
   std::printf(
       "| fault | injected | hit the job | recovered | recovery median s | p95 s | max s (faults that hit the "
       "job) | steps recomputed "

@@ -70,6 +70,7 @@ nlohmann::json plan_json(const plan::Estimate& e) {
            {{"params", e.memory.params},
             {"grads", e.memory.grads},
             {"optimizer", e.memory.optimizer},
+            {"snapshots", e.memory.snapshots},
             {"activations", e.memory.activations},
             {"other", e.memory.other},
             {"total", e.memory.total},
@@ -251,6 +252,9 @@ int run_plan(const PlanArgs& a) {
                                : ("no: " + e.runnable).c_str());
     }
     if (fit.size() > top) std::printf("   ... %zu more (--top N, or --json for all)\n", fit.size() - top);
+    if (!fit.empty() && fit[0]->memory.snapshots > 0)
+      std::printf(
+          "   total includes the two in-memory snapshots (checkpoint.memory_every: 0 turns them off)\n");
   }
   if (!res.rejected.empty()) print_rejected(res, one);
   if (!shown) {

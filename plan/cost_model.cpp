@@ -21,6 +21,7 @@ Workload workload(const JobSpec& spec) {
   w.schedule = schedule_kind(spec.parallel.schedule);
   w.sequence_parallel = spec.parallel.sequence_parallel;
   w.device = spec.resources.device;
+  w.memory_snapshots = spec.checkpoint.memory_every > 0 && w.device == DeviceKind::cpu;
   // troupe's engine trains on the CPU; a GPU job is priced as Megatron-LM runs it (16-bit
   // activations) with a fused flash-style attention, the design the GPU engine follows.
   w.engine = w.device == DeviceKind::cuda ? EngineKind::megatron : EngineKind::troupe;
@@ -197,6 +198,7 @@ Estimate estimate(const Workload& spec_work, const Candidate& c, const HardwareP
       if (w.zero >= 2 && L.pp == 1) mem.grads = P * 4 / L.dp + std::min(P * 4, 16.0 * (1 << 20));
       if (w.zero >= 3)  // this rank's part, and two blocks gathered at a time
         mem.params = mem.params / L.dp + 2 * block_params(m, L.tp) * (4 + (w.compute != DType::f32 ? 2 : 0));
+      if (w.memory_snapshots) mem.snapshots = 2 * (P * 4 + mem.optimizer);
     }
     double act = 0, act_one = 0;  // all in flight; one micro-batch through every chunk
     bool recomputes = false;
@@ -222,7 +224,7 @@ Estimate estimate(const Workload& spec_work, const Candidate& c, const HardwareP
     mem.activations = act;
     const double model_bytes = mem.params + mem.grads + mem.optimizer + mem.activations;
     mem.other = double(hw.process_memory) + model_bytes * hw.allocator_slack;
-    mem.total = model_bytes + mem.other;
+    mem.total = model_bytes + mem.other + mem.snapshots;
     RankBytes& h = held[p];
     h.params = mem.params;
     h.grads = mem.grads;

@@ -74,6 +74,9 @@ struct Workload {
   EngineKind engine = EngineKind::troupe;
   AttentionKind attention = AttentionKind::fused;
   DeviceKind device = DeviceKind::cpu;  // what the job asks for (troupe trains on cpu today)
+  // checkpoint.memory_every > 0 on the CPU: two host copies of the fp32 weights and AdamW's
+  // moments per rank (worker/memory_snapshot.hpp).
+  bool memory_snapshots = false;
 };
 Workload workload(const JobSpec& spec);
 
@@ -91,6 +94,7 @@ struct MemoryEstimate {
   double params = 0;       // master weights (+ 16-bit copy); ZeRO 3: this rank's part + a gathered chunk
   double grads = 0;        // what stays resident between buckets
   double optimizer = 0;    // AdamW's moments (megatron: + the fp32 master)
+  double snapshots = 0;    // the two in-memory snapshots (checkpoint.memory_every): host memory
   double activations = 0;  // in-flight micro-batches, logits, scratch
   double other = 0;        // the process and the allocator's slack
   double total = 0;
