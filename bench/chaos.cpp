@@ -3,7 +3,8 @@
 // time; at the end a table of how the job came through, and its loss curve checked
 // against an uninterrupted one-host run of the same spec.
 //
-//   chaos [--minutes M] [--seed S]          (as root; M = 2, S = time of day)
+//   chaos [--minutes M] [--seed S] [--checkpoint-every N]
+//                                 (as root; M = 2, S = time of day, N = 5 steps)
 //
 //   h0: coordinator --listen 10.77.0.1:29400 --state-dir DIR (restartable)
 //   h1: agent cpu:2     h2: agent cpu:2     (either host alone holds the job)
@@ -43,8 +44,8 @@ constexpr auto kRecoveryBound = 90s;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// The tiny GPT with data 2, endless, a checkpoint every 5 steps; `steps` > 0 bounds it.
-std::string job_spec(const std::string& name, int64_t steps) {
+// The tiny GPT with data 2, endless, a checkpoint every `every` steps; `steps` > 0 bounds it.
+std::string job_spec(const std::string& name, int64_t steps, int64_t every) {
   std::string s = read_file(std::string(TROUPE_SOURCE_DIR) + "/configs/layouts/tiny_dp2_pp1_tp1.yaml");
   auto replace = [&](const std::string& from, const std::string& to) {
     auto p = s.find(from);
@@ -52,7 +53,7 @@ std::string job_spec(const std::string& name, int64_t steps) {
   };
   replace("name: tiny-dp2-pp1-tp1", "name: " + name);
   replace("steps: 10", "steps: " + std::to_string(steps > 0 ? steps : troupe::testing::kEndlessSteps));
-  return s + "\ncheckpoint:\n  every: 5\n  keep: 3\nfault:\n  max_restarts: 1000\n";
+  return s + "\ncheckpoint:\n  every: " + std::to_string(every) + "\n  keep: 3\nfault:\n  max_restarts: 1000\n";
 }
 
 // The step a generation continued with: its in-memory snapshot's, else its checkpoint's.
@@ -267,6 +268,7 @@ std::map<int64_t, double> one_host_curve(const std::string& spec, int64_t steps)
 struct Options {
   double minutes = 2;
   uint64_t seed = 0;
+  int64_t checkpoint_every = 5;
 };
 
 Options parse(int argc, char** argv) {
@@ -276,8 +278,10 @@ Options parse(int argc, char** argv) {
     const std::string a = argv[i];
     if ((a == "--minutes" || a == "--seed") && i + 1 < argc) {
       (a == "--minutes" ? o.minutes = std::atof(argv[++i]) : o.seed = std::strtoull(argv[++i], nullptr, 10));
+    } else if (a == "--checkpoint-every" && i + 1 < argc && std::atoll(argv[i + 1]) > 0) {
+      o.checkpoint_every = std::atoll(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: chaos [--minutes M] [--seed S]\n");
+      std::fprintf(stderr, "usage: chaos [--minutes M] [--seed S] [--checkpoint-every N]\n");
       std::exit(2);
     }
   }
@@ -311,7 +315,7 @@ int main(int argc, char** argv) {
     std::printf("chaos: the agents did not register their devices\n");
     return 1;
   }
-  const std::string job = c.call({{"op", "submit"}, {"spec", job_spec("chaos", 0)}})["job"];
+  const std::string job = c.call({{"op", "submit"}, {"spec", job_spec("chaos", 0, opt.checkpoint_every)}})["job"];
   if (!wait_until([&] { return c.status(job).value("steps_done", int64_t{0}) >= 8; }, 120s)) {
     std::printf("chaos: job %s did not train 8 steps\n", job.c_str());
     return 1;
@@ -514,7 +518,7 @@ int main(int argc, char** argv) {
   // steps trained whose last-written line came from the planned layout.
   const int64_t steps = tail.curve().empty() ? 0 : tail.curve().rbegin()->first;
   std::printf("\nchaos: reference run of %lld steps on one host...\n", (long long)steps);
-  const auto want = one_host_curve(job_spec("chaos", 0), steps);
+  const auto want = one_host_curve(job_spec("chaos", 0, opt.checkpoint_every), steps);
   int64_t compared = 0, mismatched = 0, other_layout = 0, missing = 0;
   double worst = 0;
   for (const auto& [step, p] : tail.curve()) {
