@@ -112,13 +112,18 @@ Assignment assignment_of(const Job& j, int rank) {
 
 // A survivor serves the job's current generation: its handle moves to the new key and it
 // is sent the generation's Assignment.
+void apply(self_ptr self, Actions&& a);
+
 void reassign(self_ptr self, const Actions::Reassign& r) {
   auto& s = self->state;
   auto it = s.workers.find({r.job_id, r.from_generation, r.rank});
   const Job* j = s.st->job(r.job_id);
-  if (it == s.workers.end() || !j || j->generation != r.generation ||
-      r.rank >= static_cast<int>(j->ranks.size())) {
-    // Its connection broke meanwhile: the down handler reports it as lost.
+  if (!j || j->generation != r.generation || r.rank >= static_cast<int>(j->ranks.size())) return;
+  if (it == s.workers.end()) {
+    // Its connection broke before its assignment: the new generation has no process there.
+    Actions a;
+    s.st->worker_lost(r.job_id, r.generation, r.rank, "its connection broke before its assignment", &a);
+    apply(self, std::move(a));
     return;
   }
   worker_actor handle = it->second;
@@ -132,6 +137,9 @@ void apply(self_ptr self, Actions&& a) {
   auto& s = self->state;
   persist(self, a.events);
   for (auto& e : a.events) record_event(self, std::move(e));
+  // Survivors first: their handles carry the new generation before a launch that fails at
+  // once can end it.
+  for (const auto& r : a.reassigns) reassign(self, r);
   for (const auto& l : a.launches) {
     auto it = s.agents.find(l.agent_id);
     if (it == s.agents.end()) {
@@ -178,7 +186,6 @@ void apply(self_ptr self, Actions&& a) {
     none.refused = "no later generation needs this process: " + r.reason;
     self->send(it->second, assign_atom::value, none);
   }
-  for (const auto& r : a.reassigns) reassign(self, r);
   for (const auto& k : a.kills) {
     auto it = s.agents.find(k.agent_id);
     if (it == s.agents.end()) continue;
@@ -234,9 +241,13 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
       std::string id = it->second;
       s.agent_ids.erase(it);
       s.agents.erase(id);
-      Actions a;
-      s.st->remove_agent(id, &a);
-      apply(self, std::move(a));
+      try {
+        Actions a;
+        s.st->remove_agent(id, &a);
+        apply(self, std::move(a));
+      } catch (const std::exception& e) {
+        internal_error("agent loss", e);
+      }
       return;
     }
     if (auto it = s.worker_refs.find(dm.source); it != s.worker_refs.end()) {
@@ -245,9 +256,13 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
       s.workers.erase({w.job, w.generation, w.rank});
       if (!s.st->current(w.job, w.generation)) {
         // A survivor of an ended generation can serve no other.
-        Actions a;
-        s.st->survivor_lost(w.job, w.generation, w.rank, &a);
-        apply(self, std::move(a));
+        try {
+          Actions a;
+          s.st->survivor_lost(w.job, w.generation, w.rank, &a);
+          apply(self, std::move(a));
+        } catch (const std::exception& e) {
+          internal_error("survivor loss", e);
+        }
         return;
       }
       // The agent's exit report (with the signal) follows within a reaping

@@ -528,8 +528,16 @@ void CoordinatorState::worker_done(const std::string& job_id, int generation, in
 void CoordinatorState::worker_failed(const std::string& job_id, int generation, int rank, FailureCause cause,
                                      const std::string& message, Actions* out, bool stays,
                                      const std::vector<int64_t>& snapshots, bool replicated) {
+  // Only a rank its generation ended under may stay (core/failure.hpp: survivable); a stay
+  // that no later generation takes is answered at once, so that the process exits.
+  stays = stays && survivable(cause);
+  auto release = [&](const std::string& why) {
+    if (stays) out->releases.push_back({job_id, generation, rank, why});
+  };
   Job* old = find(job_id);
-  if (old && old->generation != generation && !is_terminal(old->state)) {
+  if (!old) return;
+  if (is_terminal(old->state)) return release("job " + std::string(to_string(old->state)));
+  if (old->generation != generation) {
     // The report of a generation that already ended: a survivor says it is ready, or going.
     for (auto it = old->survivors.begin(); it != old->survivors.end(); ++it) {
       if (it->generation != generation || it->rank != rank) continue;
@@ -543,7 +551,7 @@ void CoordinatorState::worker_failed(const std::string& job_id, int generation, 
       }
       return;
     }
-    return;
+    return release("generation " + std::to_string(generation) + " ended and no later one keeps it");
   }
   Job* j = live_rank_job(job_id, generation, rank);
   if (!j) return;
@@ -607,6 +615,9 @@ void CoordinatorState::worker_exited(const std::string& job_id, int generation, 
 
 void CoordinatorState::worker_lost(const std::string& job_id, int generation, int rank,
                                    const std::string& why, Actions* out) {
+  // A rank whose generation ended before its loss was noticed: a survivor no more.
+  if (const Job* k = job(job_id); k && k->generation != generation)
+    return survivor_lost(job_id, generation, rank, out);
   Job* j = live_rank_job(job_id, generation, rank);
   if (!j) return;
   const RankSlot& s = j->ranks[rank];

@@ -15,7 +15,9 @@ constexpr double kSurvivorReportMs = 2000;
 // (ranks are asked every 500 ms).
 constexpr double kStaleWhereMs = 1500;
 // How long a peer-caused failure report waits for a direct report that names the culprit.
-constexpr double kPeerReportGraceMs = 300;
+// Longer than the shell's wait for a lost connection's exit report (250 ms) and a reaping
+// period, so that a culprit seen only through its connection is still the one named.
+constexpr double kPeerReportGraceMs = 1000;
 
 std::string CoordinatorState::checkpoint_root(const Job& job) const {
   return job.request.checkpoint_dir.empty() ? job.run_dir + "/ckpt" : job.request.checkpoint_dir;

@@ -88,6 +88,11 @@ FailureCause reported_failure_cause(std::string_view name) {
   return c && reported_by_worker(*c) ? *c : FailureCause::worker_failed;
 }
 
+bool survivable(FailureCause cause) {
+  return cause == FailureCause::aborted || cause == FailureCause::comm_peer_lost ||
+         cause == FailureCause::comm_timed_out || cause == FailureCause::comm_aborted;
+}
+
 bool retryable(FailureCause cause) {
   switch (cause) {
     case FailureCause::invalid_spec:

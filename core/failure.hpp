@@ -62,6 +62,11 @@ bool reported_by_worker(FailureCause cause);
 // taken at its word (a worker cannot claim that its agent was lost).
 FailureCause reported_failure_cause(std::string_view name);
 
+// Whether a rank that failed with this cause is healthy and may serve a later generation
+// of its job in the same process: its generation was aborted under it (aborted), or a peer
+// failed it through the data plane (comm_peer_lost, comm_timed_out, comm_aborted).
+bool survivable(FailureCause cause);
+
 // Whether relaunching the job can help. A spec the engine refuses, a full
 // checkpoint disk or another protocol version fail the same way every time, and
 // no_devices ends a recovery that waited in vain.

@@ -21,7 +21,8 @@ Workload workload(const JobSpec& spec) {
   w.schedule = schedule_kind(spec.parallel.schedule);
   w.sequence_parallel = spec.parallel.sequence_parallel;
   w.device = spec.resources.device;
-  w.memory_snapshots = spec.checkpoint.memory_every > 0 && w.device == DeviceKind::cpu;
+  w.memory_snapshots = spec.checkpoint.memory_every > 0 && w.device == DeviceKind::cpu &&
+                       spec.train.offload == Offload::none;  // (the engine takes none under offload)
   // troupe's engine trains on the CPU; a GPU job is priced as Megatron-LM runs it (16-bit
   // activations) with a fused flash-style attention, the design the GPU engine follows.
   w.engine = w.device == DeviceKind::cuda ? EngineKind::megatron : EngineKind::troupe;

@@ -151,10 +151,14 @@ Engine::Impl::Impl(const JobSpec& s, const EngineAssignment& a)
     if (a.heal_root >= 0) heal_from_replica(a.heal_root);
     TROUPE_CHECK(next_step == a.memory_step, "no in-memory snapshot of step ", a.memory_step,
                  " here and no replica to receive it from");
-  } else if (!a.resume_from.empty())
+  } else if (!a.resume_from.empty()) {
     resume(a.resume_from);
-  else if (!s.model.init_from.empty())
+  } else if (!s.model.init_from.empty()) {
     init_from(s.model.init_from);
+  }
+  // Snapshots of an abandoned run are never restored later: a rank keeps only the one it
+  // continues from (a healed group's members, none: they hold the root's state now).
+  if (a.snapshots) a.snapshots->keep_only(a.memory_step >= 0 && a.heal_root < 0 ? a.memory_step : -1);
   for (size_t i = 0; i < host_master.size(); ++i)  // offload: the host copy of the master weights
     ctx.alloc->copy_to_host(host_master[i].data(), refs[i].data, refs[i].numel * sizeof(float));
   refresh_compute();

@@ -37,6 +37,11 @@ bool MemorySnapshots::replicated() const {
 
 int64_t MemorySnapshots::bytes() const { return slots_[0].bytes() + slots_[1].bytes(); }
 
+void MemorySnapshots::keep_only(int64_t next_step) {
+  for (auto& s : slots_)
+    if (s.next_step != next_step || next_step < 0) s = RankState{};
+}
+
 void MemorySnapshots::clear() {
   for (auto& s : slots_) s = RankState{};
 }

@@ -39,6 +39,9 @@ class MemorySnapshots {
   bool replicated() const;
   int64_t bytes() const;
   void clear();
+  // Drops every snapshot but the one of `next_step` (-1: all): what an engine that starts
+  // from `next_step` keeps, so that no state of an abandoned run is restored later.
+  void keep_only(int64_t next_step);
 
  private:
   RankState slots_[2];

@@ -53,9 +53,11 @@ struct Control {
   std::string abort_reason;
   std::string phase = "registering";
   std::deque<Assignment> assignments;  // the registration's, then those pushed for later generations
-  // A resize: checkpoint after this step and stop (-1 = none).
+  // A resize: checkpoint after this step and stop (-1 = none); a drain of a generation this
+  // process has not begun yet waits for it.
   std::atomic<int64_t> drain_after{-1};
   int32_t drain_generation = -1;
+  int64_t drain_step = -1;
 
   void assign(Assignment a) {
     std::lock_guard<std::mutex> lock(mu);
@@ -80,7 +82,7 @@ struct Control {
     generation = g;
     aborted = g <= aborted_upto;
     if (!aborted) abort_reason.clear();
-    drain_after = drain_generation == g ? drain_after.load() : -1;
+    drain_after = drain_generation == g ? drain_step : -1;
     phase = "building the engine";
   }
   // `g` < 0: whatever runs now (the coordinator is gone).
@@ -97,18 +99,18 @@ struct Control {
   }
   void drain(int32_t g, int64_t step) {
     std::lock_guard<std::mutex> lock(mu);
+    if (g < generation) return;
     drain_generation = g;
-    if (g == generation || generation < 0) drain_after = step;
+    drain_step = step;
+    if (g == generation) drain_after = step;
   }
 };
 
 // A rank whose generation ended under it (aborted by the coordinator, or failed by a peer
 // through the data plane) is healthy and may serve the next one; any other failure ends it.
 bool stays_after(const std::string& error_name) {
-  return error_name == to_string(FailureCause::aborted) ||
-         error_name == to_string(FailureCause::comm_peer_lost) ||
-         error_name == to_string(FailureCause::comm_timed_out) ||
-         error_name == to_string(FailureCause::comm_aborted);
+  const auto cause = parse_failure_cause(error_name);
+  return cause && survivable(*cause);
 }
 
 struct WorkerState {
@@ -137,7 +139,11 @@ worker_actor::behavior_type worker_fn(worker_actor::stateful_pointer<WorkerState
   return {
       [=](abort_atom, int32_t generation, const std::string& reason) { control->abort(generation, reason); },
       [=](drain_atom, int32_t generation, int64_t step) { control->drain(generation, step); },
-      [=](assign_atom, const Assignment& a) { control->assign(a); },
+      [=](assign_atom, const Assignment& a) {
+        // Only the coordinator assigns: a peer that holds the cluster secret cannot.
+        const auto& sender = self->current_sender();
+        if (sender && sender->node() == coord.node()) control->assign(a);
+      },
       [=](where_atom) -> std::string {
         std::lock_guard<std::mutex> lock(control->mu);
         return control->engine ? control->engine->where() : control->phase;
@@ -376,7 +382,7 @@ int run_worker(const WorkerOptions& o) {
     bool taken = false;
     caf::scoped_actor self{sys};
     self->request(*coord, std::chrono::seconds(10), worker_done_atom::value, result)
-        .receive([&](bool) { taken = true; },
+        .receive([&](bool ok) { taken = ok; },
                  [&](caf::error& e) {
                    std::cerr << "troupe worker: the coordinator did not take the result: " << sys.render(e)
                              << "\n";

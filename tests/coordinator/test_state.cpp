@@ -459,10 +459,7 @@ TEST_CASE("survivors: the killed rank alone is relaunched, its peers keep their 
   CHECK(r.j().state == JobState::recovering);
   // Every survivor is aborted; nothing of theirs is killed; the killed rank's devices are free.
   CHECK(x.aborts.size() == 3);
-  for (const auto& k : x.kills) {
-    REQUIRE(k.ranks.size() == 1);
-    CHECK(k.ranks[0] == 2);
-  }
+  CHECK(x.kills.empty());  // the killed rank is gone already
   REQUIRE(r.j().survivors.size() == 3);
   CHECK(r.f.st.registry().free("cpu") == 1);
   // Until they report the end of their generation, the relaunch waits for them.
@@ -493,6 +490,11 @@ TEST_CASE("survivors: the killed rank alone is relaunched, its peers keep their 
   CHECK(r.f.st.register_worker(7, r.job, 1, 2, "h2", 200, &reg).refused.empty());
   CHECK(r.j().state == JobState::running);
 
+  // A rank of generation 0's launch that is no survivor now: its exit changes nothing.
+  Actions stale;
+  r.f.st.worker_exited(r.job, 0, 2, 102, -1, 9, &stale);
+  CHECK(stale.events.empty());
+  CHECK(r.j().state == JobState::running);
   // The agent knows a survivor by its launch (generation 0): its death fails generation 1 by name.
   Actions d;
   r.f.st.worker_exited(r.job, 0, 1, 101, -1, 9, &d);
@@ -501,10 +503,42 @@ TEST_CASE("survivors: the killed rank alone is relaunched, its peers keep their 
   CHECK(r.j().failures[1]["generation"] == 1);
   CHECK(r.j().failures[1]["rank"] == 1);
   CHECK(r.j().failures[1]["cause"] == "worker_killed");
-  // A rank of generation 0's launch that is no survivor now: its exit changes nothing.
-  Actions stale;
-  r.f.st.worker_exited(r.job, 0, 2, 102, -1, 9, &stale);
-  CHECK(stale.events.empty());
+}
+
+TEST_CASE("survivors: a stay nobody keeps is released at once; a survivor whose loss comes late is dropped",
+          "[recovery][survivors]") {
+  // A cancelled job's ranks report their abort with `stays`: each is told to exit.
+  Running r(2, 2, elastic(2));
+  Actions c;
+  std::string why;
+  REQUIRE(r.f.st.cancel(r.job, "cancelled by user", &c, &why));
+  Actions x;
+  r.f.st.worker_failed(r.job, 0, 0, FailureCause::aborted, "aborted", &x, true);
+  REQUIRE(x.releases.size() == 1);
+  CHECK(x.releases[0].rank == 0);
+  CHECK(x.releases[0].reason == "job cancelled");
+
+  // A survivor whose lost connection is noticed after its generation ended: released, killed,
+  // its device freed; the relaunch replaces it.
+  Running q(2, 2, elastic(2));
+  Actions y;
+  q.f.st.worker_exited(q.job, 0, 1, 101, -1, 9, &y);
+  REQUIRE(q.j().survivors.size() == 1);
+  const int free_before = q.f.st.registry().free("cpu");
+  Actions l;
+  q.f.st.worker_lost(q.job, 0, 0, "connection lost", &l);
+  CHECK(q.j().survivors.empty());
+  CHECK(l.releases.size() == 1);
+  CHECK(l.kills.size() == 1);
+  CHECK(q.f.st.registry().free("cpu") == free_before + 1);
+
+  // A rank that failed by its own fault cannot stay, whatever it says.
+  Running e(2, 2, elastic(2));
+  Actions f;
+  e.f.st.worker_failed(e.job, 0, 0, FailureCause::engine_error, "kernel failed", &f, true);
+  REQUIRE(e.j().state == JobState::recovering);  // at once: no peer report to wait on
+  CHECK(e.j().survivors.size() == 1);
+  CHECK(e.j().survivors[0].rank == 1);
 }
 
 TEST_CASE("survivors: a rank reporting a peer's failure stays, one that never reports is replaced",
