@@ -505,7 +505,7 @@ TEST_CASE("survivors: the killed rank alone is relaunched, its peers keep their 
   CHECK(r.j().failures[1]["cause"] == "worker_killed");
 }
 
-TEST_CASE("survivors: a stay nobody keeps is released at once; a survivor whose loss comes late is dropped",
+TEST_CASE("survivors: a stay nobody keeps is released at once, a survivor whose loss comes late is dropped",
           "[recovery][survivors]") {
   // A cancelled job's ranks report their abort with `stays`: each is told to exit.
   Running r(2, 2, elastic(2));
