@@ -102,4 +102,18 @@ inline void cancel(Cluster& c, const std::string& job, PidLog& pids) {
   CHECK(wait_until([&] { return pids.all_gone(); }, std::chrono::seconds(15)));
 }
 
+// The losses of steps 0 .. steps-1 of an uninterrupted run of `spec` (an endless job):
+// it trains until it has reported them, then is cancelled.
+inline std::map<int64_t, double> reference(Cluster& c, const std::string& spec, int64_t steps) {
+  std::string job = c.call({{"op", "submit"}, {"spec", spec}})["job"];
+  PidLog pids;
+  REQUIRE(wait_steps(c, job, steps, pids));
+  std::string run_dir = c.status(job)["run_dir"];
+  cancel(c, job, pids);
+  auto curve = loss_curve(run_dir);
+  curve.erase(curve.lower_bound(steps), curve.end());
+  REQUIRE(curve.size() == static_cast<size_t>(steps));
+  return curve;
+}
+
 }  // namespace troupe::test

@@ -39,19 +39,6 @@ std::string layout_spec(const std::string& file, const std::string& name,
   return s + "\ncheckpoint:\n  every: 5\n  keep: 3\nfault:\n  max_restarts: 3\n";
 }
 
-// The losses of steps 0 .. steps-1 of an uninterrupted run of `spec`.
-std::map<int64_t, double> uninterrupted(Cluster& c, const std::string& spec, int64_t steps) {
-  std::string job = c.call({{"op", "submit"}, {"spec", spec}})["job"];
-  PidLog pids;
-  REQUIRE(wait_steps(c, job, steps, pids));
-  std::string run_dir = c.status(job)["run_dir"];
-  cancel(c, job, pids);
-  auto curve = loss_curve(run_dir);
-  curve.erase(curve.lower_bound(steps), curve.end());
-  REQUIRE(curve.size() == static_cast<size_t>(steps));
-  return curve;
-}
-
 // How many steps metrics.jsonl holds more than once.
 int steps_twice(const std::string& run_dir) {
   std::ifstream in(run_dir + "/metrics.jsonl");
@@ -124,7 +111,7 @@ void one_rank_fails(const std::string& file, int world, int sig, const std::stri
   REQUIRE(!curve.empty());
   REQUIRE(curve.begin()->first == 0);
   REQUIRE(curve.rbegin()->first + 1 == static_cast<int64_t>(curve.size()));
-  auto ref = uninterrupted(c, layout_spec(file, "survivors-ref", train_extra), curve.size());
+  auto ref = reference(c, layout_spec(file, "survivors-ref", train_extra), curve.size());
   for (const auto& [s, loss] : ref) {
     INFO("step " << s);
     if (fallback.empty())
