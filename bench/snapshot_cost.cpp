@@ -7,7 +7,6 @@
 //
 // Config A: 4 layers, d_model 256, 4 heads, seq 128, batch 16 (bench/train_throughput.cpp's).
 // Config B: 8 layers, d_model 512, 8 heads, seq 256, batch 8.
-#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -18,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/step_timing.hpp"
 #include "core/spec.hpp"
 #include "worker/engine.hpp"
 #include "worker/memory_snapshot.hpp"
@@ -45,16 +45,8 @@ std::string spec_yaml(const Config& c, int steps) {
   return buf;
 }
 
-double cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using troupe::bench::median;
+using troupe::bench::process_cpu_seconds;
 
 std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");
@@ -95,12 +87,12 @@ int main(int argc, char** argv) {
   for (int i = 0; i < 2 * steps; ++i) {
     const int k = i % 2;
     troupe::Engine& e = k ? on : off;
-    const double c0 = cpu_seconds();
+    const double c0 = process_cpu_seconds();
     const auto w0 = std::chrono::steady_clock::now();
     loss[k] = e.step().loss;
     wall[k].push_back(
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0).count());
-    cpu[k].push_back(1000.0 * (cpu_seconds() - c0));
+    cpu[k].push_back(1000.0 * (process_cpu_seconds() - c0));
   }
   const auto held = store.held();
   std::printf("| snapshots | step ms (CPU) | step ms (wall) | last loss |\n|---|---:|---:|---:|\n");

@@ -63,6 +63,7 @@
 #include "bench/child_process.hpp"
 #include "bench/flops.hpp"
 #include "bench/gemm_timing.hpp"
+#include "bench/step_timing.hpp"
 #include "core/spec.hpp"
 #include "kernels/cpu/kernels.hpp"
 #include "worker/engine.hpp"
@@ -109,16 +110,8 @@ double flops_per_token(const GptConfig& c, long long params) {
   return troupe::bench::gpt_flops_per_token(params, c.layers, c.d_model, c.seq_len);
 }
 
-double process_cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using troupe::bench::median;
+using troupe::bench::process_cpu_seconds;
 
 std::string torch_script() { return std::string(TROUPE_SOURCE_DIR) + "/bench/torch_reference.py"; }
 
