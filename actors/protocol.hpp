@@ -138,6 +138,12 @@ struct Assignment {
   // With memory_step: the rank whose snapshot every rank of this rank's data-parallel group
   // receives (a new rank joined it; -1 = none: every member holds its own).
   int32_t heal_root = -1;
+  // Buddies: rank r's snapshots are copied into rank (r + buddy_shift) mod world's memory
+  // (0: none). With memory_step: this rank was started anew and receives its state from its
+  // buddy (heal_from_buddy); the rank whose copy it holds was, and is sent it (heal_to_partner).
+  int32_t buddy_shift = 0;
+  bool heal_from_buddy = false;
+  bool heal_to_partner = false;
 };
 
 // One optimizer step as seen by one rank.
@@ -155,6 +161,7 @@ struct StepMetrics {
   double loss_scale = 0;  // fp16: the loss scale of the step; 0 without loss scaling
   bool skipped = false;   // fp16: this rank skipped the optimizer step (an inf/NaN somewhere)
   int64_t device_bytes = 0, device_peak_bytes = 0;  // a GPU rank's device memory in use, and its peak
+  int64_t snapshot_confirmed = -1;  // the step its newest snapshot its buddy confirmed continues with
 };
 
 // A rank finished (ok: all its steps, or up to a resize's checkpoint when
@@ -174,6 +181,10 @@ struct WorkerResult {
   // whether a replica of its data-parallel group may be healed from them (train.zero 0).
   std::vector<int64_t> snapshots;
   bool replicated = false;
+  // The steps of the copies of another rank's snapshots it holds (its buddy partner's), and
+  // that rank (-1: none).
+  std::vector<int64_t> held;
+  int32_t held_rank = -1;
 };
 
 // SIGKILL the worker processes an agent launched as (job, generations[i], ranks[i]).
@@ -252,18 +263,19 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, Assignment& x) {
   return f(caf::meta::type_name("Assignment"), x.refused, x.job_id, x.generation, x.rank, x.world, x.dp, x.pp,
            x.tp, x.dp_index, x.pp_index, x.tp_index, x.micro_batch, x.chunk_boundaries, x.place, x.device,
-           x.spec_yaml, x.run_dir, x.resume_from, x.first_step, x.memory_step, x.heal_root);
+           x.spec_yaml, x.run_dir, x.resume_from, x.first_step, x.memory_step, x.heal_root, x.buddy_shift,
+           x.heal_from_buddy, x.heal_to_partner);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepMetrics& x) {
   return f(caf::meta::type_name("StepMetrics"), x.job_id, x.generation, x.rank, x.step, x.loss, x.lr,
            x.tokens, x.step_ms, x.grad_norm, x.has_val_loss, x.val_loss, x.compute_ms, x.comm_ms, x.bubble_ms,
-           x.loss_scale, x.skipped, x.device_bytes, x.device_peak_bytes);
+           x.loss_scale, x.skipped, x.device_bytes, x.device_peak_bytes, x.snapshot_confirmed);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, WorkerResult& x) {
   return f(caf::meta::type_name("WorkerResult"), x.job_id, x.generation, x.rank, x.ok, x.error_name,
-           x.message, x.drained, x.stays, x.snapshots, x.replicated);
+           x.message, x.drained, x.stays, x.snapshots, x.replicated, x.held, x.held_rank);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, KillRequest& x) {

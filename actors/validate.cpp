@@ -74,6 +74,7 @@ std::string check(const StepMetrics& m) {
   if (!(m.loss_scale >= 0 && m.loss_scale <= 1e300)) return "loss scale not a finite number >= 0";
   if (m.device_bytes < 0 || m.device_peak_bytes < m.device_bytes)
     return "device bytes negative or above their peak";
+  if (m.snapshot_confirmed < -1) return "confirmed snapshot step below -1";
   return "";
 }
 
@@ -86,6 +87,11 @@ std::string check(WorkerResult& m) {
   if (m.snapshots.size() > 2) return "more than two snapshots";
   for (int64_t n : m.snapshots)
     if (n < 0) return "negative snapshot step";
+  if (m.held.size() > 2) return "more than two held copies";
+  for (int64_t n : m.held)
+    if (n < 0) return "negative held copy step";
+  if (m.held_rank < -1 || m.held_rank >= kMaxRanks || (m.held_rank < 0 && !m.held.empty()))
+    return "held copies of no valid rank";
   return "";
 }
 

@@ -6,6 +6,6 @@
 
 namespace troupe::actors {
 
-constexpr int32_t kProtocolVersion = 7;
+constexpr int32_t kProtocolVersion = 8;
 
 }  // namespace troupe::actors

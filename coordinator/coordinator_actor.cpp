@@ -107,6 +107,12 @@ Assignment assignment_of(const Job& j, int rank) {
   out.run_dir = j.run_dir;
   out.memory_step = j.memory_step;
   if (j.memory_step >= 0 && rank < static_cast<int>(j.heal_roots.size())) out.heal_root = j.heal_roots[rank];
+  out.buddy_shift = j.buddy_shift;
+  if (j.memory_step >= 0 && j.buddy_shift > 0 && static_cast<int>(j.heal_from_buddy.size()) == l.world()) {
+    const int partner = ((rank - j.buddy_shift) % l.world() + l.world()) % l.world();
+    out.heal_from_buddy = j.heal_from_buddy[rank] != 0;
+    out.heal_to_partner = j.heal_from_buddy[partner] != 0;
+  }
   return out;
 }
 
@@ -369,6 +375,7 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
           s.skipped = m.skipped;
           s.device_bytes = m.device_bytes;
           s.device_peak_bytes = m.device_peak_bytes;
+          s.snapshot_confirmed = m.snapshot_confirmed;
           Actions a;
           self->state.st->step(m.job_id, m.generation, s, &a);
           apply(self, std::move(a));
@@ -394,7 +401,7 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
           else  // the name is the peer's: only a cause a worker reports is believed
             self->state.st->worker_failed(r.job_id, r.generation, r.rank,
                                           reported_failure_cause(r.error_name), r.message, &a, r.stays,
-                                          r.snapshots, r.replicated);
+                                          MemoryHeld{r.snapshots, r.replicated, r.held, r.held_rank});
           apply(self, std::move(a));
         } catch (const std::exception& e) {
           internal_error("worker result", e);

@@ -50,6 +50,9 @@ std::optional<nlohmann::json> MetricsAggregator::add(const StepSample& s) {
     line["device_bytes"] = device;
     line["device_peak_bytes"] = device_peak;
   }
+  int64_t confirmed = ranks.empty() ? -1 : ranks.begin()->second.snapshot_confirmed;
+  for (const auto& [r, x] : ranks) confirmed = std::min(confirmed, x.snapshot_confirmed);
+  if (confirmed >= 0) line["snapshot_confirmed"] = confirmed;
   if (last.loss_scale > 0) {
     int skipped = 0;
     for (const auto& [r, x] : ranks) skipped += x.skipped ? 1 : 0;

@@ -21,6 +21,8 @@ struct StepSample {
   double loss_scale = 0;                            // fp16 loss scaling: the step's scale (0: not scaling)
   bool skipped = false;                             // the rank skipped the optimizer step (inf/NaN gradients)
   int64_t device_bytes = 0, device_peak_bytes = 0;  // a GPU rank's device memory (0 on the CPU)
+  // Buddies: the step the rank's newest snapshot its buddy confirmed continues with (-1: none).
+  int64_t snapshot_confirmed = -1;
 };
 
 class MetricsAggregator {
@@ -33,7 +35,9 @@ class MetricsAggregator {
   // reports the global-batch mean), step_ms = the slowest rank's,
   // tokens_per_s = tokens / step_ms, generation and layout. With fp16 loss scaling
   // also loss_scale, skipped (the last rank's) and skipped_ranks (how many ranks
-  // skipped: all or none, since one all-reduced flag decides).
+  // skipped: all or none, since one all-reduced flag decides). With buddies also
+  // snapshot_confirmed: the lowest over the ranks (every step before it is completed: each
+  // rank's state after it is held by the rank and its buddy).
   // A duplicate or out-of-world report is ignored (returns nullopt).
   std::optional<nlohmann::json> add(const StepSample& s);
 

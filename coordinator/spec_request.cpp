@@ -39,6 +39,9 @@ JobRequest job_request(const JobSpec& spec, const std::string& default_hardware)
   r.total_steps = spec.train.steps;
   r.checkpoint_dir = spec.checkpoint.dir;
   r.checkpoint_keep = spec.checkpoint.keep;
+  // What the engine decides for itself (worker/engine_memory.cpp: memory_snapshots()).
+  r.memory_snapshots = spec.checkpoint.memory_every > 0 && spec.resources.device == DeviceKind::cpu &&
+                       spec.train.offload == Offload::none;
   r.max_restarts = spec.fault.max_restarts;
   r.step_timeout_ms = static_cast<double>(spec.fault.step_timeout.count());
   r.min_devices = spec.elastic.min_devices;

@@ -259,6 +259,7 @@ void CoordinatorState::launch(Job& job, const std::vector<DeviceRef>& devices, A
     job.ranks[r].launch_generation = job.generation;
     if (const Agent* a = registry_.agent(devices[r].agent_id)) job.ranks[r].host = a->host;
   }
+  choose_buddies(job);
   // Survivors of the failed generation keep their rank, device and process: registered at once.
   std::vector<bool> kept(devices.size(), false);
   for (const Survivor& v : job.survivors) {
@@ -335,7 +336,7 @@ void CoordinatorState::keep_survivors(Job& job, int blamed) {
     const RankSlot& s = job.ranks[r];
     if (static_cast<int>(r) == blamed || !s.registered || s.done || s.exited) continue;
     job.survivors.push_back(Survivor{static_cast<int>(r), job.generation, s.launch_generation, s.pid,
-                                     s.device, s.host, s.stays, s.snapshots, s.replicated});
+                                     s.device, s.host, s.stays, s.memory});
   }
 }
 
@@ -527,7 +528,7 @@ void CoordinatorState::worker_done(const std::string& job_id, int generation, in
 
 void CoordinatorState::worker_failed(const std::string& job_id, int generation, int rank, FailureCause cause,
                                      const std::string& message, Actions* out, bool stays,
-                                     const std::vector<int64_t>& snapshots, bool replicated) {
+                                     const MemoryHeld& memory) {
   // Only a rank its generation ended under may stay (core/failure.hpp: survivable); a stay
   // that no later generation takes is answered at once, so that the process exits.
   stays = stays && survivable(cause);
@@ -543,8 +544,7 @@ void CoordinatorState::worker_failed(const std::string& job_id, int generation, 
       if (it->generation != generation || it->rank != rank) continue;
       if (stays) {
         it->parked = true;
-        it->snapshots = snapshots;
-        it->replicated = replicated;
+        it->memory = memory;
       } else {
         registry_.release_device(old->id, it->device);  // its process exits
         old->survivors.erase(it);
@@ -560,8 +560,7 @@ void CoordinatorState::worker_failed(const std::string& job_id, int generation, 
     // A peer failed it: the peer's own report (its exit, its lost connection) names the
     // culprit, and usually follows within milliseconds. tick() decides if none does.
     j->ranks[rank].stays = true;
-    j->ranks[rank].snapshots = snapshots;
-    j->ranks[rank].replicated = replicated;
+    j->ranks[rank].memory = memory;
     if (!j->peer_report && j->state != JobState::recovering)
       j->peer_report =
           Job::PeerReport{rank, cause, "rank " + std::to_string(rank) + ": " + message, now_ms()};

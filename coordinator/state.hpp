@@ -39,8 +39,9 @@ struct JobRequest {
   int64_t total_steps = 0;
   std::string resume_from;  // checkpoint directory every rank resumes from ("" = fresh)
   // Failure handling and elasticity (spec keys fault.*, elastic.*, checkpoint.dir).
-  std::string checkpoint_dir;  // "" = <run dir>/ckpt
-  int checkpoint_keep = 0;     // checkpoint.keep: committed steps kept (0 = all)
+  std::string checkpoint_dir;    // "" = <run dir>/ckpt
+  int checkpoint_keep = 0;       // checkpoint.keep: committed steps kept (0 = all)
+  bool memory_snapshots = true;  // the ranks take in-memory snapshots (checkpoint.memory_every)
   int max_restarts = 0;
   double restart_backoff_ms = 250;     // before the first relaunch; doubles with each restart, at most 8 s
   double step_timeout_ms = 0;          // 0 = max(10 s, 20 x the median step time)
@@ -55,6 +56,16 @@ struct JobRequest {
   std::string hardware_yaml;  // the hardware profile it is planned with, resolved at submit
 };
 
+// What a rank whose process stays holds in memory (its WorkerResult): the steps of its own
+// in-memory snapshots (the step each continues with), and of the copies of its buddy
+// partner's (worker/snapshot_buddy.hpp).
+struct MemoryHeld {
+  std::vector<int64_t> snapshots;
+  bool replicated = false;  // a data-parallel replica may be healed from them (train.zero 0)
+  std::vector<int64_t> copies;
+  int copies_of = -1;  // the partner's rank (-1: none held)
+};
+
 struct RankSlot {
   DeviceRef device;
   std::string host;
@@ -62,15 +73,14 @@ struct RankSlot {
   // The generation whose launch started this rank's process: its agent knows it by
   // (job, launch_generation, rank). Older than the job's generation for a survivor.
   int launch_generation = 0;
-  bool registered = false;         // the worker process asked for its assignment
-  bool done = false;               // it reported success
-  bool drained = false;            // with done: it stopped after the checkpoint of a resize
-  bool exited = false;             // its agent reaped it
-  bool stays = false;              // it reported a failure a peer caused and waits for the next generation
-  std::vector<int64_t> snapshots;  // with stays: the steps of its in-memory snapshots
-  bool replicated = false;         // with stays: a data-parallel replica may be healed from them
-  std::string where;               // its last answer to "where are you" ("" = none yet)
-  double where_ms = 0;             // when it answered
+  bool registered = false;  // the worker process asked for its assignment
+  bool done = false;        // it reported success
+  bool drained = false;     // with done: it stopped after the checkpoint of a resize
+  bool exited = false;      // its agent reaped it
+  bool stays = false;       // it reported a failure a peer caused and waits for the next generation
+  MemoryHeld memory;        // with stays
+  std::string where;        // its last answer to "where are you" ("" = none yet)
+  double where_ms = 0;      // when it answered
 };
 
 // A rank's worker process that outlived its generation (a peer failed) and may serve the
@@ -82,9 +92,8 @@ struct Survivor {
   int pid = 0;
   DeviceRef device;
   std::string host;
-  bool parked = false;             // it reported the end of its generation and waits for an assignment
-  std::vector<int64_t> snapshots;  // the steps of its in-memory snapshots (the step each continues with)
-  bool replicated = false;         // a data-parallel replica may be healed from them (train.zero 0)
+  bool parked = false;  // it reported the end of its generation and waits for an assignment
+  MemoryHeld memory;
 };
 
 struct Job {
@@ -117,7 +126,13 @@ struct Job {
   // heal_roots[its rank]'s (-1: its own).
   int64_t memory_step = -1;
   std::vector<int> heal_roots;
-  bool memory_failed = false;  // a generation resumed from memory failed before its first step
+  // Buddies: rank r's snapshots are copied into rank (r + buddy_shift) mod world's memory (0:
+  // none). Chosen at a launch that does not continue from memory (the copies held follow it);
+  // heal_from_buddy[r]: with memory_step, rank r receives its state from its buddy.
+  int buddy_shift = 0;
+  std::vector<char> heal_from_buddy;
+  bool memory_failed = false;     // a generation resumed from memory failed before its first step
+  std::string memory_failed_why;  // how
   std::unique_ptr<MetricsAggregator> metrics;
   int64_t last_step = -1;
   double last_loss = 0;
@@ -266,7 +281,7 @@ class CoordinatorState {
   // of a generation that already ended so becomes a parked survivor.
   void worker_failed(const std::string& job_id, int generation, int rank, FailureCause cause,
                      const std::string& message, Actions* out, bool stays = false,
-                     const std::vector<int64_t>& snapshots = {}, bool replicated = false);
+                     const MemoryHeld& memory = {});
   // The connection to a survivor of an ended generation broke: it serves no other.
   void survivor_lost(const std::string& job_id, int generation, int rank, Actions* out);
   // The agent reaped the process: exit_code >= 0, or the signal that ended it.
@@ -376,6 +391,8 @@ class CoordinatorState {
   // Decides whether the relaunch that keeps job.survivors continues from in-memory snapshots
   // (job.memory_step, job.heal_roots) or from the checkpoint at `disk_step`; says which in `out`.
   void plan_memory_resume(Job& job, int64_t disk_step, Actions* out);
+  // Sets job.buddy_shift for the job's placement (job.ranks), unless it continues from memory.
+  void choose_buddies(Job& job);
   // Launches generation + 1 of `job` on `devices` from its newest verified checkpoint.
   void relaunch_from_checkpoint(Job& job, const Layout& from, const std::vector<DeviceRef>& devices,
                                 Actions* out);

@@ -27,7 +27,10 @@ void CoordinatorState::on_failure(Job& job, FailureCause cause, const std::strin
                                   Actions* out, bool rank_stays) {
   if (is_terminal(job.state) || job.state == JobState::recovering) return;
   job.peer_report.reset();
-  if (!job.stepped && job.memory_step >= 0) job.memory_failed = true;
+  if (!job.stepped && job.memory_step >= 0) {
+    job.memory_failed = true;
+    job.memory_failed_why = std::string(to_string(cause)) + ": " + message;
+  }
   const std::string name = to_string(cause);
   // Judged on the failures before this one.
   const FailureVerdict verdict = judge_failure(job, cause, message);
@@ -186,56 +189,148 @@ static int64_t checkpoint_step(const std::string& dir) {
   return n;
 }
 
+// Whether every rank can continue from the in-memory snapshots of step n: each survivor holds
+// its own, and each rank started anew receives its buddy's copy or a data-parallel replica's
+// (the lowest surviving rank of its group sends its state to the whole group). Fills
+// job.heal_from_buddy and job.heal_roots, or says in `why` what is missing.
+static bool heal_plan(Job& job, int64_t n, std::string* why) {
+  const Layout& l = job.layout;
+  const int world = l.world();
+  job.heal_roots.assign(size_t(world), -1);
+  job.heal_from_buddy.assign(size_t(world), 0);
+  std::vector<const Survivor*> by_rank(size_t(world), nullptr);
+  for (const Survivor& v : job.survivors) {
+    if (v.rank < 0 || v.rank >= world) continue;
+    if (std::find(v.memory.snapshots.begin(), v.memory.snapshots.end(), n) == v.memory.snapshots.end()) {
+      *why = "rank " + std::to_string(v.rank) + " no longer holds step " + std::to_string(n);
+      return false;
+    }
+    by_rank[size_t(v.rank)] = &v;
+  }
+  for (int r = 0; r < world; ++r) {
+    if (by_rank[size_t(r)]) continue;
+    std::string buddy_why = "no buddies";
+    if (job.buddy_shift > 0) {
+      const int h = (r + job.buddy_shift) % world;
+      const Survivor* holder = by_rank[size_t(h)];
+      if (holder && holder->memory.copies_of == r &&
+          std::find(holder->memory.copies.begin(), holder->memory.copies.end(), n) !=
+              holder->memory.copies.end()) {
+        job.heal_from_buddy[size_t(r)] = 1;
+        continue;
+      }
+      buddy_why = holder ? "its buddy, rank " + std::to_string(h) +
+                               ", holds no copy of its snapshot of step " + std::to_string(n)
+                         : "its buddy, rank " + std::to_string(h) + ", failed too (lost buddy)";
+    }
+    const int t = r % l.tp, p = (r / l.tp) % l.pp;
+    int root = -1;
+    bool replica_survived = false;
+    for (int d = 0; d < l.dp && root < 0; ++d) {
+      const int q = (d * l.pp + p) * l.tp + t;
+      if (!by_rank[size_t(q)]) continue;
+      replica_survived = true;
+      if (by_rank[size_t(q)]->memory.replicated) root = q;
+    }
+    if (root < 0) {
+      *why = "rank " + std::to_string(r) + ": " + buddy_why + ", and " +
+             (l.dp == 1           ? "no data-parallel replica to receive its state from"
+              : !replica_survived ? "no data-parallel replica survived"
+                                  : "its data-parallel replicas hold sharded state (train.zero)");
+      return false;
+    }
+    for (int d = 0; d < l.dp; ++d) job.heal_roots[size_t((d * l.pp + p) * l.tp + t)] = root;
+  }
+  return true;
+}
+
 void CoordinatorState::plan_memory_resume(Job& job, int64_t disk_step, Actions* out) {
   job.memory_step = -1;
   job.heal_roots.assign(size_t(job.layout.world()), -1);
+  job.heal_from_buddy.assign(size_t(job.layout.world()), 0);
   if (job.survivors.empty()) return;
   auto no = [&](const std::string& why) {
+    job.heal_roots.assign(size_t(job.layout.world()), -1);
+    job.heal_from_buddy.assign(size_t(job.layout.world()), 0);
     out->events.push_back({{"event", "log"},
                            {"job", job.id},
                            {"message", "in-memory snapshots not used: " + why + "; resuming from " +
                                            (job.resume_from.empty() ? "scratch" : job.resume_from)}});
   };
-  if (job.memory_failed) return no("the last generation that resumed from them failed before its first step");
+  if (job.memory_failed)
+    return no("the last generation that resumed from them failed before its first step (" +
+              job.memory_failed_why + ")");
   // The newest step every rank completed: the last one every rank reported, and no newer
-  // than any survivor's newest snapshot.
+  // than any survivor's newest snapshot. Each holds two: the one before it may still be whole
+  // everywhere when a copy of the newest was in flight.
   int64_t n = job.last_step + 1;
   for (const Survivor& v : job.survivors) {
-    if (v.snapshots.empty())
+    if (v.memory.snapshots.empty())
       return no("rank " + std::to_string(v.rank) + " holds none (checkpoint.memory_every 0, or a GPU rank)");
-    n = std::min(n, *std::max_element(v.snapshots.begin(), v.snapshots.end()));
+    n = std::min(n, *std::max_element(v.memory.snapshots.begin(), v.memory.snapshots.end()));
   }
-  if (n < disk_step) return no("the checkpoint on disk is newer (step " + std::to_string(disk_step) + ")");
-  for (const Survivor& v : job.survivors)
-    if (std::find(v.snapshots.begin(), v.snapshots.end(), n) == v.snapshots.end())
-      return no("rank " + std::to_string(v.rank) + " no longer holds step " + std::to_string(n));
-  // Each rank started anew receives a data-parallel replica's state: the lowest surviving
-  // rank of its group sends it to the whole group.
-  const Layout& l = job.layout;
-  std::vector<const Survivor*> by_rank(size_t(l.world()), nullptr);
-  for (const Survivor& v : job.survivors)
-    if (v.rank >= 0 && v.rank < l.world()) by_rank[size_t(v.rank)] = &v;
-  for (int r = 0; r < l.world(); ++r) {
-    if (by_rank[size_t(r)]) continue;
-    const int t = r % l.tp, p = (r / l.tp) % l.pp;
-    int root = -1;
-    for (int d = 0; d < l.dp && root < 0; ++d) {
-      const int q = (d * l.pp + p) * l.tp + t;
-      if (by_rank[size_t(q)] && by_rank[size_t(q)]->replicated) root = q;
+  std::string why;
+  for (const int64_t step : {n, n - 1}) {
+    if (step < disk_step) {
+      if (why.empty()) why = "the checkpoint on disk is newer (step " + std::to_string(disk_step) + ")";
+      break;
     }
-    if (root < 0)
-      return no(l.dp == 1
-                    ? "rank " + std::to_string(r) + " has no data-parallel replica to receive its state from"
-                    : "rank " + std::to_string(r) +
-                          "'s data-parallel replicas hold sharded state (train.zero)");
-    for (int d = 0; d < l.dp; ++d) job.heal_roots[size_t((d * l.pp + p) * l.tp + t)] = root;
+    std::string w;
+    if (step >= 0 && heal_plan(job, step, &w)) {
+      job.memory_step = step;
+      int from_buddy = 0;
+      for (char b : job.heal_from_buddy) from_buddy += b ? 1 : 0;
+      out->events.push_back(
+          {{"event", "log"},
+           {"job", job.id},
+           {"message", "resuming from in-memory snapshots of step " + std::to_string(step) +
+                           " (the checkpoint on disk is of step " + std::to_string(disk_step) + ")" +
+                           (from_buddy > 0 ? "; " + std::to_string(from_buddy) +
+                                                 " rank(s) receive their state from their buddy"
+                                           : "")}});
+      return;
+    }
+    if (why.empty()) why = w;
   }
-  job.memory_step = n;
-  out->events.push_back(
-      {{"event", "log"},
-       {"job", job.id},
-       {"message", "resuming from in-memory snapshots of step " + std::to_string(n) +
-                       " (the checkpoint on disk is of step " + std::to_string(disk_step) + ")"}});
+  no(why);
+}
+
+// The shift of the buddy ring (worker/snapshot_buddy.hpp) for the job's placement: the first
+// whose every buddy sits on another agent and outside its rank's tied-embedding group, else the
+// first on another agent, else 1 (one agent).
+static int choose_buddy_shift(const Job& job) {
+  const int n = job.layout.world();
+  if (!job.request.memory_snapshots || n < 2 || static_cast<int>(job.ranks.size()) != n) return 0;
+  // A tied embedding lives on the first and the last stage of each pipeline (plan/grid.hpp:
+  // rank = (d * pp + p) * tp + t).
+  const Layout& l = job.layout;
+  std::vector<std::vector<int>> emb(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    const int t = r % l.tp, p = (r / l.tp) % l.pp, d = r / (l.tp * l.pp);
+    if (l.pp > 1 && (p == 0 || p == l.pp - 1))
+      emb[size_t(r)] = {d * l.pp * l.tp + t, (d * l.pp + l.pp - 1) * l.tp + t};
+  }
+  int best = 1, best_score = -1;
+  for (int s = 1; s < n && best_score < 3; ++s) {
+    bool other_agent = true, outside = true;
+    for (int r = 0; r < n && (other_agent || outside); ++r) {
+      const int q = (r + s) % n;
+      if (job.ranks[size_t(r)].device.agent_id == job.ranks[size_t(q)].device.agent_id) other_agent = false;
+      const auto& g = emb[size_t(r)];
+      if (std::find(g.begin(), g.end(), q) != g.end()) outside = false;
+    }
+    const int score = (other_agent ? 2 : 0) + (outside ? 1 : 0);
+    if (score > best_score) {
+      best = s;
+      best_score = score;
+    }
+  }
+  return best;
+}
+
+void CoordinatorState::choose_buddies(Job& job) {
+  // The copies held follow the ring: it changes only where no copy is used.
+  if (job.memory_step < 0) job.buddy_shift = choose_buddy_shift(job);
 }
 
 void CoordinatorState::relaunch_from_checkpoint(Job& job, const Layout& from,

@@ -45,6 +45,7 @@ nlohmann::json CoordinatorState::job_json(const Job& j) const {
       {"max_restarts", j.request.max_restarts},
       {"resume_from", j.resume_from},
       {"memory_step", j.memory_step},
+      {"buddy_shift", j.buddy_shift},
       {"failures", j.failures},
       {"device_kind", j.request.device_kind},
       {"generation", j.generation},

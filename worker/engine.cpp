@@ -145,20 +145,19 @@ Engine::Impl::Impl(const JobSpec& s, const EngineAssignment& a)
         *ctx.alloc);
   tokens.resize(size_t(plan.micro_batch) * T);
   targets.resize(size_t(plan.micro_batch) * T);
+  start_buddies();
   if (a.memory_step >= 0) {
-    // A survivor continues from its own snapshot; a new rank gets its replica's (heal_root).
-    if (a.snapshots && a.snapshots->find(a.memory_step)) restore_memory(a.memory_step);
-    if (a.heal_root >= 0) heal_from_replica(a.heal_root);
-    TROUPE_CHECK(next_step == a.memory_step, "no in-memory snapshot of step ", a.memory_step,
-                 " here and no replica to receive it from");
+    resume_from_memory();
   } else if (!a.resume_from.empty()) {
     resume(a.resume_from);
   } else if (!s.model.init_from.empty()) {
     init_from(s.model.init_from);
   }
   // Snapshots of an abandoned run are never restored later: a rank keeps only the one it
-  // continues from (a healed group's members, none: they hold the root's state now).
+  // continues from (a healed group's members, none: they hold the root's state now), and the
+  // copy of its partner's of that step.
   if (a.snapshots) a.snapshots->keep_only(a.memory_step >= 0 && a.heal_root < 0 ? a.memory_step : -1);
+  if (a.held) a.held->keep_only(a.memory_step);
   for (size_t i = 0; i < host_master.size(); ++i)  // offload: the host copy of the master weights
     ctx.alloc->copy_to_host(host_master[i].data(), refs[i].data, refs[i].numel * sizeof(float));
   refresh_compute();
@@ -237,6 +236,7 @@ void Engine::request_abort() {
   for (auto* c : {impl_->embed_group.get(), impl_->tp_group.get(), impl_->pp_group.get(),
                   impl_->dp_group.get(), impl_->world.get()})
     if (c) c->abort();
+  if (impl_->buddy) impl_->buddy->abort();
 }
 double Engine::evaluate() { return impl_->evaluate(); }
 std::string Engine::save_checkpoint(const std::string& dir) {
@@ -279,7 +279,7 @@ EngineMemory Engine::memory() const {
   }
   for (const ParamRef& r : impl_->refs) m.optimizer += int64_t(2 * r.numel * sizeof(float));
   m.zero = impl_->zero;
-  if (impl_->memory_snapshots()) m.snapshots = 2 * (m.params + m.optimizer);
+  if (impl_->memory_snapshots()) m.snapshots = (impl_->buddy ? 4 : 2) * (m.params + m.optimizer);
   // Released bucket by bucket only where the reducer overlaps the backward (no pipeline).
   m.grads_kept =
       m.zero == 2 && impl_->reducer ? int64_t(impl_->zpart->owned_floats() * sizeof(float)) : m.grads;

@@ -45,6 +45,14 @@ struct EngineAssignment {
   // (a replica: train.zero 0).
   int64_t memory_step = -1;
   int heal_root = -1;
+  // Buddies (worker/snapshot_buddy.hpp): rank r's snapshots are copied into the memory of rank
+  // (r + buddy_shift) mod world (0: no copies), which keeps them in `held` (the worker process
+  // owns it). With memory_step: this rank was started anew and receives its state from its
+  // buddy (heal_from_buddy); its partner was, and is sent the copy held of it (heal_to_partner).
+  int buddy_shift = 0;
+  MemorySnapshots* held = nullptr;
+  bool heal_from_buddy = false;
+  bool heal_to_partner = false;
   // How to build the world communicator when world > 1: backend, store, job and
   // generation (rank, size and group are filled in from the fields above).
   comm::CommConfig comm;
@@ -76,6 +84,8 @@ struct StepReport {
   bool skipped = false;            // fp16: an inf/NaN on some rank skipped this optimizer step
   // A GPU rank's device allocator after the step: bytes in use, and the most ever in use (0 on the CPU).
   int64_t device_bytes = 0, device_peak_bytes = 0;
+  // The step the newest snapshot its buddy confirmed continues with (-1: none, or no buddies).
+  int64_t snapshot_confirmed = -1;
 };
 
 // Bytes this rank holds for training state (not activations): what ZeRO shards.
@@ -90,7 +100,9 @@ struct EngineMemory {
   int64_t grads_kept = 0;
   int64_t optimizer = 0;  // AdamW's m and v: this rank's part under ZeRO 1 and 2
   int zero = 0;           // the ZeRO stage in effect (0 without data parallelism)
-  int64_t snapshots = 0;  // host memory of the two in-memory snapshots (checkpoint.memory_every)
+  // Host memory of the two in-memory snapshots (checkpoint.memory_every), and with buddies of
+  // the two copies of the partner's (counted as large as this rank's own).
+  int64_t snapshots = 0;
 };
 
 // "params 97.2 MiB, grads 97.2 MiB (24.3 MiB kept between buckets), optimizer 48.6 MiB

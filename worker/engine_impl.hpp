@@ -36,6 +36,7 @@
 #include "parallel/pipeline.hpp"
 #include "parallel/zero.hpp"
 #include "worker/engine.hpp"
+#include "worker/snapshot_buddy.hpp"
 
 namespace troupe {
 
@@ -157,6 +158,10 @@ struct Engine::Impl {
   void take_memory_snapshot();
   void restore_memory(int64_t step);
   void heal_from_replica(int root);
+  void start_buddies();
+  void resume_from_memory();
+  // The link that copies each snapshot into the buddy's memory (null: no buddies).
+  std::unique_ptr<BuddyLink> buddy;
 
   // ---- engine_staging.cpp: between host and device
 

@@ -4,8 +4,10 @@
 // generations. The data position and the random streams follow from the step, so nothing
 // else is needed to continue. A survivor of a failure restores its own; a rank started in a
 // failed rank's place receives a data-parallel replica's (train.zero 0: every replica holds
-// the same state) by a broadcast over the data-parallel group.
+// the same state) by a broadcast over the data-parallel group, or its buddy's copy
+// (worker/snapshot_buddy.hpp) whatever the layout.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "comm/groups.hpp"
@@ -30,9 +32,49 @@ std::string Engine::Impl::memory_fingerprint() const {
   return f;
 }
 
+// The buddy link's communicator: every rank of the world decides the same way (spec and
+// assignment), so that all or none build it.
+void Engine::Impl::start_buddies() {
+  if (!memory_snapshots() || asg.buddy_shift <= 0 || world_size() < 2) return;
+  TROUPE_CHECK(asg.held != nullptr && asg.buddy_shift < world_size(), "buddy shift ", asg.buddy_shift,
+               " over ", world_size(), " ranks");
+  set_where("connecting to the snapshot buddies");
+  comm::CommConfig c = asg.comm;
+  c.rank = asg.rank;
+  c.size = world_size();
+  c.generation = asg.generation;
+  c.group = "buddy";
+  // TROUPE_SNAPSHOT_FAULT=corrupt (fault injection): every copy this rank holds is damaged in
+  // memory after its checksum was checked, so that healing from it must fail by name.
+  const char* fault_env = std::getenv("TROUPE_SNAPSHOT_FAULT");
+  const bool corrupt = fault_env != nullptr && std::string(fault_env) == "corrupt";
+  buddy = std::make_unique<BuddyLink>(comm::make_communicator(c), BuddyRing{world_size(), asg.buddy_shift},
+                                      asg.held, copt, corrupt);
+}
+
+// A survivor continues from its own snapshot; a new rank receives its buddy's copy
+// (heal_from_buddy) or a data-parallel replica's (heal_root).
+void Engine::Impl::resume_from_memory() {
+  const int64_t step = asg.memory_step;
+  if (asg.snapshots && asg.snapshots->find(step)) restore_memory(step);
+  if (asg.heal_from_buddy || asg.heal_to_partner) {
+    TROUPE_CHECK(buddy != nullptr && asg.snapshots != nullptr, "healing from a buddy needs buddies");
+    set_where(asg.heal_from_buddy
+                  ? "receiving this rank's state from rank " +
+                        std::to_string(BuddyRing{world_size(), asg.buddy_shift}.buddy(asg.rank))
+                  : "sending a copy of a rank's state");
+    buddy->heal(asg.heal_from_buddy, asg.heal_to_partner, step, *asg.snapshots);
+    if (asg.heal_from_buddy) restore_memory(step);
+  }
+  if (asg.heal_root >= 0) heal_from_replica(asg.heal_root);
+  TROUPE_CHECK(next_step == step, "no in-memory snapshot of step ", step, " here and none to receive");
+}
+
 void Engine::Impl::take_memory_snapshot() {
   if (!memory_snapshots() || next_step % spec.checkpoint.memory_every != 0) return;
   set_where("step " + std::to_string(next_step - 1) + ": in-memory snapshot");
+  // The slot written now may be the one the buddy link sends: its exchange ends first.
+  if (buddy) buddy->wait();
   RankState& s = asg.snapshots->begin();
   s.fingerprint = memory_fingerprint();
   s.tensors.resize(stage_ptrs.size() + 2 * refs.size());
@@ -52,7 +94,9 @@ void Engine::Impl::take_memory_snapshot() {
   }
   s.loss_scale = scaler.state();
   s.replicated = zero == 0;
+  s.rank = asg.rank;
   asg.snapshots->commit(s, next_step);
+  if (buddy) buddy->offer(&s);
 }
 
 void Engine::Impl::restore_memory(int64_t step) {

@@ -180,6 +180,7 @@ StepReport Engine::Impl::step(const std::atomic<bool>& abort) {
     r.device_peak_bytes = int64_t(st.peak_in_use_bytes);
   }
   take_memory_snapshot();
+  if (buddy) r.snapshot_confirmed = buddy->confirmed();
   set_where("idle after step " + std::to_string(s));
   return r;
 }

@@ -1,11 +1,34 @@
 #include "worker/memory_snapshot.hpp"
 
+#include <xxhash.h>
+
 namespace troupe {
 
 int64_t RankState::bytes() const {
   int64_t n = 0;
   for (const auto& t : tensors) n += int64_t(t.capacity() * sizeof(float));
   return n;
+}
+
+uint64_t state_checksum(const RankState& s) {
+  XXH64_state_t* st = XXH64_createState();
+  XXH64_reset(st, 0);
+  auto add = [&](const void* p, size_t n) { XXH64_update(st, p, n); };
+  add(&s.next_step, sizeof s.next_step);
+  add(s.fingerprint.data(), s.fingerprint.size());
+  const int64_t head[3] = {s.rank, s.replicated ? 1 : 0, int64_t(s.tensors.size())};
+  add(head, sizeof head);
+  const double scale[3] = {s.loss_scale.scale, double(s.loss_scale.clean_steps),
+                           double(s.loss_scale.skipped_steps)};
+  add(scale, sizeof scale);
+  for (const auto& t : s.tensors) {
+    const uint64_t n = t.size();
+    add(&n, sizeof n);
+    add(t.data(), t.size() * sizeof(float));
+  }
+  const uint64_t h = XXH64_digest(st);
+  XXH64_freeState(st);
+  return h;
 }
 
 RankState& MemorySnapshots::begin() {
@@ -33,6 +56,11 @@ std::vector<int64_t> MemorySnapshots::held() const {
 bool MemorySnapshots::replicated() const {
   const RankState& newest = slots_[0].next_step >= slots_[1].next_step ? slots_[0] : slots_[1];
   return newest.next_step >= 0 && newest.replicated;
+}
+
+int MemorySnapshots::rank() const {
+  const RankState& newest = slots_[0].next_step >= slots_[1].next_step ? slots_[0] : slots_[1];
+  return newest.next_step >= 0 ? newest.rank : -1;
 }
 
 int64_t MemorySnapshots::bytes() const { return slots_[0].bytes() + slots_[1].bytes(); }

@@ -22,8 +22,15 @@ struct RankState {
   std::vector<std::vector<float>> tensors;  // every chunk's flat parameters, then AdamW's m and v
   parallel::LossScaleState loss_scale;
   bool replicated = false;  // every data-parallel replica holds the same state (train.zero 0)
+  int rank = -1;            // the rank that took it
+  // xxh64 of all of the above (state_checksum), computed by the rank that took it: a copy
+  // is restored only when its bytes still match.
+  uint64_t checksum = 0;
   int64_t bytes() const;
 };
+
+// xxh64 over next_step, fingerprint, rank, replicated, the loss scale and every tensor's bytes.
+uint64_t state_checksum(const RankState& s);
 
 class MemorySnapshots {
  public:
@@ -37,6 +44,9 @@ class MemorySnapshots {
   std::vector<int64_t> held() const;
   // Whether the newest snapshot may heal a data-parallel replica.
   bool replicated() const;
+  // The rank whose snapshots these are (-1: none held). A process holds its own, and copies of
+  // its buddy partner's (worker/snapshot_buddy.hpp).
+  int rank() const;
   int64_t bytes() const;
   void clear();
   // Drops every snapshot but the one of `next_step` (-1: all): what an engine that starts

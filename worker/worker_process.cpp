@@ -175,7 +175,8 @@ class CoordinatorReporter : public LoopReporter {
                   r.loss_scale,
                   r.skipped,
                   r.device_bytes,
-                  r.device_peak_bytes};
+                  r.device_peak_bytes,
+                  r.snapshot_confirmed};
     // Sent as the worker actor: the coordinator takes steps only from the rank that registered.
     caf::send_as(me_, coord_, step_atom::value, m);
     std::cout << "step " << r.step << " loss " << r.loss << " step_ms " << r.step_ms << std::endl;
@@ -208,7 +209,7 @@ plan::Plan shipped_plan(const Assignment& a, const JobSpec& spec) {
 
 WorkerResult train(const Assignment& a, const coordinator_actor& coord, const worker_actor& me,
                    Control& control, std::shared_ptr<comm::Store> store, const std::string& comm_host,
-                   MemorySnapshots& snapshots) {
+                   MemorySnapshots& snapshots, MemorySnapshots& held) {
   WorkerResult res;
   res.job_id = a.job_id;
   res.generation = a.generation;
@@ -224,6 +225,13 @@ WorkerResult train(const Assignment& a, const coordinator_actor& coord, const wo
     ea.snapshots = &snapshots;
     ea.memory_step = a.memory_step;
     ea.heal_root = a.heal_root;
+    require(a.buddy_shift >= 0 && a.buddy_shift < std::max(a.world, 1) &&
+                (a.memory_step >= 0 || !(a.heal_from_buddy || a.heal_to_partner)),
+            "assignment: buddy shift ", a.buddy_shift, " over ", a.world, " ranks");
+    ea.buddy_shift = a.buddy_shift;
+    ea.held = &held;
+    ea.heal_from_buddy = a.heal_from_buddy;
+    ea.heal_to_partner = a.heal_to_partner;
     ea.trace_dir = a.run_dir + "/trace";
     // Ranks find each other through the coordinator's store, under (job, generation).
     ea.comm.backend = spec.resources.device == DeviceKind::cuda ? "nccl" : "gloo";
@@ -356,23 +364,27 @@ int run_worker(const WorkerOptions& o) {
 
   WorkerResult result;
   MemorySnapshots snapshots;  // this rank's state after its latest steps, across generations
+  MemorySnapshots held;       // copies of its buddy partner's
   for (bool first = true;; first = false) {
     std::string from = a.resume_from.empty() ? "" : ", resuming from " + a.resume_from;
     if (a.memory_step >= 0)
       from = ", resuming from the in-memory snapshot of step " + std::to_string(a.memory_step) +
-             (a.heal_root >= 0 ? " (rank " + std::to_string(a.heal_root) + "'s)" : "");
+             (a.heal_root >= 0 ? " (rank " + std::to_string(a.heal_root) + "'s)" : "") +
+             (a.heal_from_buddy ? " (its buddy's copy)" : "");
     std::cout << (first ? "" : "generation " + std::to_string(a.generation) + ": ")
               << "assignment: " << a.place << " of layout " << plan::Layout{a.dp, a.pp, a.tp}.str() << from
               << std::endl;
     control->begin(a.generation);
     auto store = make_coordinator_store(sys, *coord, a.job_id, a.generation);
     std::thread engine_thread(
-        [&] { result = train(a, *coord, self_actor, *control, store, data_address, snapshots); });
+        [&] { result = train(a, *coord, self_actor, *control, store, data_address, snapshots, held); });
     engine_thread.join();
     result.stays = !result.ok && stays_after(result.error_name);
     if (result.stays) {
       result.snapshots = snapshots.held();
       result.replicated = snapshots.replicated();
+      result.held = held.held();
+      result.held_rank = held.rank();
     }
     if (!result.ok)
       std::cerr << "troupe worker: " << result.error_name << ": " << result.message << std::endl;

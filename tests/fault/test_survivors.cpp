@@ -1,10 +1,10 @@
 // Survivors stay: when one rank of a job dies or stops, only its place is relaunched. Every
 // other rank keeps its worker process (same pid, device and rank) and builds the next
 // generation's engine in it, from its in-memory snapshot of the newest step every rank
-// completed; the new rank receives a data-parallel replica's. No completed step is trained
-// again and the loss curve is the uninterrupted run's, bit for bit. Where no replica holds
-// the failed rank's state (data 1, or ZeRO's sharded moments) the job resumes from its newest
-// checkpoint instead, and says why.
+// completed; the new rank receives the copy its buddy holds. No completed step is trained
+// again and the loss curve is the uninterrupted run's, bit for bit, whatever the layout. Where
+// the copy is lost (the buddy died too) or damaged (it fails its checksum) the job resumes from
+// its newest checkpoint instead, and says why.
 //
 // The jobs are endless (kEndlessSteps) and cancelled once the test has seen what it needs;
 // their curves are compared with an uninterrupted run of the same spec (see test_fault.cpp).
@@ -51,107 +51,151 @@ int steps_twice(const std::string& run_dir) {
   return twice;
 }
 
-// Kills (SIGKILL) or stops (SIGSTOP) one random rank of a running `world`-rank job mid-run and
-// checks that the next generation keeps every other rank's process and trains on the curve:
-// from memory (no step twice, the same losses bit for bit) when `fallback` is empty, else from
-// the newest checkpoint with `fallback` named in events.log.
-void one_rank_fails(const std::string& file, int world, int sig, const std::string& train_extra = "",
-                    const std::string& fallback = "") {
+// What is done to a running job.
+struct Fault {
+  std::string file;  // configs/layouts/<file>.yaml
+  int world = 2;
+  int sig = SIGKILL;  // sent to one random rank mid-run
+  std::string train_extra;
+  // Empty: the next generation continues from memory. Else it resumes from the newest
+  // checkpoint and events.log says this.
+  std::string fallback;
+  bool with_buddy = false;  // the rank holding the victim's snapshot copies is killed with it
+  bool corrupt = false;     // TROUPE_SNAPSHOT_FAULT=corrupt: every copy held is damaged in memory
+};
+
+// Kills (SIGKILL) or stops (SIGSTOP) one random rank of a running job mid-run (with its buddy:
+// two) and checks that the next generation keeps every other rank's process and trains on the
+// curve: from memory (no step twice, the same losses bit for bit) when `fallback` is empty, else
+// from the newest checkpoint with `fallback` named in events.log.
+void ranks_fail(const Fault& f) {
+  const int world = f.world;
+  if (f.corrupt) ::setenv("TROUPE_SNAPSHOT_FAULT", "corrupt", 1);
   Cluster c;
   REQUIRE(c.ready());
-  c.add_agent("cpu:" + std::to_string(world));
+  c.add_agent("cpu:" + std::to_string(world));  // its workers inherit the environment
+  ::unsetenv("TROUPE_SNAPSHOT_FAULT");
   REQUIRE(c.wait_devices(world));
-  std::string job = c.call({{"op", "submit"}, {"spec", layout_spec(file, "survivors", train_extra)}})["job"];
+  std::string job =
+      c.call({{"op", "submit"}, {"spec", layout_spec(f.file, "survivors", f.train_extra)}})["job"];
   std::mt19937 rng(std::random_device{}());
   const int at = std::uniform_int_distribution<int>(3, 25)(rng);
   const int victim_rank = std::uniform_int_distribution<int>(0, world - 1)(rng);
-  INFO(file << ": signal " << sig << " to rank " << victim_rank << " after step " << at);
+  INFO(f.file << ": signal " << f.sig << " to rank " << victim_rank << " after step " << at);
   PidLog pids;
   REQUIRE(wait_steps(c, job, at, pids, 0));
   const std::vector<int> before = worker_pids(c.status(job));
   REQUIRE(static_cast<int>(before.size()) == world);
-  REQUIRE(::kill(before[victim_rank], sig) == 0);
-  REQUIRE(wait_running(c, job, 1, pids, [](const json& s) {
-    return !s["failures"].empty() &&
-           s["steps_done"].get<int64_t>() >= s["failures"][0]["step"].get<int64_t>() + 10;
-  }));
+  std::set<int> victims = {victim_rank};
+  if (f.with_buddy) {
+    const int shift = c.status(job)["buddy_shift"];
+    REQUIRE(shift > 0);
+    victims.insert((victim_rank + shift) % world);
+  }
+  for (int v : victims) REQUIRE(::kill(before[v], f.sig) == 0);
+  // A damaged copy fails the generation that heals from it: one more restart, from disk.
+  const size_t restarts = f.corrupt ? 2 : 1;
+  const bool recovered = wait_running(c, job, static_cast<int>(restarts), pids, [&](const json& s) {
+    return s["failures"].size() == restarts &&
+           s["steps_done"].get<int64_t>() >= s["failures"].back()["step"].get<int64_t>() + 10;
+  });
+  if (!recovered) {
+    const json s = c.status(job);
+    INFO("status: " << s.dump(1) << "\nevents.log:\n" << read_file(s.value("run_dir", "") + "/events.log"));
+    REQUIRE(recovered);
+  }
 
   auto st = c.status(job);
-  CHECK(st["restarts"] == 1);
-  REQUIRE(st["failures"].size() == 1);
-  CHECK(st["failures"][0]["rank"] == victim_rank);
+  CHECK(st["restarts"] == restarts);
+  REQUIRE(st["failures"].size() == restarts);
+  CHECK(victims.count(st["failures"][0]["rank"].get<int>()) == 1);
   const std::vector<int> after = worker_pids(st);
   REQUIRE(after.size() == before.size());
   for (int r = 0; r < world; ++r) {
     INFO("rank " << r);
-    if (r == victim_rank)
+    if (victims.count(r))
       CHECK(after[r] != before[r]);
     else
-      CHECK(after[r] == before[r]);  // the same process serves generation 1
+      CHECK(after[r] == before[r]);  // the same process serves every later generation
   }
   const std::string run_dir = st["run_dir"];
   const std::string events = read_file(run_dir + "/events.log");
-  CHECK(events.find(std::to_string(world - 1) + " rank(s) kept their process") != std::string::npos);
+  const int kept = world - static_cast<int>(victims.size());
+  CHECK(events.find(std::to_string(kept) + " rank(s) kept their process") != std::string::npos);
   INFO("events.log:\n" << events);
-  if (fallback.empty()) {
+  if (f.fallback.empty()) {
     CHECK(events.find("resuming from in-memory snapshots of step") != std::string::npos);
     CHECK(st["memory_step"].get<int64_t>() > 0);
   } else {
     CHECK(events.find("in-memory snapshots not used: ") != std::string::npos);
-    CHECK(events.find(fallback) != std::string::npos);
+    CHECK(events.find(f.fallback) != std::string::npos);
     CHECK(st["memory_step"] == -1);
   }
-  // Only the failed rank's place started a process of generation 1.
+  // Only the failed ranks' places started processes of later generations.
   for (int r = 0; r < world; ++r)
-    CHECK(std::filesystem::exists(run_dir + "/workers/" + std::to_string(r) + ".g1.log") ==
-          (r == victim_rank));
+    for (size_t g = 1; g <= restarts; ++g)
+      CHECK(std::filesystem::exists(run_dir + "/workers/" + std::to_string(r) + ".g" + std::to_string(g) +
+                                    ".log") == (victims.count(r) == 1));
   cancel(c, job, pids);
-  if (sig == SIGSTOP) ::kill(before[victim_rank], SIGKILL);  // killed by its agent already
+  if (f.sig == SIGSTOP)
+    for (int v : victims) ::kill(before[v], SIGKILL);  // killed by its agent already
   auto curve = loss_curve(run_dir);
   REQUIRE(!curve.empty());
   REQUIRE(curve.begin()->first == 0);
   REQUIRE(curve.rbegin()->first + 1 == static_cast<int64_t>(curve.size()));
-  auto ref = reference(c, layout_spec(file, "survivors-ref", train_extra), curve.size());
+  auto ref = reference(c, layout_spec(f.file, "survivors-ref", f.train_extra), curve.size());
   for (const auto& [s, loss] : ref) {
     INFO("step " << s);
-    if (fallback.empty())
+    if (f.fallback.empty())
       CHECK(curve[s] == loss);
     else
       CHECK(curve[s] == Approx(loss).margin(1e-4));
   }
-  if (fallback.empty()) CHECK(steps_twice(run_dir) == 0);
+  if (f.fallback.empty()) CHECK(steps_twice(run_dir) == 0);
 }
 
 }  // namespace
 
 TEST_CASE("survivors stay: a rank SIGKILLed under 2x1x1 is replaced alone from memory, no step trained twice",
           "[fault][survivors][multiprocess]") {
-  one_rank_fails("tiny_dp2_pp1_tp1", 2, SIGKILL);
+  ranks_fail({"tiny_dp2_pp1_tp1", 2});
 }
 
-TEST_CASE("survivors stay: a rank SIGKILLed under 1x2x1 is replaced alone from the checkpoint (no replica)",
+TEST_CASE("survivors stay: a rank SIGKILLed under 1x2x1 is replaced alone from its buddy's copy",
           "[fault][survivors][multiprocess]") {
-  one_rank_fails("tiny_dp1_pp2_tp1_1f1b", 2, SIGKILL, "", "has no data-parallel replica");
+  ranks_fail({"tiny_dp1_pp2_tp1_1f1b", 2});
 }
 
-TEST_CASE("survivors stay: a rank SIGKILLed under 1x1x2 is replaced alone from the checkpoint (no replica)",
+TEST_CASE("survivors stay: a rank SIGKILLed under 1x1x2 is replaced alone from its buddy's copy",
           "[fault][survivors][multiprocess]") {
-  one_rank_fails("tiny_dp1_pp1_tp2", 2, SIGKILL, "", "has no data-parallel replica");
+  ranks_fail({"tiny_dp1_pp1_tp2", 2});
 }
 
 TEST_CASE("survivors stay: a rank SIGKILLed under 2x2x1 is replaced alone from memory, no step trained twice",
           "[fault][survivors][multiprocess]") {
-  one_rank_fails("tiny_dp2_pp2_tp1", 4, SIGKILL);
+  ranks_fail({"tiny_dp2_pp2_tp1", 4});
 }
 
-TEST_CASE(
-    "survivors stay: a rank SIGKILLed under 2x1x1 with ZeRO 2 is replaced alone from the checkpoint "
-    "(sharded)",
-    "[fault][survivors][multiprocess]") {
-  one_rank_fails("tiny_dp2_pp1_tp1", 2, SIGKILL, "  zero: 2\n", "hold sharded state (train.zero)");
+TEST_CASE("survivors stay: a rank SIGKILLed under 2x1x1 with ZeRO 2 is replaced alone from its buddy's copy",
+          "[fault][survivors][multiprocess]") {
+  ranks_fail({"tiny_dp2_pp1_tp1", 2, SIGKILL, "  zero: 2\n"});
 }
 
 TEST_CASE("survivors stay: a SIGSTOPped rank is killed and replaced alone from memory, no step trained twice",
           "[fault][survivors][multiprocess]") {
-  one_rank_fails("tiny_dp2_pp1_tp1", 2, SIGSTOP);
+  ranks_fail({"tiny_dp2_pp1_tp1", 2, SIGSTOP});
+}
+
+TEST_CASE("survivors stay: a snapshot copy that fails its checksum falls back to the checkpoint, by name",
+          "[fault][survivors][multiprocess]") {
+  Fault f{"tiny_dp1_pp1_tp2", 2, SIGKILL, "", "fails its checksum"};
+  f.corrupt = true;
+  ranks_fail(f);
+}
+
+TEST_CASE("survivors stay: a rank killed with its buddy falls back to the checkpoint, by name",
+          "[fault][survivors][multiprocess]") {
+  Fault f{"tiny_dp1_pp2_tp2", 4, SIGKILL, "", "failed too (lost buddy)"};
+  f.with_buddy = true;
+  ranks_fail(f);
 }

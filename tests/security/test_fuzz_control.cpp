@@ -226,7 +226,8 @@ TEST_CASE("fuzz: every control-plane message type with random fields, the coordi
       case 4:
         self->request(c, 5s, worker_done_atom::value,
                       WorkerResult{g.str(), g.i32(), g.i32(), g.u(2) == 1, g.str(), g.str(), g.u(2) == 1,
-                                   g.u(2) == 1, std::vector<int64_t>(g.u(4), g.i64()), g.u(2) == 1})
+                                   g.u(2) == 1, std::vector<int64_t>(g.u(4), g.i64()), g.u(2) == 1,
+                                   std::vector<int64_t>(g.u(4), g.i64()), g.i32()})
             .receive([&](bool) { ++answered; }, failed);
         break;
       case 5: {
