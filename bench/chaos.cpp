@@ -3,8 +3,9 @@
 // time; at the end a table of how the job came through, and its loss curve checked
 // against an uninterrupted one-host run of the same spec.
 //
-//   chaos [--minutes M] [--seed S] [--checkpoint-every N]
-//                                 (as root; M = 2, S = time of day, N = 5 steps)
+//   chaos [--minutes M] [--seed S] [--checkpoint-every N] [--layout FILE] [--interval Q]
+//         (as root; M = 2, S = time of day, N = 5 steps, FILE = tiny_dp2_pp1_tp1 of
+//          configs/layouts, Q: the quiet spell before each fault in seconds, else 2-6 s at random)
 //
 //   h0: coordinator --listen 10.77.0.1:29400 --state-dir DIR (restartable)
 //   h1: agent cpu:2     h2: agent cpu:2     (either host alone holds the job)
@@ -25,6 +26,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <random>
@@ -44,16 +46,19 @@ constexpr auto kRecoveryBound = 90s;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// The tiny GPT with data 2, endless, a checkpoint every `every` steps; `steps` > 0 bounds it.
-std::string job_spec(const std::string& name, int64_t steps, int64_t every) {
-  std::string s = read_file(std::string(TROUPE_SOURCE_DIR) + "/configs/layouts/tiny_dp2_pp1_tp1.yaml");
+// The tiny GPT of configs/layouts/<layout>.yaml, endless, a checkpoint every `every` steps;
+// `steps` > 0 bounds it.
+std::string job_spec(const std::string& layout, const std::string& name, int64_t steps, int64_t every) {
+  std::string s = read_file(std::string(TROUPE_SOURCE_DIR) + "/configs/layouts/" + layout + ".yaml");
   auto replace = [&](const std::string& from, const std::string& to) {
     auto p = s.find(from);
     if (p != std::string::npos) s.replace(p, from.size(), to);
   };
-  replace("name: tiny-dp2-pp1-tp1", "name: " + name);
+  if (const auto at = s.find("name: "); at != std::string::npos)
+    s.replace(at, s.find('\n', at) - at, "name: " + name);
   replace("steps: 10", "steps: " + std::to_string(steps > 0 ? steps : troupe::testing::kEndlessSteps));
-  return s + "\ncheckpoint:\n  every: " + std::to_string(every) + "\n  keep: 3\nfault:\n  max_restarts: 1000\n";
+  return s + "\ncheckpoint:\n  every: " + std::to_string(every) +
+         "\n  keep: 3\nfault:\n  max_restarts: 1000\n";
 }
 
 // The step a generation continued with: its in-memory snapshot's, else its checkpoint's.
@@ -269,6 +274,8 @@ struct Options {
   double minutes = 2;
   uint64_t seed = 0;
   int64_t checkpoint_every = 5;
+  std::string layout = "tiny_dp2_pp1_tp1";
+  double interval_s = 0;  // 0: 2-6 s at random
 };
 
 Options parse(int argc, char** argv) {
@@ -280,8 +287,16 @@ Options parse(int argc, char** argv) {
       (a == "--minutes" ? o.minutes = std::atof(argv[++i]) : o.seed = std::strtoull(argv[++i], nullptr, 10));
     } else if (a == "--checkpoint-every" && i + 1 < argc && std::atoll(argv[i + 1]) > 0) {
       o.checkpoint_every = std::atoll(argv[++i]);
+    } else if (a == "--layout" && i + 1 < argc &&
+               std::filesystem::exists(std::string(TROUPE_SOURCE_DIR) + "/configs/layouts/" + argv[i + 1] +
+                                       ".yaml")) {
+      o.layout = argv[++i];
+    } else if (a == "--interval" && i + 1 < argc && std::atof(argv[i + 1]) > 0) {
+      o.interval_s = std::atof(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: chaos [--minutes M] [--seed S] [--checkpoint-every N]\n");
+      std::fprintf(
+          stderr,
+          "usage: chaos [--minutes M] [--seed S] [--checkpoint-every N] [--layout FILE] [--interval Q]\n");
       std::exit(2);
     }
   }
@@ -302,7 +317,8 @@ int main(int argc, char** argv) {
   auto pick = [&](int n) { return std::uniform_int_distribution<int>(0, n - 1)(rng); };
 
   ChaosCluster c;
-  std::printf("chaos: %.1f min, seed %llu, cluster dir %s\n", opt.minutes, (unsigned long long)opt.seed,
+  std::printf("chaos: %.1f min, seed %llu, layout %s, checkpoint every %lld steps, cluster dir %s\n",
+              opt.minutes, (unsigned long long)opt.seed, opt.layout.c_str(), (long long)opt.checkpoint_every,
               c.dir().c_str());
   if (!c.start_coordinator()) {
     std::printf("chaos: the coordinator did not start (see %s)\n", c.dir().c_str());
@@ -315,7 +331,8 @@ int main(int argc, char** argv) {
     std::printf("chaos: the agents did not register their devices\n");
     return 1;
   }
-  const std::string job = c.call({{"op", "submit"}, {"spec", job_spec("chaos", 0, opt.checkpoint_every)}})["job"];
+  const std::string job =
+      c.call({{"op", "submit"}, {"spec", job_spec(opt.layout, "chaos", 0, opt.checkpoint_every)}})["job"];
   if (!wait_until([&] { return c.status(job).value("steps_done", int64_t{0}) >= 8; }, 120s)) {
     std::printf("chaos: job %s did not train 8 steps\n", job.c_str());
     return 1;
@@ -335,7 +352,8 @@ int main(int argc, char** argv) {
   while (Clock::now() < end && !job_ended) {
     // A quiet spell, the job training, before the next fault.
     const auto quiet_until =
-        Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(uniform(2, 6) * 1000));
+        Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(
+                           (opt.interval_s > 0 ? opt.interval_s : uniform(2, 6)) * 1000));
     while (Clock::now() < quiet_until) {
       tail.poll();
       std::this_thread::sleep_for(50ms);
@@ -518,7 +536,7 @@ int main(int argc, char** argv) {
   // steps trained whose last-written line came from the planned layout.
   const int64_t steps = tail.curve().empty() ? 0 : tail.curve().rbegin()->first;
   std::printf("\nchaos: reference run of %lld steps on one host...\n", (long long)steps);
-  const auto want = one_host_curve(job_spec("chaos", 0, opt.checkpoint_every), steps);
+  const auto want = one_host_curve(job_spec(opt.layout, "chaos", 0, opt.checkpoint_every), steps);
   int64_t compared = 0, mismatched = 0, other_layout = 0, missing = 0;
   double worst = 0;
   for (const auto& [step, p] : tail.curve()) {

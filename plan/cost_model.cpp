@@ -199,7 +199,9 @@ Estimate estimate(const Workload& spec_work, const Candidate& c, const HardwareP
       if (w.zero >= 2 && L.pp == 1) mem.grads = P * 4 / L.dp + std::min(P * 4, 16.0 * (1 << 20));
       if (w.zero >= 3)  // this rank's part, and two blocks gathered at a time
         mem.params = mem.params / L.dp + 2 * block_params(m, L.tp) * (4 + (w.compute != DType::f32 ? 2 : 0));
-      if (w.memory_snapshots) mem.snapshots = 2 * (P * 4 + mem.optimizer);
+      // Two snapshots of its own and, with more than one rank, two copies of its buddy
+      // partner's (counted as large as its own).
+      if (w.memory_snapshots) mem.snapshots = (L.world() > 1 ? 4 : 2) * (P * 4 + mem.optimizer);
     }
     double act = 0, act_one = 0;  // all in flight; one micro-batch through every chunk
     bool recomputes = false;

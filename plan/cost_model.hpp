@@ -94,7 +94,7 @@ struct MemoryEstimate {
   double params = 0;       // master weights (+ 16-bit copy); ZeRO 3: this rank's part + a gathered chunk
   double grads = 0;        // what stays resident between buckets
   double optimizer = 0;    // AdamW's moments (megatron: + the fp32 master)
-  double snapshots = 0;    // the two in-memory snapshots (checkpoint.memory_every): host memory
+  double snapshots = 0;    // in-memory snapshots (checkpoint.memory_every), with the buddy's copies: host memory
   double activations = 0;  // in-flight micro-batches, logits, scratch
   double other = 0;        // the process and the allocator's slack
   double total = 0;
