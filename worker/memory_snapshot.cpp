@@ -11,9 +11,9 @@ int64_t RankState::bytes() const {
 }
 
 uint64_t state_checksum(const RankState& s) {
-  XXH64_state_t* st = XXH64_createState();
-  XXH64_reset(st, 0);
-  auto add = [&](const void* p, size_t n) { XXH64_update(st, p, n); };
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  auto add = [&](const void* p, size_t n) { XXH3_64bits_update(st, p, n); };
   add(&s.next_step, sizeof s.next_step);
   add(s.fingerprint.data(), s.fingerprint.size());
   const int64_t head[3] = {s.rank, s.replicated ? 1 : 0, int64_t(s.tensors.size())};
@@ -26,8 +26,8 @@ uint64_t state_checksum(const RankState& s) {
     add(&n, sizeof n);
     add(t.data(), t.size() * sizeof(float));
   }
-  const uint64_t h = XXH64_digest(st);
-  XXH64_freeState(st);
+  const uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
   return h;
 }
 

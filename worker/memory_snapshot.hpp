@@ -23,13 +23,13 @@ struct RankState {
   parallel::LossScaleState loss_scale;
   bool replicated = false;  // every data-parallel replica holds the same state (train.zero 0)
   int rank = -1;            // the rank that took it
-  // xxh64 of all of the above (state_checksum), computed by the rank that took it: a copy
+  // XXH3-64 of all of the above (state_checksum), computed by the rank that took it: a copy
   // is restored only when its bytes still match.
   uint64_t checksum = 0;
   int64_t bytes() const;
 };
 
-// xxh64 over next_step, fingerprint, rank, replicated, the loss scale and every tensor's bytes.
+// XXH3 (64 bits) over next_step, fingerprint, rank, replicated, the loss scale and every tensor's bytes.
 uint64_t state_checksum(const RankState& s);
 
 class MemorySnapshots {

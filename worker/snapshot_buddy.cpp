@@ -254,7 +254,7 @@ void BuddyLink::heal(bool receive, bool send, int64_t step, MemorySnapshots& own
   if (sum != in->checksum || in->rank != rank_ || step_in != step)
     throw SnapshotCorrupt("the in-memory snapshot of rank " + std::to_string(rank_) + " of step " +
                           std::to_string(step) + " held by rank " + std::to_string(buddy) +
-                          " fails its checksum (xxh64 " + hex(sum) + ", taken as " + hex(in->checksum) +
+                          " fails its checksum (XXH3 " + hex(sum) + ", taken as " + hex(in->checksum) +
                           "): not restored");
   own.commit(*in, step);
 }

@@ -6,7 +6,7 @@
 // agent whenever the job spans two): rank r's copy is held by rank (r + s) mod N, and r holds
 // the copy of rank (r - s) mod N. After each snapshot the rank's link thread, over a gloo
 // communicator of its own (never the training communicators), sends it to the buddy with its
-// xxh64, receives the predecessor's into the older of two held slots, checks its checksum and
+// XXH3 checksum, receives the predecessor's into the older of two held slots, checks its checksum and
 // acknowledges it; the sender's confirmed step advances on a good acknowledgement. All of it
 // runs while the next step trains; the next snapshot waits for it.
 //

@@ -654,7 +654,7 @@ TEST_CASE("survivors: in-memory snapshots are not used, by name, when a place ca
   }
 }
 
-TEST_CASE("survivors: a new rank receives its buddy's copy; the step steps back when the newest is in flight",
+TEST_CASE("survivors: a new rank receives its buddy's copy, the step steps back when the newest is in flight",
           "[recovery][survivors][memory][buddy]") {
   // 4x1x1 on two agents of 2 (ranks 0, 1 on h1; 2, 3 on h2): every buddy sits on the other agent.
   Running r(4, 2, elastic(2));
