@@ -63,7 +63,10 @@ void Engine::Impl::resume_from_memory() {
                   ? "receiving this rank's state from rank " +
                         std::to_string(BuddyRing{world_size(), asg.buddy_shift}.buddy(asg.rank))
                   : "sending a copy of a rank's state");
-    buddy->heal(asg.heal_from_buddy, asg.heal_to_partner, step, *asg.snapshots);
+    int64_t state_bytes = 0;
+    for (auto* st : stage_ptrs) state_bytes += st->store().flat_params().numel() * int64_t(sizeof(float));
+    for (const ParamRef& r : refs) state_bytes += 2 * int64_t(r.numel * sizeof(float));
+    buddy->heal(asg.heal_from_buddy, asg.heal_to_partner, step, state_bytes, *asg.snapshots);
     if (asg.heal_from_buddy) restore_memory(step);
   }
   if (asg.heal_root >= 0) heal_from_replica(asg.heal_root);

@@ -178,8 +178,8 @@ void BuddyLink::offer(const RankState* s) {
 
 void BuddyLink::wait() {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return !busy_ && pending_ == nullptr; });
-  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  cv_.wait(lock, [&] { return error_ || (!busy_ && pending_ == nullptr); });
+  if (error_) std::rethrow_exception(error_);  // every time: the link is done
 }
 
 void BuddyLink::run() {
@@ -233,7 +233,7 @@ void BuddyLink::exchange(const RankState& mine) {
   if (ack_in == mine.next_step) confirmed_.store(mine.next_step);
 }
 
-void BuddyLink::heal(bool receive, bool send, int64_t step, MemorySnapshots& own) {
+void BuddyLink::heal(bool receive, bool send, int64_t step, int64_t state_bytes, MemorySnapshots& own) {
   const RankState* out = nullptr;
   const int partner = ring_.partner(rank_), buddy = ring_.buddy(rank_);
   if (send) {
@@ -243,10 +243,8 @@ void BuddyLink::heal(bool receive, bool send, int64_t step, MemorySnapshots& own
   }
   RankState* in = receive ? &own.begin() : nullptr;
   if (!out && !in) return;
-  int64_t own_bytes = 0;
-  if (const RankState* mine = own.find(step)) own_bytes = mine->bytes();
-  const int64_t step_in = transfer(*comm_, partner, out, out ? out->checksum : 0, buddy, in,
-                                   copy_limit(std::max(own_bytes, out ? out->bytes() : 0)), opt_);
+  const int64_t step_in =
+      transfer(*comm_, partner, out, out ? out->checksum : 0, buddy, in, copy_limit(state_bytes), opt_);
   if (!in) return;
   in->next_step = step_in;
   const uint64_t sum = state_checksum(*in);

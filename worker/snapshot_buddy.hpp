@@ -60,12 +60,14 @@ class BuddyLink {
   // Engine thread, at the start of a generation that continues from memory at `step`, on
   // every rank (collective over the ranks named): `receive`: this rank was started anew and
   // receives its state from its buddy into `own` (throws SnapshotCorrupt on a bad checksum);
-  // `send`: its partner was, and is sent the copy held of it.
-  void heal(bool receive, bool send, int64_t step, MemorySnapshots& own);
+  // `send`: its partner was, and is sent the copy held of it. `state_bytes`: what this rank's
+  // engine holds of the state (bounds what a copy may announce).
+  void heal(bool receive, bool send, int64_t step, int64_t state_bytes, MemorySnapshots& own);
   // Engine thread: `s` (committed in the rank's own snapshots, not written again before the
   // next wait()) goes to the buddy while training goes on.
   void offer(const RankState* s);
-  // Engine thread: waits for the exchange in flight and rethrows its failure.
+  // Engine thread: waits for the exchange in flight and rethrows its failure (every time after
+  // one: the link is done).
   void wait();
   // The newest step whose snapshot the buddy confirmed (-1: none yet).
   int64_t confirmed() const { return confirmed_.load(); }

@@ -622,6 +622,37 @@ TEST_CASE("survivors: the relaunch continues from in-memory snapshots when every
   for (int h : r.j().heal_roots) CHECK(h == 0);
 }
 
+namespace {
+
+// 4x1x1 on two agents of 2 (ranks 0, 1 on h1; 2, 3 on h2: every buddy sits on the other agent,
+// shift 2): every rank reports step 7, then `victims` are SIGKILLed.
+void killed_after_step_7(Running& r, std::initializer_list<int> victims) {
+  REQUIRE(r.j().buddy_shift == 2);
+  Actions s;
+  for (int rank = 0; rank < 4; ++rank)
+    r.f.st.step(r.job, 0, StepSample{rank, 7, 2.0, 1e-3, 64, 10.0, 1.0, {}}, &s);
+  Actions x;
+  for (int v : victims) r.f.st.worker_exited(r.job, 0, v, 100 + v, -1, 9, &x);
+}
+
+// The relaunch after the failure (the clock past its backoff) resumes from the checkpoint, and
+// events.log says why the in-memory snapshots are not used.
+void memory_not_used_because(Running& r, const std::string& why) {
+  Actions t;
+  r.f.st.tick(now_ms() + 1000, &t);
+  REQUIRE(r.j().state == JobState::launching);
+  CHECK(r.j().memory_step == -1);
+  bool named = false;
+  for (const auto& e : t.events)
+    named =
+        named || (e["event"] == "log" &&
+                  e["message"].get<std::string>().find("in-memory snapshots not used") != std::string::npos &&
+                  e["message"].get<std::string>().find(why) != std::string::npos);
+  CHECK(named);
+}
+
+}  // namespace
+
 TEST_CASE("survivors: in-memory snapshots are not used, by name, when a place cannot be filled from them",
           "[recovery][survivors][memory]") {
   struct Case {
@@ -640,30 +671,14 @@ TEST_CASE("survivors: in-memory snapshots are not used, by name, when a place ca
     r.f.st.worker_exited(r.job, 0, 1, 101, -1, 9, &x);
     r.f.st.worker_failed(r.job, 0, 0, FailureCause::aborted, "aborted", &x, true,
                          MemoryHeld{c.held, c.replicated, {}, -1});
-    Actions t;
-    r.f.st.tick(now_ms() + 1000, &t);
-    REQUIRE(r.j().state == JobState::launching);
-    CHECK(r.j().memory_step == -1);
-    bool named = false;
-    for (const auto& e : t.events)
-      named = named ||
-              (e["event"] == "log" &&
-               e["message"].get<std::string>().find("in-memory snapshots not used") != std::string::npos &&
-               e["message"].get<std::string>().find(c.why) != std::string::npos);
-    CHECK(named);
+    memory_not_used_because(r, c.why);
   }
 }
 
 TEST_CASE("survivors: a new rank receives its buddy's copy, the step steps back when the newest is in flight",
           "[recovery][survivors][memory][buddy]") {
-  // 4x1x1 on two agents of 2 (ranks 0, 1 on h1; 2, 3 on h2): every buddy sits on the other agent.
   Running r(4, 2, elastic(2));
-  CHECK(r.j().buddy_shift == 2);
-  Actions s;
-  for (int rank = 0; rank < 4; ++rank)
-    r.f.st.step(r.job, 0, StepSample{rank, 7, 2.0, 1e-3, 64, 10.0, 1.0, {}}, &s);
-  Actions x;
-  r.f.st.worker_exited(r.job, 0, 1, 101, -1, 9, &x);
+  killed_after_step_7(r, {1});
   Actions p;
   // Sharded state (no replica to heal from). Rank 3 holds rank 1's copies; the copy of step 8
   // was in flight when rank 1 died, so it holds step 7 only.
@@ -685,27 +700,12 @@ TEST_CASE("survivors: a new rank receives its buddy's copy, the step steps back 
 TEST_CASE("survivors: a rank whose buddy died with it resumes from the checkpoint, by name",
           "[recovery][survivors][memory][buddy]") {
   Running r(4, 2, elastic(2));
-  REQUIRE(r.j().buddy_shift == 2);
-  Actions s;
-  for (int rank = 0; rank < 4; ++rank)
-    r.f.st.step(r.job, 0, StepSample{rank, 7, 2.0, 1e-3, 64, 10.0, 1.0, {}}, &s);
-  Actions x;
-  r.f.st.worker_exited(r.job, 0, 1, 101, -1, 9, &x);
-  r.f.st.worker_exited(r.job, 0, 3, 103, -1, 9, &x);
+  killed_after_step_7(r, {1, 3});
   Actions p;
   for (int rank : {0, 2})
     r.f.st.worker_failed(r.job, 0, rank, FailureCause::aborted, "aborted", &p, true,
                          MemoryHeld{{8, 7}, false, {8, 7}, (rank + 2) % 4});
-  Actions t;
-  r.f.st.tick(now_ms() + 1000, &t);
-  REQUIRE(r.j().state == JobState::launching);
-  CHECK(r.j().memory_step == -1);
-  bool named = false;
-  for (const auto& e : t.events)
-    named = named || (e["event"] == "log" &&
-                      e["message"].get<std::string>().find(
-                          "rank 1: its buddy, rank 3, failed too (lost buddy)") != std::string::npos);
-  CHECK(named);
+  memory_not_used_because(r, "rank 1: its buddy, rank 3, failed too (lost buddy)");
 }
 
 TEST_CASE("survivors: a layout change or the job's end releases them", "[recovery][survivors]") {

@@ -126,7 +126,7 @@ TEST_CASE("buddies: a rank started anew receives its state from its buddy, a dam
       ts[r] = std::thread([&, r] {
         try {
           auto l = ring.link(r);
-          l->heal(/*receive=*/r == 1, /*send=*/r == 0, 2, ring.own[size_t(r)]);
+          l->heal(/*receive=*/r == 1, /*send=*/r == 0, 2, 1 << 20, ring.own[size_t(r)]);
         } catch (const SnapshotCorrupt& e) {
           errors[r] = std::string("corrupt: ") + e.what();
         } catch (const std::exception& e) {

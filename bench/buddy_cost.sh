@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# What the in-memory snapshots and their copies in the buddies cost a step: the same job
+# through `troupe run` (worker processes over gloo, data-parallel 2, GPT 4 layers x 384,
+# seq 64) with checkpoint.memory_every 0 and 1, the two runs interleaved ROUNDS times.
+#
+#   bench/buddy_cost.sh [BUILD_DIR] [ROUNDS] [STEPS]
+#
+# Prints each run's median step time (metrics.jsonl step_ms, the first 5 steps left out) and
+# wall time, then the medians over the rounds. step_ms does not hold the snapshot itself nor
+# the wait for the previous copy (they follow the step); the wall time does.
+set -euo pipefail
+build=${1:-build}
+rounds=${2:-3}
+steps=${3:-40}
+troupe="$build/troupe"
+[ -x "$troupe" ] || { echo "no $troupe: build first" >&2; exit 2; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+for m in 0 1; do
+  cat >"$work/m$m.yaml" <<YAML
+name: buddy-cost-m$m
+model: {type: gpt, vocab_size: 256, seq_len: 64, d_model: 384, n_layers: 4, n_heads: 6}
+data: {source: synthetic}
+train: {steps: ${steps}, global_batch: 8, micro_batch: 4, seed: 0}
+parallel: {data: 2, pipeline: 1, tensor: 1}
+checkpoint: {memory_every: $m}
+YAML
+done
+
+median() { sort -g | awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'; }
+echo "memory_every  round  median step_ms  wall s"
+for r in $(seq 1 "$rounds"); do
+  for m in 0 1; do
+    start=$(date +%s.%N)
+    "$troupe" run -q "$work/m$m.yaml" --runs-dir "$work/runs_${m}_$r" >"$work/log" 2>&1 || {
+      cat "$work/log" >&2
+      exit 1
+    }
+    wall=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN {print b - a}')
+    ms=$(grep '"loss"' "$work"/runs_${m}_$r/*/metrics.jsonl | tail -n +6 |
+      sed 's/.*"step_ms":\([0-9.e+-]*\).*/\1/' | median)
+    echo "$m $r $ms $wall" >>"$work/rows"
+    printf '%-13s %-6s %-15.1f %.2f\n' "$m" "$r" "$ms" "$wall"
+  done
+done
+for m in 0 1; do
+  ms=$(awk -v m="$m" '$1 == m {print $3}' "$work/rows" | median)
+  wall=$(awk -v m="$m" '$1 == m {print $4}' "$work/rows" | median)
+  printf 'memory_every %s: median step %.1f ms, median wall %.2f s\n' "$m" "$ms" "$wall"
+done
+grep -h "memory:" "$work"/runs_1_1/*/workers/0.log | sed 's/^/rank 0 with snapshots, /'
