@@ -14,6 +14,7 @@
 #include "actors/validate.hpp"
 #include "coordinator/api.hpp"
 #include "coordinator/coordinator_actor_state.hpp"
+#include "core/buddy_ring.hpp"
 #include "core/failure.hpp"
 #include "core/text.hpp"
 #include "plan/plan.hpp"
@@ -109,9 +110,8 @@ Assignment assignment_of(const Job& j, int rank) {
   if (j.memory_step >= 0 && rank < static_cast<int>(j.heal_roots.size())) out.heal_root = j.heal_roots[rank];
   out.buddy_shift = j.buddy_shift;
   if (j.memory_step >= 0 && j.buddy_shift > 0 && static_cast<int>(j.heal_from_buddy.size()) == l.world()) {
-    const int partner = ((rank - j.buddy_shift) % l.world() + l.world()) % l.world();
     out.heal_from_buddy = j.heal_from_buddy[rank] != 0;
-    out.heal_to_partner = j.heal_from_buddy[partner] != 0;
+    out.heal_to_partner = j.heal_from_buddy[BuddyRing{l.world(), j.buddy_shift}.partner(rank)] != 0;
   }
   return out;
 }

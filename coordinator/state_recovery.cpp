@@ -6,6 +6,7 @@
 
 #include "coordinator/policy.hpp"
 #include "coordinator/state.hpp"
+#include "core/buddy_ring.hpp"
 
 namespace troupe::coord {
 
@@ -211,7 +212,7 @@ static bool heal_plan(Job& job, int64_t n, std::string* why) {
     if (by_rank[size_t(r)]) continue;
     std::string buddy_why = "no buddies";
     if (job.buddy_shift > 0) {
-      const int h = (r + job.buddy_shift) % world;
+      const int h = BuddyRing{world, job.buddy_shift}.buddy(r);
       const Survivor* holder = by_rank[size_t(h)];
       if (holder && holder->memory.copies_of == r &&
           std::find(holder->memory.copies.begin(), holder->memory.copies.end(), n) !=
@@ -314,7 +315,7 @@ static int choose_buddy_shift(const Job& job) {
   for (int s = 1; s < n && best_score < 3; ++s) {
     bool other_agent = true, outside = true;
     for (int r = 0; r < n && (other_agent || outside); ++r) {
-      const int q = (r + s) % n;
+      const int q = BuddyRing{n, s}.buddy(r);
       if (job.ranks[size_t(r)].device.agent_id == job.ranks[size_t(q)].device.agent_id) other_agent = false;
       const auto& g = emb[size_t(r)];
       if (std::find(g.begin(), g.end(), q) != g.end()) outside = false;

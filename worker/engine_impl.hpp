@@ -158,6 +158,8 @@ struct Engine::Impl {
   void take_memory_snapshot();
   void restore_memory(int64_t step);
   void heal_from_replica(int root);
+  // What a snapshot holds: every chunk's f32 parameters, and AdamW's m and v (its ZeRO part).
+  int64_t state_bytes() const;
   void start_buddies();
   void resume_from_memory();
   // The link that copies each snapshot into the buddy's memory (null: no buddies).

@@ -32,6 +32,13 @@ std::string Engine::Impl::memory_fingerprint() const {
   return f;
 }
 
+int64_t Engine::Impl::state_bytes() const {
+  int64_t n = 0;
+  for (auto* st : stage_ptrs) n += st->store().flat_params().numel() * int64_t(sizeof(float));
+  for (const ParamRef& r : refs) n += 2 * int64_t(r.numel * sizeof(float));
+  return n;
+}
+
 // The buddy link's communicator: every rank of the world decides the same way (spec and
 // assignment), so that all or none build it.
 void Engine::Impl::start_buddies() {
@@ -63,10 +70,7 @@ void Engine::Impl::resume_from_memory() {
                   ? "receiving this rank's state from rank " +
                         std::to_string(BuddyRing{world_size(), asg.buddy_shift}.buddy(asg.rank))
                   : "sending a copy of a rank's state");
-    int64_t state_bytes = 0;
-    for (auto* st : stage_ptrs) state_bytes += st->store().flat_params().numel() * int64_t(sizeof(float));
-    for (const ParamRef& r : refs) state_bytes += 2 * int64_t(r.numel * sizeof(float));
-    buddy->heal(asg.heal_from_buddy, asg.heal_to_partner, step, state_bytes, *asg.snapshots);
+    buddy->heal(asg.heal_from_buddy, asg.heal_to_partner, step, state_bytes(), *asg.snapshots);
     if (asg.heal_from_buddy) restore_memory(step);
   }
   if (asg.heal_root >= 0) heal_from_replica(asg.heal_root);

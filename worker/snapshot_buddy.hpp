@@ -28,17 +28,10 @@
 #include <thread>
 
 #include "comm/communicator.hpp"
+#include "core/buddy_ring.hpp"
 #include "worker/memory_snapshot.hpp"
 
 namespace troupe {
-
-// Ring arithmetic of one shift over `world` ranks.
-struct BuddyRing {
-  int world = 1;
-  int shift = 0;                                                                    // 0: no buddies
-  int buddy(int rank) const { return (rank + shift) % world; }                      // holds rank's copy
-  int partner(int rank) const { return ((rank - shift) % world + world) % world; }  // whose copy rank holds
-};
 
 // Thrown when a received copy does not match the checksum its state was taken with.
 class SnapshotCorrupt : public std::runtime_error {
