@@ -25,6 +25,9 @@
 // reports a WorkerResult with `stays` and waits; the coordinator either pushes it the
 // Assignment of a later generation (it keeps its rank, device and process) or a refused
 // one (it exits). Its agent still knows it by its launch: (job, launch generation, rank).
+// A hot spare (resources.spares) is launched and registers as a spare rank
+// (version.hpp: kFirstSpareRank + n); its registration is answered with an Assignment of
+// world 0 (no place), and it waits for the Assignment of a place the same way.
 //
 // Registration carries kProtocolVersion; the coordinator refuses a peer that
 // speaks another version, naming both versions.

@@ -19,6 +19,12 @@ std::string generation_rank(int32_t generation, int32_t rank) {
   return "";
 }
 
+// The rank a process was launched as: a place in a world, or a spare's launch rank.
+std::string generation_launch_rank(int32_t generation, int32_t rank) {
+  if (is_spare_rank(rank)) return generation < 0 ? "negative generation " + std::to_string(generation) : "";
+  return generation_rank(generation, rank);
+}
+
 // A checkpoint file name: one plain path component.
 std::string check_file_name(const std::string& name) {
   if (auto e = check_word(name, 255, "checkpoint file name"); !e.empty()) return e;
@@ -55,7 +61,7 @@ std::string check(const AgentHello& m) {
 
 std::string check(const WorkerHello& m) {
   if (auto e = check_word(m.job_id, kMaxId, "job id"); !e.empty()) return e;
-  if (auto e = generation_rank(m.generation, m.rank); !e.empty()) return e;
+  if (auto e = generation_launch_rank(m.generation, m.rank); !e.empty()) return e;
   if (auto e = check_word(m.host, kMaxHost, "host"); !e.empty()) return e;
   if (m.token.size() > kMaxId) return "launch token too long";
   return "";
@@ -63,7 +69,7 @@ std::string check(const WorkerHello& m) {
 
 std::string check(const WorkerExit& m) {
   if (auto e = check_word(m.job_id, kMaxId, "job id"); !e.empty()) return e;
-  return generation_rank(m.generation, m.rank);
+  return generation_launch_rank(m.generation, m.rank);
 }
 
 std::string check(const StepMetrics& m) {
@@ -100,7 +106,7 @@ std::string check(const KillRequest& m) {
   if (m.generations.size() != m.ranks.size()) return "kill request: generations and ranks differ in length";
   if (m.ranks.size() > static_cast<size_t>(kMaxRanks)) return "kill request: too many ranks";
   for (size_t i = 0; i < m.ranks.size(); ++i)
-    if (auto e = generation_rank(m.generations[i], m.ranks[i]); !e.empty()) return e;
+    if (auto e = generation_launch_rank(m.generations[i], m.ranks[i]); !e.empty()) return e;
   return "";
 }
 

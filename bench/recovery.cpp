@@ -44,11 +44,13 @@ struct Sample {
   double detect_ms = -1, recover_ms = -1, step_ms = 0;
 };
 
-enum class Fault { worker_sigkill, agent_sigkill, worker_sigstop };
+enum class Fault { worker_sigkill, worker_sigkill_spare, agent_sigkill, worker_sigstop };
 const char* name(Fault f) {
   switch (f) {
     case Fault::worker_sigkill:
       return "worker SIGKILL (down message)";
+    case Fault::worker_sigkill_spare:
+      return "worker SIGKILL, a hot spare";
     case Fault::agent_sigkill:
       return "agent SIGKILL (shrink 2 -> 1)";
     case Fault::worker_sigstop:
@@ -66,12 +68,19 @@ Sample run_once(Fault kind) {
     c.add_agent("cpu:1");
     c.add_agent("cpu:1");
     extra = "elastic:\n  min_devices: 1\n";
+  } else if (kind == Fault::worker_sigkill_spare) {
+    c.add_agent("cpu:3");
+    extra = "resources:\n  spares: 1\n";
   } else {
     c.add_agent("cpu:2");
   }
   if (!c.wait_devices(2)) return out;
   std::string job = c.call({{"op", "submit"}, {"spec", spec(extra)}})["job"];
-  if (!c.wait_state(job, [](const json& s) { return s["state"] == "running" && s["steps_done"] >= 10; }))
+  if (!c.wait_state(job, [&](const json& s) {
+        const bool spare_ready = kind != Fault::worker_sigkill_spare ||
+                                 (!s["spares"].empty() && s["spares"][0].value("ready", false));
+        return s["state"] == "running" && s["steps_done"] >= 10 && spare_ready;
+      }))
     return out;
   auto st = c.status(job);
   std::string run_dir = st["run_dir"];
@@ -84,7 +93,7 @@ Sample run_once(Fault kind) {
       if (a.value("pid", 0) != 0) agent_pid = a["pid"];
   }
   double t0 = wall_ms();
-  if (kind == Fault::worker_sigkill) ::kill(victim, SIGKILL);
+  if (kind == Fault::worker_sigkill || kind == Fault::worker_sigkill_spare) ::kill(victim, SIGKILL);
   if (kind == Fault::worker_sigstop) ::kill(victim, SIGSTOP);
   if (kind == Fault::agent_sigkill) ::kill(agent_pid, SIGKILL);
   double seen = 0;
@@ -129,7 +138,8 @@ int main(int argc, char** argv) {
   std::printf("recovery of the tiny GPT (data 2, CPU, checkpoint every 5 steps), median of %d run(s)\n",
               runs);
   std::printf("%-34s %14s %22s %12s\n", "fault", "detect ms", "fault->first step ms", "step ms");
-  for (Fault f : {Fault::worker_sigkill, Fault::agent_sigkill, Fault::worker_sigstop}) {
+  for (Fault f :
+       {Fault::worker_sigkill, Fault::worker_sigkill_spare, Fault::agent_sigkill, Fault::worker_sigstop}) {
     std::vector<double> d, r, s;
     for (int i = 0; i < runs; ++i) {
       Sample x = run_once(f);

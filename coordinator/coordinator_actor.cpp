@@ -116,13 +116,26 @@ Assignment assignment_of(const Job& j, int rank) {
   return out;
 }
 
+// What a spare hears when it registers: its launch, and no place yet (world 0). It waits for
+// the Assignment of a place (or a refused one).
+Assignment spare_assignment(const Job& j, int generation, int launch_rank) {
+  Assignment out;
+  out.job_id = j.id;
+  out.generation = generation;
+  out.rank = launch_rank;
+  out.world = 0;
+  out.run_dir = j.run_dir;
+  out.place = "spare";
+  return out;
+}
+
 // A survivor serves the job's current generation: its handle moves to the new key and it
 // is sent the generation's Assignment.
 void apply(self_ptr self, Actions&& a);
 
 void reassign(self_ptr self, const Actions::Reassign& r) {
   auto& s = self->state;
-  auto it = s.workers.find({r.job_id, r.from_generation, r.rank});
+  auto it = s.workers.find({r.job_id, r.from_generation, r.from_rank});
   const Job* j = s.st->job(r.job_id);
   if (!j || j->generation != r.generation || r.rank >= static_cast<int>(j->ranks.size())) return;
   if (it == s.workers.end()) {
@@ -334,7 +347,7 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
             self->monitor(handle);
             s.workers[key] = handle;
             s.worker_refs[handle.address()] = WorkerRef{h.job_id, h.generation, h.rank};
-            out = assignment_of(*w.job, w.rank);
+            out = w.spare ? spare_assignment(*w.job, h.generation, w.rank) : assignment_of(*w.job, w.rank);
           }
           apply(self, std::move(a));
         } catch (const std::exception& e) {
@@ -545,7 +558,7 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
         if (++s.ticks % kWhereEveryTicks == 0)
           for (const auto& [key, handle] : s.workers) {
             auto [job, generation, rank] = key;
-            if (!s.st->current(job, generation)) continue;
+            if (is_spare_rank(rank) || !s.st->current(job, generation)) continue;
             self->request(handle, std::chrono::seconds(1), where_atom::value)
                 .then(
                     [=](const std::string& w) {

@@ -44,8 +44,11 @@ bool from_worker(self_ptr self, const std::string& job, int32_t generation, int3
 bool from_job_worker(self_ptr self, const std::string& job, int32_t generation) {
   if (from_local(self)) return true;
   auto& w = self->state.workers;
+  // The ranks of the generation, not its spares (a spare waiting for a place has no rendezvous).
   for (auto it = w.lower_bound({job, generation, 0});
-       it != w.end() && std::get<0>(it->first) == job && std::get<1>(it->first) == generation; ++it)
+       it != w.end() && std::get<0>(it->first) == job && std::get<1>(it->first) == generation &&
+       std::get<2>(it->first) < kFirstSpareRank;
+       ++it)
     if (from_node(self, it->second->node())) return true;
   return false;
 }

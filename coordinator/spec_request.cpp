@@ -46,6 +46,7 @@ JobRequest job_request(const JobSpec& spec, const std::string& default_hardware)
   r.step_timeout_ms = static_cast<double>(spec.fault.step_timeout.count());
   r.min_devices = spec.elastic.min_devices;
   r.max_devices = spec.elastic.max_devices;
+  r.spares = spec.resources.spares;
   r.auto_plan = plan::has_auto(spec);
   if (r.auto_plan) r.hardware_yaml = hardware_of(spec, default_hardware);
   return r;
@@ -57,6 +58,15 @@ JobRequest job_request_from_yaml(const std::string& yaml_text, const std::string
   require_runnable(spec);             // a job no worker can start is refused at submit, not retried
   plan::require_fits_hardware(spec);  // nor one no device could hold
   JobRequest r = job_request(spec, default_hardware);
+  if (r.auto_plan && r.spares > 0) {
+    auto at = spec.positions.find("resources.spares");
+    throw SpecError({Diagnostic{filename, at == spec.positions.end() ? 0 : at->second.line,
+                                at == spec.positions.end() ? 0 : at->second.col,
+                                "resources.spares: " + std::to_string(r.spares) +
+                                    ": hot spares take the places of a fixed layout; this spec leaves "
+                                    "its layout to the planner (parallel: auto)",
+                                "fix parallel.data, pipeline and tensor, or delete resources.spares"}});
+  }
   // An auto job is planned at launch, for the devices there are then.
   if (r.auto_plan) return r;
   // So is a layout the plan cannot split the model, the batch or the schedule over.

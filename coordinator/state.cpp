@@ -9,6 +9,7 @@
 #include <csignal>
 #include <filesystem>
 
+#include "actors/version.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "coordinator/policy.hpp"
 #include "core/error.hpp"
@@ -107,6 +108,9 @@ void CoordinatorState::remove_agent(const std::string& agent_id, Actions* out) {
     j->survivors.erase(std::remove_if(j->survivors.begin(), j->survivors.end(),
                                       [&](const Survivor& v) { return v.device.agent_id == agent_id; }),
                        j->survivors.end());
+    j->spares.erase(std::remove_if(j->spares.begin(), j->spares.end(),
+                                   [&](const Spare& v) { return v.device.agent_id == agent_id; }),
+                    j->spares.end());
     int first = -1;
     for (size_t r = 0; r < j->ranks.size(); ++r)
       if (j->ranks[r].device.agent_id == agent_id) {
@@ -212,7 +216,11 @@ bool CoordinatorState::try_place(Job& job, Actions* out) {
       }
     }
   } else {
-    devices = registry_.allocate(job.id, req.device_kind, job.layout.world(), &why);
+    // The spares' devices too: a job runs on what it asks for.
+    devices = registry_.allocate(job.id, req.device_kind, job.layout.world() + req.spares, &why);
+    if (!devices && req.spares > 0)
+      why += " (" + std::to_string(job.layout.world()) + " rank(s) and " + std::to_string(req.spares) +
+             " spare(s): resources.spares)";
   }
   if (!devices) {
     if (why != job.reason) {
@@ -222,7 +230,10 @@ bool CoordinatorState::try_place(Job& job, Actions* out) {
     return false;
   }
   transition(job, JobState::planning, "", out);
+  const std::vector<DeviceRef> spare_devices(devices->begin() + job.layout.world(), devices->end());
+  devices->resize(size_t(job.layout.world()));
   launch(job, *devices, out);
+  launch_spares(job, spare_devices, out);
   return true;
 }
 
@@ -257,6 +268,7 @@ void CoordinatorState::launch(Job& job, const std::vector<DeviceRef>& devices, A
   for (size_t r = 0; r < devices.size(); ++r) {
     job.ranks[r].device = devices[r];
     job.ranks[r].launch_generation = job.generation;
+    job.ranks[r].launch_rank = static_cast<int>(r);
     if (const Agent* a = registry_.agent(devices[r].agent_id)) job.ranks[r].host = a->host;
   }
   choose_buddies(job);
@@ -269,7 +281,26 @@ void CoordinatorState::launch(Job& job, const std::vector<DeviceRef>& devices, A
     slot.pid = v.pid;
     slot.host = v.host;
     slot.launch_generation = v.launch_generation;
+    slot.launch_rank = v.launch_rank;
     kept[v.rank] = true;
+  }
+  // Spares take the places the relaunch gave them (try_relaunch: place_spares): their
+  // processes run already.
+  int n_spares = 0;
+  for (Spare& v : job.spares) {
+    if (v.rank < 0) continue;
+    if (v.rank < static_cast<int>(devices.size()) && !kept[v.rank] && devices[v.rank] == v.device) {
+      RankSlot& slot = job.ranks[v.rank];
+      slot.registered = true;
+      slot.pid = v.pid;
+      slot.host = v.host;
+      slot.launch_generation = v.launch_generation;
+      slot.launch_rank = v.launch_rank;
+      kept[v.rank] = true;
+      ++n_spares;
+    } else {
+      v.rank = -1;
+    }
   }
   job.metrics = std::make_unique<MetricsAggregator>(job.layout.world(), job.generation, job.layout.str());
   job.stepped = false;
@@ -278,7 +309,8 @@ void CoordinatorState::launch(Job& job, const std::vector<DeviceRef>& devices, A
     placed += (r ? ", " : "") + std::to_string(r) + "=" + job.ranks[r].host + "/" + devices[r].device;
   std::string from = job.resume_from.empty() ? "" : ", resuming from " + job.resume_from;
   const int n_kept = static_cast<int>(std::count(kept.begin(), kept.end(), true));
-  if (n_kept > 0) from += ", " + std::to_string(n_kept) + " rank(s) kept their process";
+  if (n_kept - n_spares > 0) from += ", " + std::to_string(n_kept - n_spares) + " rank(s) kept their process";
+  if (n_spares > 0) from += ", " + std::to_string(n_spares) + " place(s) taken by a spare";
   transition(job, JobState::launching,
              "generation " + std::to_string(job.generation) + ": placed " + job.layout.str() + " on " +
                  placed + from,
@@ -294,8 +326,17 @@ void CoordinatorState::launch(Job& job, const std::vector<DeviceRef>& devices, A
   }
   for (const Survivor& v : job.survivors)
     if (v.rank >= 0 && v.rank < static_cast<int>(kept.size()) && kept[v.rank])
-      out->reassigns.push_back({job.id, v.generation, v.rank, job.generation});
+      out->reassigns.push_back({job.id, v.generation, v.rank, v.rank, job.generation});
   job.survivors.clear();
+  // A spare that took a place is a rank now: its agent still knows it by its launch.
+  for (auto it = job.spares.begin(); it != job.spares.end();) {
+    if (it->rank < 0) {
+      ++it;
+      continue;
+    }
+    out->reassigns.push_back({job.id, it->launch_generation, it->launch_rank, it->rank, job.generation});
+    it = job.spares.erase(it);
+  }
   if (n_kept == static_cast<int>(devices.size())) {
     transition(
         job, JobState::running,
@@ -325,7 +366,7 @@ void CoordinatorState::stop_workers(Job& job, const std::string& reason, Actions
       return v.rank == static_cast<int>(r) && v.generation == job.generation;
     });
     if (!survives && registry_.agent(s.device.agent_id))
-      kill_launch(kills, s.device.agent_id, job.id, s.launch_generation, static_cast<int>(r));
+      kill_launch(kills, s.device.agent_id, job.id, s.launch_generation, s.launch_rank);
   }
   for (auto& k : kills) out->kills.push_back(std::move(k));
 }
@@ -335,8 +376,8 @@ void CoordinatorState::keep_survivors(Job& job, int blamed) {
   for (size_t r = 0; r < job.ranks.size(); ++r) {
     const RankSlot& s = job.ranks[r];
     if (static_cast<int>(r) == blamed || !s.registered || s.done || s.exited) continue;
-    job.survivors.push_back(Survivor{static_cast<int>(r), job.generation, s.launch_generation, s.pid,
-                                     s.device, s.host, s.stays, s.memory});
+    job.survivors.push_back(Survivor{static_cast<int>(r), job.generation, s.launch_generation, s.launch_rank,
+                                     s.pid, s.device, s.host, s.stays, s.memory});
   }
 }
 
@@ -350,7 +391,7 @@ void CoordinatorState::drop_survivors(Job& job, const std::function<bool(const S
     }
     out->releases.push_back({job.id, it->generation, it->rank, why});
     if (registry_.agent(it->device.agent_id))
-      kill_launch(kills, it->device.agent_id, job.id, it->launch_generation, it->rank);
+      kill_launch(kills, it->device.agent_id, job.id, it->launch_generation, it->launch_rank);
     registry_.release_device(job.id, it->device);
     it = job.survivors.erase(it);
   }
@@ -361,12 +402,17 @@ void CoordinatorState::end_generation(Job& job, JobState to, const std::string& 
                                       const std::string& abort_reason, double relaunch_at_ms, Actions* out) {
   transition(job, to, reason, out);
   // A job that ends releases the processes it kept for its next generation.
-  if (to != JobState::recovering)
+  if (to != JobState::recovering) {
     drop_survivors(
         job, [](const Survivor&) { return true; }, "job " + std::string(to_string(to)), out);
+    while (!job.spares.empty())
+      drop_spare(job, job.spares.back().launch_generation, job.spares.back().launch_rank,
+                 "job " + std::string(to_string(to)), true, true, out);
+  }
   if (!abort_reason.empty()) stop_workers(job, abort_reason, out);
   std::vector<DeviceRef> keep;
   for (const Survivor& v : job.survivors) keep.push_back(v.device);
+  for (const Spare& v : job.spares) keep.push_back(v.device);
   registry_.release(job.id, keep);
   store_.drop_job(job.id);
   if (to == JobState::recovering) {
@@ -404,11 +450,20 @@ bool CoordinatorState::cancel(const std::string& job_id, const std::string& reas
 // ---------------------------------------------------------------- workers
 
 void CoordinatorState::worker_launched(const std::string& job_id, int generation, int rank, int pid) {
+  if (actors::is_spare_rank(rank)) {
+    if (Job* j = find(job_id))
+      if (Spare* v = find_spare(*j, generation, rank)) v->pid = pid;
+    return;
+  }
   if (Job* j = rank_job(job_id, generation, rank)) j->ranks[rank].pid = pid;
 }
 
 void CoordinatorState::launch_failed(const std::string& job_id, int generation, int rank,
                                      const std::string& message, Actions* out) {
+  if (actors::is_spare_rank(rank)) {
+    if (Job* j = find(job_id)) drop_spare(*j, generation, rank, message, false, false, out);
+    return;
+  }
   Job* j = rank_job(job_id, generation, rank);
   if (!j) return;
   j->ranks[rank].exited = true;
@@ -429,6 +484,28 @@ WorkerAssignment CoordinatorState::register_worker(int protocol, const std::stri
   Job* j = find(job_id);
   if (!j) {
     a.refused = "unknown job '" + job_id + "'";
+    return a;
+  }
+  if (actors::is_spare_rank(rank)) {
+    // A spare waits for a place, across generations: it is known by its launch.
+    Spare* v = is_terminal(j->state) ? nullptr : find_spare(*j, generation, rank);
+    if (!v || v->ready) {
+      a.refused = "job " + job_id + " has no spare " + std::to_string(rank - actors::kFirstSpareRank) +
+                  " of generation " + std::to_string(generation) + " waiting to register";
+      return a;
+    }
+    v->ready = true;
+    v->pid = pid;
+    if (!host.empty()) v->host = host;
+    ++j->control_messages;
+    out->events.push_back(
+        {{"event", "log"},
+         {"job", job_id},
+         {"message", "spare " + std::to_string(rank - actors::kFirstSpareRank) + " (pid " +
+                         std::to_string(pid) + ", " + v->device.device + " on " + v->host + ") is ready"}});
+    a.job = j;
+    a.rank = rank;
+    a.spare = true;
     return a;
   }
   if (j->generation != generation) {
@@ -572,6 +649,8 @@ void CoordinatorState::worker_failed(const std::string& job_id, int generation, 
 void CoordinatorState::survivor_lost(const std::string& job_id, int generation, int rank, Actions* out) {
   Job* j = find(job_id);
   if (!j) return;
+  if (actors::is_spare_rank(rank))
+    return drop_spare(*j, generation, rank, "its connection to the coordinator broke", true, false, out);
   drop_survivors(
       *j, [&](const Survivor& v) { return v.generation == generation && v.rank == rank; },
       "its connection to the coordinator broke", out);
@@ -583,16 +662,32 @@ void CoordinatorState::worker_exited(const std::string& job_id, int generation, 
   // now runs the job's current one, or waits for it.
   Job* j = find(job_id);
   if (!j) return;
+  if (find_spare(*j, generation, rank)) {
+    const std::string how =
+        signal > 0 ? "was killed by " + signal_name(signal) : "exited with code " + std::to_string(exit_code);
+    return drop_spare(*j, generation, rank, "its process " + how, false, false, out);
+  }
   for (auto it = j->survivors.begin(); it != j->survivors.end(); ++it)
-    if (it->launch_generation == generation && it->rank == rank) {
+    if (it->launch_generation == generation && it->launch_rank == rank) {
       registry_.release_device(j->id, it->device);
       j->survivors.erase(it);
       return;
     }
-  // The ranks of a recovering job are those of the generation that ended: news of them changes nothing.
-  if (j->state == JobState::recovering || rank < 0 || rank >= static_cast<int>(j->ranks.size()) ||
-      j->ranks[rank].launch_generation != generation)
-    return;
+  // The ranks of a recovering job are those of the generation that ended: news of them changes
+  // nothing. A rank is found by its launch (a spare that took a place has a spare's launch rank).
+  if (j->state == JobState::recovering) return;
+  auto launched_as = [&](int r) {
+    return r >= 0 && r < static_cast<int>(j->ranks.size()) && j->ranks[r].launch_generation == generation &&
+           j->ranks[r].launch_rank == rank;
+  };
+  if (!launched_as(rank)) {
+    if (!actors::is_spare_rank(rank)) return;
+    int found = -1;
+    for (int r = 0; r < static_cast<int>(j->ranks.size()) && found < 0; ++r)
+      if (launched_as(r)) found = r;
+    if (found < 0) return;
+    rank = found;
+  }
   RankSlot& s = j->ranks[rank];
   s.exited = true;
   std::string how =
@@ -614,6 +709,7 @@ void CoordinatorState::worker_exited(const std::string& job_id, int generation, 
 
 void CoordinatorState::worker_lost(const std::string& job_id, int generation, int rank,
                                    const std::string& why, Actions* out) {
+  if (actors::is_spare_rank(rank)) return survivor_lost(job_id, generation, rank, out);
   // A rank whose generation ended before its loss was noticed: a survivor no more.
   if (const Job* k = job(job_id); k && k->generation != generation)
     return survivor_lost(job_id, generation, rank, out);

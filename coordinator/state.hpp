@@ -42,6 +42,7 @@ struct JobRequest {
   std::string checkpoint_dir;    // "" = <run dir>/ckpt
   int checkpoint_keep = 0;       // checkpoint.keep: committed steps kept (0 = all)
   bool memory_snapshots = true;  // the ranks take in-memory snapshots (checkpoint.memory_every)
+  int spares = 0;  // resources.spares: idle worker processes kept ready to take a failed rank's place
   int max_restarts = 0;
   double restart_backoff_ms = 250;     // before the first relaunch; doubles with each restart, at most 8 s
   double step_timeout_ms = 0;          // 0 = max(10 s, 20 x the median step time)
@@ -70,9 +71,11 @@ struct RankSlot {
   DeviceRef device;
   std::string host;
   int pid = 0;
-  // The generation whose launch started this rank's process: its agent knows it by
-  // (job, launch_generation, rank). Older than the job's generation for a survivor.
+  // The launch that started this rank's process: its agent knows it by (job,
+  // launch_generation, launch_rank). Older than the job's generation for a survivor; a
+  // spare's launch rank (actors/version.hpp: kFirstSpareRank) for a place a spare took.
   int launch_generation = 0;
+  int launch_rank = 0;
   bool registered = false;  // the worker process asked for its assignment
   bool done = false;        // it reported success
   bool drained = false;     // with done: it stopped after the checkpoint of a resize
@@ -88,12 +91,25 @@ struct RankSlot {
 struct Survivor {
   int rank = 0;
   int generation = 0;         // the generation it last ran (its key on the coordinator)
-  int launch_generation = 0;  // its agent's key (RankSlot::launch_generation)
+  int launch_generation = 0;  // its agent's key (RankSlot::launch_generation, launch_rank)
+  int launch_rank = 0;
   int pid = 0;
   DeviceRef device;
   std::string host;
   bool parked = false;  // it reported the end of its generation and waits for an assignment
   MemoryHeld memory;
+};
+
+// A hot spare: a worker process started for the job on a device of its own, registered and
+// waiting (ready) until a relaunch gives it a failed rank's place. It outlives generations.
+struct Spare {
+  int launch_generation = 0;  // its agent's key, and its key on the coordinator while it waits
+  int launch_rank = 0;        // actors/version.hpp: kFirstSpareRank + n
+  int pid = 0;
+  DeviceRef device;
+  std::string host;
+  bool ready = false;  // it registered and waits for a place
+  int rank = -1;       // the place the job's next launch gives it (-1: none)
 };
 
 struct Job {
@@ -110,6 +126,11 @@ struct Job {
   // Recovering: the processes of the failed generation that may serve the next one (they
   // hold their devices meanwhile). Taken by the relaunch when the layout stays, else released.
   std::vector<Survivor> survivors;
+  // resources.spares: the job's spare processes (their devices are the job's), and how many it
+  // launched so far (each gets the next spare launch rank). A relaunch gives ready spares the
+  // places no survivor keeps (Spare::rank) and starts new ones on free devices.
+  std::vector<Spare> spares;
+  int spare_launches = 0;
   // The first report of the current generation from a rank that a peer failed through the data
   // plane (comm_peer_lost, ...): it names no culprit, so it becomes the generation's failure only
   // when no direct report (an exit, a lost connection) of another rank follows within a grace
@@ -209,11 +230,12 @@ struct Actions {
     int64_t step = 0;
   };
   std::vector<Drain> drains;
-  // A survivor serves a later generation: the shell re-keys its handle from
-  // (job, from_generation, rank) to (job, generation, rank) and pushes it the Assignment.
+  // A survivor or a spare serves a later generation: the shell re-keys its handle from
+  // (job, from_generation, from_rank) to (job, generation, rank) and pushes it the Assignment.
   struct Reassign {
     std::string job_id;
     int from_generation = 0;
+    int from_rank = 0;
     int rank = 0;
     int generation = 0;
   };
@@ -240,6 +262,7 @@ struct WorkerAssignment {
   std::string refused;
   const Job* job = nullptr;
   int rank = 0;
+  bool spare = false;     // a spare: it waits for a place (rank is its launch rank)
   plan::RankPlace place;  // where the rank sits in job->plan
 };
 
@@ -375,6 +398,20 @@ class CoordinatorState {
   void drop_survivors(Job& job, const std::function<bool(const Survivor&)>& drop, const std::string& why,
                       Actions* out);
   bool try_place(Job& job, Actions* out);
+  // ---- spares (coordinator/state_spares.cpp)
+  // Launches a spare process on each of `devices` (held for the job already).
+  void launch_spares(Job& job, const std::vector<DeviceRef>& devices, Actions* out);
+  // Starts spares on free devices until the job has resources.spares of them again.
+  void replenish_spares(Job& job, Actions* out);
+  // The job's spare launched as (generation, rank), or nullptr.
+  Spare* find_spare(Job& job, int generation, int rank);
+  // Forgets a spare whose process is gone or going (`kill`: its agent is told to kill it,
+  // `release`: it is told no generation needs it), frees its device, says why in events.log.
+  void drop_spare(Job& job, int generation, int rank, const std::string& why, bool kill, bool release,
+                  Actions* out);
+  // The spares' share of the relaunch: gives ready spares the places in `taken` that no
+  // survivor keeps (at most `need`), writing their devices into `devices`. Returns how many.
+  int place_spares(Job& job, std::vector<DeviceRef>& devices, std::vector<bool>& taken, int need);
   // A rank failed: restart the job (recovering) when its policy allows, else fail it
   // (coordinator/policy.hpp: judge_failure).
   // `rank_stays`: the rank reported the failure and waits for a later generation (a peer

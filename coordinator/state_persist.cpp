@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include "core/error.hpp"
 #include "core/hostile_file.hpp"
 #include "core/json_read.hpp"
+#include "core/spec.hpp"
 
 namespace troupe::coord {
 
@@ -81,6 +83,7 @@ nlohmann::json request_json(const JobRequest& r) {
           {"replacement_wait_ms", r.replacement_wait_ms},
           {"min_devices", r.min_devices},
           {"max_devices", r.max_devices},
+          {"spares", r.spares},
           {"auto_plan", r.auto_plan},
           {"hardware_yaml", r.hardware_yaml}};
 }
@@ -113,6 +116,7 @@ JobRequest request_from(const nlohmann::json& x) {
   r.replacement_wait_ms = x.at("replacement_wait_ms").get<double>();
   r.min_devices = x.at("min_devices").get<int>();
   r.max_devices = x.at("max_devices").get<int>();
+  r.spares = std::clamp(x.value("spares", 0), 0, kMaxSpares);
   r.auto_plan = x.value("auto_plan", false);
   r.hardware_yaml = x.value("hardware_yaml", std::string());
   TROUPE_CHECK(!r.auto_plan || !r.hardware_yaml.empty(), "job ", r.name,

@@ -97,8 +97,11 @@ void CoordinatorState::try_relaunch(Job& job, double now, Actions* out) {
   }
   const int unit = job.layout.pp * job.layout.tp;
   int want = job.target_dp > 0 ? job.target_dp : job.layout.dp;
-  // The survivors' devices count: they are the job's own.
-  int free_devices = registry_.free(job.request.device_kind) + static_cast<int>(job.survivors.size());
+  // The survivors' and the ready spares' devices count: they are the job's own.
+  const int ready_spares = static_cast<int>(
+      std::count_if(job.spares.begin(), job.spares.end(), [](const Spare& v) { return v.ready; }));
+  int free_devices =
+      registry_.free(job.request.device_kind) + static_cast<int>(job.survivors.size()) + ready_spares;
   int d = fit_data_size(job, want, free_devices);
   if (d == 0)
     return wait_for_devices(job, now,
@@ -123,36 +126,34 @@ void CoordinatorState::try_relaunch(Job& job, double now, Actions* out) {
             std::to_string(job.layout.pp) + "x" + std::to_string(job.layout.tp),
         out);
   }
-  std::string why;
-  std::optional<std::vector<DeviceRef>> devices;
-  if (job.survivors.empty()) {
-    devices = registry_.allocate(job.id, job.request.device_kind, d * unit, &why);
-  } else {
-    // The survivors' places, and new devices for the others.
-    const int need = d * unit - static_cast<int>(job.survivors.size());
-    std::vector<DeviceRef> fresh;
-    if (need > 0) {
-      auto got = registry_.allocate(job.id, job.request.device_kind, need, &why);
-      if (!got) return;
-      fresh = std::move(*got);
+  // The survivors' places, ready spares in the places of the ranks that failed, and new
+  // devices for the rest.
+  std::vector<DeviceRef> devices(size_t(d * unit));
+  std::vector<bool> taken(size_t(d * unit), false);
+  int need = d * unit;
+  for (const Survivor& v : job.survivors)
+    if (v.rank < d * unit) {
+      devices[size_t(v.rank)] = v.device;
+      taken[size_t(v.rank)] = true;
+      --need;
     }
-    std::vector<DeviceRef> all(d * unit);
-    std::vector<bool> taken(d * unit, false);
-    for (const Survivor& v : job.survivors)
-      if (v.rank < d * unit) {
-        all[v.rank] = v.device;
-        taken[v.rank] = true;
-      }
+  need -= place_spares(job, devices, taken, need);
+  if (need > 0) {
+    std::string why;
+    auto fresh = registry_.allocate(job.id, job.request.device_kind, need, &why);
+    if (!fresh) {
+      for (Spare& v : job.spares) v.rank = -1;
+      return;
+    }
     size_t next = 0;
     for (int r = 0; r < d * unit; ++r)
-      if (!taken[r] && next < fresh.size()) all[r] = fresh[next++];
-    devices = std::move(all);
+      if (!taken[size_t(r)] && next < fresh->size()) devices[size_t(r)] = (*fresh)[next++];
   }
-  if (!devices) return;
   const Layout from = job.layout;
   job.layout.dp = d;
   job.target_dp = 0;
-  relaunch_from_checkpoint(job, from, *devices, out);
+  relaunch_from_checkpoint(job, from, devices, out);
+  replenish_spares(job, out);
 }
 
 void CoordinatorState::relaunch_auto(Job& job, double now, Actions* out) {
@@ -208,9 +209,13 @@ static bool heal_plan(Job& job, int64_t n, std::string* why) {
     }
     by_rank[size_t(v.rank)] = &v;
   }
+  // Every rank that cannot be healed is looked at: a lost buddy, the reason no later step
+  // could undo, is named before a copy merely missing (it may have been in flight).
+  std::string missing, lost;
   for (int r = 0; r < world; ++r) {
     if (by_rank[size_t(r)]) continue;
     std::string buddy_why = "no buddies";
+    bool buddy_lost = false;
     if (job.buddy_shift > 0) {
       const int h = BuddyRing{world, job.buddy_shift}.buddy(r);
       const Survivor* holder = by_rank[size_t(h)];
@@ -223,6 +228,7 @@ static bool heal_plan(Job& job, int64_t n, std::string* why) {
       buddy_why = holder ? "its buddy, rank " + std::to_string(h) +
                                ", holds no copy of its snapshot of step " + std::to_string(n)
                          : "its buddy, rank " + std::to_string(h) + ", failed too (lost buddy)";
+      buddy_lost = !holder;
     }
     const int t = r % l.tp, p = (r / l.tp) % l.pp;
     int root = -1;
@@ -234,15 +240,19 @@ static bool heal_plan(Job& job, int64_t n, std::string* why) {
       if (by_rank[size_t(q)]->memory.replicated) root = q;
     }
     if (root < 0) {
-      *why = "rank " + std::to_string(r) + ": " + buddy_why + ", and " +
-             (l.dp == 1           ? "no data-parallel replica to receive its state from"
-              : !replica_survived ? "no data-parallel replica survived"
-                                  : "its data-parallel replicas hold sharded state (train.zero)");
-      return false;
+      std::string& slot = buddy_lost ? lost : missing;
+      if (slot.empty())
+        slot = "rank " + std::to_string(r) + ": " + buddy_why + ", and " +
+               (l.dp == 1           ? "no data-parallel replica to receive its state from"
+                : !replica_survived ? "no data-parallel replica survived"
+                                    : "its data-parallel replicas hold sharded state (train.zero)");
+      continue;
     }
     for (int d = 0; d < l.dp; ++d) job.heal_roots[size_t((d * l.pp + p) * l.tp + t)] = root;
   }
-  return true;
+  if (lost.empty() && missing.empty()) return true;
+  *why = lost.empty() ? missing : lost;
+  return false;
 }
 
 void CoordinatorState::plan_memory_resume(Job& job, int64_t disk_step, Actions* out) {
@@ -342,8 +352,10 @@ void CoordinatorState::relaunch_from_checkpoint(Job& job, const Layout& from,
     out->events.push_back({{"event", "log"}, {"job", job.id}, {"message", "checkpoint skipped: " + s}});
   job.resume_from = ckpt.empty() ? job.request.resume_from : ckpt;
   plan_memory_resume(job, checkpoint_step(job.resume_from), out);
-  nlohmann::json kept = nlohmann::json::array();
+  nlohmann::json kept = nlohmann::json::array(), spares = nlohmann::json::array();
   for (const Survivor& v : job.survivors) kept.push_back(v.rank);
+  for (const Spare& v : job.spares)
+    if (v.rank >= 0) spares.push_back({{"rank", v.rank}, {"pid", v.pid}});
   out->events.push_back({{"event", "relaunch"},
                          {"job", job.id},
                          {"generation", job.generation},
@@ -351,6 +363,7 @@ void CoordinatorState::relaunch_from_checkpoint(Job& job, const Layout& from,
                          {"layout", job.layout.str()},
                          {"resume_from", job.resume_from},
                          {"kept_ranks", kept},
+                         {"spares_taking", spares},
                          {"memory_step", job.memory_step}});
   launch(job, devices, out);
 }

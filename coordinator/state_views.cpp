@@ -54,6 +54,14 @@ nlohmann::json CoordinatorState::job_json(const Job& j) const {
       {"total_steps", j.request.total_steps},
       {"control_messages", j.control_messages},
       {"workers", workers}};
+  nlohmann::json spares = nlohmann::json::array();
+  for (const Spare& v : j.spares)
+    spares.push_back({{"agent", v.device.agent_id},
+                      {"host", v.host},
+                      {"device", v.device.device},
+                      {"pid", v.pid},
+                      {"ready", v.ready}});
+  out["spares"] = spares;
   if (j.last_step >= 0) out["loss"] = j.last_loss;
   if (j.planned.is_object()) {
     // What the planner chose for this generation, and why.

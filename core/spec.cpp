@@ -106,7 +106,7 @@ bool operator==(const ParallelSpec& a, const ParallelSpec& b) {
 }
 bool operator==(const ResourcesSpec& a, const ResourcesSpec& b) {
   return a.device == b.device && a.threads_per_worker == b.threads_per_worker &&
-         a.memory_per_device == b.memory_per_device && a.hardware == b.hardware;
+         a.memory_per_device == b.memory_per_device && a.hardware == b.hardware && a.spares == b.spares;
 }
 bool operator==(const CheckpointSpec& a, const CheckpointSpec& b) {
   return a.dir == b.dir && a.every == b.every && a.keep == b.keep && a.async == b.async &&
@@ -482,6 +482,7 @@ std::string to_yaml(const JobSpec& s) {
   y << "  threads_per_worker: " << s.resources.threads_per_worker << "\n";
   y << "  memory_per_device: " << format_size(s.resources.memory_per_device) << "\n";
   y << "  hardware: " << quote(s.resources.hardware) << "\n";
+  y << "  spares: " << s.resources.spares << "\n";
   y << "checkpoint:\n";
   y << "  dir: " << quote(s.checkpoint.dir) << "\n";
   y << "  every: " << s.checkpoint.every << "\n";

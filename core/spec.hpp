@@ -152,6 +152,9 @@ struct ParallelSpec {
   bool sequence_parallel = false;
 };
 
+// At most this many hot spares per job (resources.spares).
+constexpr int kMaxSpares = 64;
+
 struct ResourcesSpec {
   DeviceKind device = DeviceKind::cpu;
   int threads_per_worker = 1;
@@ -159,6 +162,9 @@ struct ResourcesSpec {
   // The hardware profile the planner prices the job with (plan/hardware.hpp): a name, never a
   // path; "" = the device's default (the calibrated "cpu" profile, or "h100-sxm").
   std::string hardware;
+  // Hot spares: worker processes started with the job on devices of their own, registered and
+  // waiting; a failed rank's place goes to one without a process start. Fixed layouts only.
+  int spares = 0;
 };
 
 struct CheckpointSpec {

@@ -67,6 +67,12 @@ const Table& resources_table() {
        [](S& s, K& k, JobSpec& j) { s.integer(k, j.resources.threads_per_worker, 1, 1024); }},
       {"memory_per_device", [](S& s, K& k, JobSpec& j) { s.size(k, j.resources.memory_per_device); }},
       {"hardware", [](S& s, K& k, JobSpec& j) { s.hardware_name(k, j.resources.hardware); }},
+      {"spares",
+       [](S& s, K& k, JobSpec& j) {
+         s.integer(k, j.resources.spares, 0, kMaxSpares, false,
+                   "resources.spares is 0 (none) to " + std::to_string(kMaxSpares) +
+                       " idle worker processes kept ready");
+       }},
   }};
   return t;
 }

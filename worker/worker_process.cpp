@@ -41,6 +41,8 @@ using namespace troupe::actors;
 
 // How long a process whose generation ended waits for its next assignment.
 constexpr auto kParkedWait = std::chrono::minutes(10);
+// A spare waits for a place as long as its job runs (the coordinator releases it at the end).
+constexpr auto kSpareWait = std::chrono::hours(24 * 365);
 
 // Shared by the worker actor (abort, drain, where, assignments) and the engine thread.
 struct Control {
@@ -361,6 +363,23 @@ int run_worker(const WorkerOptions& o) {
   // On one host the ranks talk over loopback; across hosts over the address the
   // coordinator reaches this host by, unless the agent named one.
   std::cout << "data plane: " << data_address << std::endl;
+  if (actors::is_spare_rank(a.rank)) {
+    // A hot spare: started, connected and registered; a relaunch gives it a failed rank's place.
+    std::cout << "spare " << a.rank - actors::kFirstSpareRank << ": registered, waiting for a place"
+              << std::endl;
+    {
+      std::lock_guard<std::mutex> lock(control->mu);
+      control->phase = "spare: waiting for a place";
+    }
+    a = control->next_assignment(kSpareWait);
+    if (!a.refused.empty() || actors::is_spare_rank(a.rank)) {
+      std::cout << "troupe worker: "
+                << (a.refused.empty() ? "a spare's assignment names no place" : a.refused) << std::endl;
+      caf::anon_send_exit(self_actor, caf::exit_reason::user_shutdown);
+      return a.refused.rfind("no later generation", 0) == 0 ? 0 : 1;  // released, or lost
+    }
+    std::cout << "spare: takes rank " << a.rank << " of generation " << a.generation << std::endl;
+  }
 
   WorkerResult result;
   MemorySnapshots snapshots;  // this rank's state after its latest steps, across generations

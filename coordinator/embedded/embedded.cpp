@@ -47,7 +47,8 @@ int run_job_embedded(const JobSpec& spec, const RunOptions& o) {
   try {
     const coord::JobRequest req = coord::job_request(spec, o.hardware);
     devices = worker::expand_devices(
-        o.devices.empty() ? worker::local_devices(req.device_kind, req.layout.world()) : o.devices);
+        o.devices.empty() ? worker::local_devices(req.device_kind, req.layout.world() + req.spares)
+                          : o.devices);
   } catch (const std::exception& e) {
     std::cerr << "troupe run: " << e.what() << "\n";
     return 2;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "actors/version.hpp"
 #include "coordinator/job.hpp"
 #include "coordinator/metrics.hpp"
 #include "coordinator/registry.hpp"
@@ -706,6 +707,36 @@ TEST_CASE("survivors: a rank whose buddy died with it resumes from the checkpoin
     r.f.st.worker_failed(r.job, 0, rank, FailureCause::aborted, "aborted", &p, true,
                          MemoryHeld{{8, 7}, false, {8, 7}, (rank + 2) % 4});
   memory_not_used_because(r, "rank 1: its buddy, rank 3, failed too (lost buddy)");
+
+  // Data 3 on agents of 2 and 1 devices: shift 1 (no shift puts every buddy on another agent).
+  // Ranks 0 and 2 die; rank 0's copy of step 8 was still in flight to rank 1, rank 2's buddy is
+  // rank 0. The lost buddy is named, not the copy in flight, whichever rank comes first.
+  Fixture f;
+  Actions a;
+  f.st.register_agent(7, "h1", 1, cpus(2), &a);
+  f.st.register_agent(7, "h2", 2, cpus(1), &a);
+  JobRequest req = elastic(2);
+  req.layout = {3, 1, 1};
+  req.plan.global_batch = 6;
+  const std::string job = f.st.submit(req, &a);
+  f.st.set_checkpoint_finder(
+      [](const std::string& root, std::vector<std::string>*) { return root + "/step_000004"; });
+  for (int rank = 0; rank < 3; ++rank) f.st.register_worker(7, job, 0, rank, "h", 100 + rank, &a);
+  REQUIRE(f.st.job(job)->buddy_shift == 1);
+  for (int rank = 0; rank < 3; ++rank)
+    f.st.step(job, 0, StepSample{rank, 7, 2.0, 1e-3, 64, 10.0, 1.0, {}}, &a);
+  for (int v : {0, 2}) f.st.worker_exited(job, 0, v, 100 + v, -1, 9, &a);
+  f.st.worker_failed(job, 0, 1, FailureCause::aborted, "aborted", &a, true,
+                     MemoryHeld{{8, 7}, false, {7}, 0});
+  Actions t;
+  f.st.tick(now_ms() + 1000, &t);
+  REQUIRE(f.st.job(job)->state == JobState::launching);
+  bool named = false;
+  for (const auto& e : t.events)
+    named = named || (e["event"] == "log" &&
+                      e["message"].get<std::string>().find(
+                          "rank 2: its buddy, rank 0, failed too (lost buddy)") != std::string::npos);
+  CHECK(named);
 }
 
 TEST_CASE("survivors: a layout change or the job's end releases them", "[recovery][survivors]") {
@@ -1042,4 +1073,98 @@ TEST_CASE("recovery: during the backoff the freed devices stay with the recoveri
   CHECK(r.j().state == JobState::launching);
   CHECK(r.j().generation == 1);
   CHECK(r.f.st.job(waiting)->state == JobState::queued);
+}
+
+TEST_CASE("spares: started with the job, a ready spare takes a failed rank's place without a launch",
+          "[recovery][spares]") {
+  JobRequest req = elastic(3);
+  req.spares = 1;
+  Running r(2, 2, req);
+  const int spare0 = troupe::actors::kFirstSpareRank;
+  // Placed on world + spares devices: two ranks and one spare process, launched as a spare rank.
+  REQUIRE(r.j().spares.size() == 1);
+  CHECK(r.j().spares[0].launch_rank == spare0);
+  CHECK(r.f.st.registry().free("cpu") == 1);
+  CHECK(r.j().state == JobState::running);
+  // An unknown spare may not register; the launched one may, once.
+  Actions reg;
+  CHECK(!r.f.st.register_worker(7, r.job, 0, spare0 + 5, "h1", 300, &reg).refused.empty());
+  const WorkerAssignment w = r.f.st.register_worker(7, r.job, 0, spare0, "h2", 300, &reg);
+  REQUIRE(w.refused.empty());
+  CHECK(w.spare);
+  CHECK(r.j().spares[0].ready);
+  CHECK(!r.f.st.register_worker(7, r.job, 0, spare0, "h2", 300, &reg).refused.empty());
+
+  // Rank 1 is killed: the survivor and the spare keep their devices.
+  Actions x;
+  r.f.st.worker_exited(r.job, 0, 1, 101, -1, 9, &x);
+  REQUIRE(r.j().state == JobState::recovering);
+  CHECK(r.f.st.registry().free("cpu") == 2);
+  r.park_survivors();
+  Actions t;
+  r.f.st.tick(now_ms() + 1000, &t);
+  // Every place is filled by a running process: the survivor keeps rank 0, the spare takes rank 1,
+  // and a new spare starts on a free device.
+  CHECK(r.j().state == JobState::running);
+  REQUIRE(t.reassigns.size() == 2);
+  bool spare_took_1 = false;
+  for (const auto& g : t.reassigns)
+    if (g.rank == 1) {
+      spare_took_1 = true;
+      CHECK(g.from_rank == spare0);
+      CHECK(g.from_generation == 0);
+      CHECK(g.generation == 1);
+    }
+  CHECK(spare_took_1);
+  REQUIRE(t.launches.size() == 1);
+  CHECK(t.launches[0].rank == spare0 + 1);
+  CHECK(t.launches[0].generation == 1);
+  CHECK(r.j().ranks[1].pid == 300);
+  CHECK(r.j().ranks[1].launch_rank == spare0);
+  CHECK(r.j().ranks[1].launch_generation == 0);
+  REQUIRE(r.j().spares.size() == 1);
+  CHECK(!r.j().spares[0].ready);
+  CHECK(r.f.st.registry().free("cpu") == 1);  // 4 devices: rank 0, the spare at rank 1, the new spare
+
+  // A waiting spare that dies costs the job nothing but its device.
+  Actions s;
+  r.f.st.worker_exited(r.job, 1, spare0 + 1, 301, -1, 9, &s);
+  CHECK(r.j().spares.empty());
+  CHECK(r.j().state == JobState::running);
+  CHECK(r.f.st.registry().free("cpu") == 2);
+  // The spare that took rank 1 is a rank now: its agent reports it by its launch, which fails the
+  // generation by name.
+  Actions d;
+  r.f.st.worker_exited(r.job, 0, spare0, 300, -1, 9, &d);
+  CHECK(r.j().state == JobState::recovering);
+  REQUIRE(r.j().failures.size() == 2);
+  CHECK(r.j().failures[1]["rank"] == 1);
+  CHECK(r.j().failures[1]["cause"] == "worker_killed");
+}
+
+TEST_CASE("spares: a job waits for its spares' devices, and its end releases them", "[recovery][spares]") {
+  Fixture f;
+  Actions a;
+  f.st.register_agent(7, "h1", 1, cpus(2), &a);
+  JobRequest req = elastic(1);
+  req.layout = {2, 1, 1};
+  req.spares = 1;
+  const std::string job = f.st.submit(req, &a);
+  CHECK(f.st.job(job)->state == JobState::queued);
+  CHECK(f.st.job(job)->reason.find("resources.spares") != std::string::npos);
+  Actions b;
+  f.st.register_agent(7, "h2", 2, cpus(1), &b);
+  REQUIRE(f.st.job(job)->state == JobState::launching);
+  REQUIRE(b.launches.size() == 3);
+  const int spare0 = troupe::actors::kFirstSpareRank;
+  Actions reg;
+  REQUIRE(f.st.register_worker(7, job, 0, spare0, "h2", 300, &reg).spare);
+  Actions c;
+  std::string why;
+  REQUIRE(f.st.cancel(job, "cancelled by user", &c, &why));
+  REQUIRE(c.releases.size() == 1);
+  CHECK(c.releases[0].rank == spare0);
+  CHECK(c.releases[0].generation == 0);
+  CHECK(f.st.job(job)->spares.empty());
+  CHECK(f.st.registry().free("cpu") == 3);
 }

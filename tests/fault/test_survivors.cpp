@@ -22,9 +22,9 @@ using troupe::testing::kEndlessSteps;
 namespace {
 
 // configs/layouts/<file>.yaml as an endless job named `name`, with a checkpoint every 5 steps,
-// up to 3 restarts, and `train_extra` added to its train section.
-std::string layout_spec(const std::string& file, const std::string& name,
-                        const std::string& train_extra = "") {
+// up to 3 restarts, `train_extra` added to its train section and `spares` hot spares.
+std::string layout_spec(const std::string& file, const std::string& name, const std::string& train_extra = "",
+                        int spares = 0) {
   std::string s = read_file(std::string(TROUPE_SOURCE_DIR) + "/configs/layouts/" + file + ".yaml");
   auto replace = [&](const std::string& from, const std::string& to) {
     auto p = s.find(from);
@@ -36,6 +36,7 @@ std::string layout_spec(const std::string& file, const std::string& name,
   s.replace(name_at, s.find('\n', name_at) - name_at, "name: " + name);
   replace("steps: 10", "steps: " + std::to_string(kEndlessSteps));
   if (!train_extra.empty()) replace("  seed: 0\n", "  seed: 0\n" + train_extra);
+  if (spares > 0) s += "\nresources:\n  spares: " + std::to_string(spares) + "\n";
   return s + "\ncheckpoint:\n  every: 5\n  keep: 3\nfault:\n  max_restarts: 3\n";
 }
 
@@ -72,7 +73,16 @@ struct Fault {
   std::string fallback;
   bool with_buddy = false;  // the rank holding the victim's snapshot copies is killed with it
   bool corrupt = false;     // TROUPE_SNAPSHOT_FAULT=corrupt: every copy held is damaged in memory
+  bool spare = false;       // resources.spares 1: the spare's process takes the victim's place
 };
+
+// The pids of the job's spares that registered and wait for a place.
+std::vector<int> ready_spares(const json& status) {
+  std::vector<int> out;
+  for (const auto& v : status.value("spares", json::array()))
+    if (v.value("ready", false)) out.push_back(v.value("pid", 0));
+  return out;
+}
 
 // Kills (SIGKILL) or stops (SIGSTOP) one random rank of a running job mid-run (with its buddy:
 // two) and checks that the next generation keeps every other rank's process and trains on the
@@ -83,17 +93,22 @@ void ranks_fail(const Fault& f) {
   if (f.corrupt) ::setenv("TROUPE_SNAPSHOT_FAULT", "corrupt", 1);
   Cluster c;
   REQUIRE(c.ready());
-  c.add_agent("cpu:" + std::to_string(world));  // its workers inherit the environment
+  c.add_agent("cpu:" + std::to_string(world + (f.spare ? 1 : 0)));  // its workers inherit the environment
   ::unsetenv("TROUPE_SNAPSHOT_FAULT");
-  REQUIRE(c.wait_devices(world));
-  std::string job =
-      c.call({{"op", "submit"}, {"spec", layout_spec(f.file, "survivors", f.train_extra)}})["job"];
+  REQUIRE(c.wait_devices(world + (f.spare ? 1 : 0)));
+  std::string job = c.call(
+      {{"op", "submit"}, {"spec", layout_spec(f.file, "survivors", f.train_extra, f.spare ? 1 : 0)}})["job"];
   std::mt19937 rng(std::random_device{}());
   const int at = std::uniform_int_distribution<int>(3, 25)(rng);
   const int victim_rank = std::uniform_int_distribution<int>(0, world - 1)(rng);
   INFO(f.file << ": signal " << f.sig << " to rank " << victim_rank << " after step " << at);
   PidLog pids;
   REQUIRE(wait_steps(c, job, at, pids, 0));
+  std::vector<int> spares;
+  if (f.spare) {
+    REQUIRE(wait_until([&] { return ready_spares(c.status(job)).size() == 1; }, std::chrono::seconds(60)));
+    spares = ready_spares(c.status(job));
+  }
   const std::vector<int> before = worker_pids(c.status(job));
   REQUIRE(static_cast<int>(before.size()) == world);
   std::set<int> victims = {victim_rank};
@@ -123,7 +138,9 @@ void ranks_fail(const Fault& f) {
   REQUIRE(after.size() == before.size());
   for (int r = 0; r < world; ++r) {
     INFO("rank " << r);
-    if (victims.count(r))
+    if (f.spare && victims.count(r))
+      CHECK(after[r] == spares[0]);  // the spare's process, started before the fault
+    else if (victims.count(r))
       CHECK(after[r] != before[r]);
     else
       CHECK(after[r] == before[r]);  // the same process serves every later generation
@@ -141,11 +158,17 @@ void ranks_fail(const Fault& f) {
     CHECK(events.find(f.fallback) != std::string::npos);
     CHECK(st["memory_step"] == -1);
   }
-  // Only the failed ranks' places started processes of later generations.
+  // Only the failed ranks' places started processes of later generations, unless a spare took it.
   for (int r = 0; r < world; ++r)
     for (size_t g = 1; g <= restarts; ++g)
       CHECK(std::filesystem::exists(run_dir + "/workers/" + std::to_string(r) + ".g" + std::to_string(g) +
-                                    ".log") == (victims.count(r) == 1));
+                                    ".log") == (victims.count(r) == 1 && !f.spare));
+  if (f.spare) {
+    CHECK(events.find("1 place(s) taken by a spare") != std::string::npos);
+    // A new spare starts in the place of the one used.
+    CHECK(st["spares"].size() == 1);
+    CHECK(std::filesystem::exists(run_dir + "/workers/spare1.log"));
+  }
   cancel(c, job, pids);
   if (f.sig == SIGSTOP)
     for (int v : victims) ::kill(before[v], SIGKILL);  // killed by its agent already
@@ -213,5 +236,12 @@ TEST_CASE("survivors stay: a rank killed with its buddy falls back to the checkp
           "[fault][survivors][multiprocess]") {
   Fault f{"tiny_dp1_pp2_tp2", 4, SIGKILL, "", "failed too (lost buddy)"};
   f.with_buddy = true;
+  ranks_fail(f);
+}
+
+TEST_CASE("spares: a rank SIGKILLed under 1x2x1 is replaced by a spare started before the fault, from memory",
+          "[fault][survivors][spares][multiprocess]") {
+  Fault f{"tiny_dp1_pp2_tp1_1f1b", 2};
+  f.spare = true;
   ranks_fail(f);
 }

@@ -217,6 +217,12 @@ TEST_CASE("hostile: an insider with the secret cannot speak for what it is not",
   auto a = insider.ask<Assignment>(*coord, reg_worker_atom::value, hello);
   REQUIRE(a);
   CHECK(a->refused.find("not launched with this token") != std::string::npos);
+  // Nor as a hot spare: a spare's launch rank needs its launch's token as well.
+  hello.rank = kFirstSpareRank;
+  a = insider.ask<Assignment>(*coord, reg_worker_atom::value, hello);
+  REQUIRE(a);
+  CHECK(a->refused.find("not launched with this token") != std::string::npos);
+  hello.rank = 0;
   hello.protocol = 99;
   hello.token = "00112233445566778899aabbccddeeff";
   a = insider.ask<Assignment>(*coord, reg_worker_atom::value, hello);
