@@ -74,14 +74,16 @@ Sample run_once(Fault kind) {
   } else {
     c.add_agent("cpu:2");
   }
-  if (!c.wait_devices(2)) return out;
+  if (!c.wait_devices(kind == Fault::worker_sigkill_spare ? 3 : 2)) return out;
   std::string job = c.call({{"op", "submit"}, {"spec", spec(extra)}})["job"];
   if (!c.wait_state(job, [&](const json& s) {
         const bool spare_ready = kind != Fault::worker_sigkill_spare ||
                                  (!s["spares"].empty() && s["spares"][0].value("ready", false));
         return s["state"] == "running" && s["steps_done"] >= 10 && spare_ready;
-      }))
+      })) {
+    std::fprintf(stderr, "recovery: the job did not train 10 steps: %s\n", c.status(job).dump().c_str());
     return out;
+  }
   auto st = c.status(job);
   std::string run_dir = st["run_dir"];
   int victim = worker_pids(st)[1];

@@ -622,6 +622,8 @@ void CoordinatorState::worker_failed(const std::string& job_id, int generation, 
       if (stays) {
         it->parked = true;
         it->memory = memory;
+        // The last survivor to report may let the relaunch go now rather than at the next tick.
+        if (old->state == JobState::recovering) try_relaunch(*old, now_ms(), out);
       } else {
         registry_.release_device(old->id, it->device);  // its process exits
         old->survivors.erase(it);

@@ -68,12 +68,21 @@ void CoordinatorState::on_failure(Job& job, FailureCause cause, const std::strin
   job.crash_streak = job.stepped ? 1 : job.crash_streak + 1;
   // The other ranks' processes stay for the next generation; the failed rank's is killed.
   keep_survivors(job, rank_stays ? -1 : rank);
+  // The backoff keeps a crash loop from starting processes over and over. A generation that
+  // trained, whose every place the survivors and ready spares can fill, starts none: it
+  // relaunches as soon as its survivors have reported (try_relaunch).
+  const int ready_spares = static_cast<int>(
+      std::count_if(job.spares.begin(), job.spares.end(), [](const Spare& v) { return v.ready; }));
+  const bool no_process_start = job.stepped && !job.request.auto_plan && job.target_dp == 0 &&
+                                static_cast<int>(job.survivors.size()) + ready_spares >= job.layout.world();
+  const double backoff =
+      no_process_start ? 0 : restart_backoff_ms(job.request.restart_backoff_ms, job.crash_streak);
   // Every survivor aborts its communicators now, so none waits for a timeout.
   end_generation(job, JobState::recovering,
                  name + ": " + message + "; restart " + std::to_string(job.restarts) + " of " +
                      std::to_string(job.request.max_restarts),
-                 "generation " + std::to_string(job.generation) + " aborted: " + name,
-                 now_ms() + restart_backoff_ms(job.request.restart_backoff_ms, job.crash_streak), out);
+                 "generation " + std::to_string(job.generation) + " aborted: " + name, now_ms() + backoff,
+                 out);
 }
 
 void CoordinatorState::wait_for_devices(Job& job, double now, const std::string& why, Actions* out) {

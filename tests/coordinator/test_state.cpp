@@ -1095,14 +1095,19 @@ TEST_CASE("spares: started with the job, a ready spare takes a failed rank's pla
   CHECK(r.j().spares[0].ready);
   CHECK(!r.f.st.register_worker(7, r.job, 0, spare0, "h2", 300, &reg).refused.empty());
 
-  // Rank 1 is killed: the survivor and the spare keep their devices.
+  // Rank 1 is killed: the survivor and the spare keep their devices. No process starts, so no
+  // backoff: the relaunch goes as soon as the survivor reports the end of its generation.
   Actions x;
+  for (int rank = 0; rank < 2; ++rank)
+    r.f.st.step(r.job, 0, StepSample{rank, 0, 2.0, 1e-3, 64, 10.0, 1.0, {}}, &x);
+  const double killed = now_ms();
   r.f.st.worker_exited(r.job, 0, 1, 101, -1, 9, &x);
   REQUIRE(r.j().state == JobState::recovering);
+  CHECK(r.j().relaunch_at_ms <= now_ms());
+  CHECK(r.j().relaunch_at_ms >= killed);
   CHECK(r.f.st.registry().free("cpu") == 2);
-  r.park_survivors();
   Actions t;
-  r.f.st.tick(now_ms() + 1000, &t);
+  r.f.st.worker_failed(r.job, 0, 0, FailureCause::aborted, "aborted", &t, true);
   // Every place is filled by a running process: the survivor keeps rank 0, the spare takes rank 1,
   // and a new spare starts on a free device.
   CHECK(r.j().state == JobState::running);
