@@ -3,9 +3,10 @@
 // time; at the end a table of how the job came through, and its loss curve checked
 // against an uninterrupted one-host run of the same spec.
 //
-//   chaos [--minutes M] [--seed S] [--checkpoint-every N] [--layout FILE] [--interval Q]
+//   chaos [--minutes M] [--seed S] [--checkpoint-every N] [--layout FILE] [--interval Q] [--spares K]
 //         (as root; M = 2, S = time of day, N = 5 steps, FILE = tiny_dp2_pp1_tp1 of
-//          configs/layouts, Q: the quiet spell before each fault in seconds, else 2-6 s at random)
+//          configs/layouts, Q: the quiet spell before each fault in seconds, else 2-6 s at random,
+//          K: the job's hot spares, resources.spares, 0 by default)
 //
 //   h0: coordinator --listen 10.77.0.1:29400 --state-dir DIR (restartable)
 //   h1: agent cpu:2     h2: agent cpu:2     (either host alone holds the job)
@@ -48,7 +49,8 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 
 // The tiny GPT of configs/layouts/<layout>.yaml, endless, a checkpoint every `every` steps;
 // `steps` > 0 bounds it.
-std::string job_spec(const std::string& layout, const std::string& name, int64_t steps, int64_t every) {
+std::string job_spec(const std::string& layout, const std::string& name, int64_t steps, int64_t every,
+                     int spares = 0) {
   std::string s = read_file(std::string(TROUPE_SOURCE_DIR) + "/configs/layouts/" + layout + ".yaml");
   auto replace = [&](const std::string& from, const std::string& to) {
     auto p = s.find(from);
@@ -57,6 +59,7 @@ std::string job_spec(const std::string& layout, const std::string& name, int64_t
   if (const auto at = s.find("name: "); at != std::string::npos)
     s.replace(at, s.find('\n', at) - at, "name: " + name);
   replace("steps: 10", "steps: " + std::to_string(steps > 0 ? steps : troupe::testing::kEndlessSteps));
+  if (spares > 0) s += "\nresources:\n  spares: " + std::to_string(spares) + "\n";
   return s + "\ncheckpoint:\n  every: " + std::to_string(every) +
          "\n  keep: 3\nfault:\n  max_restarts: 1000\n";
 }
@@ -276,6 +279,7 @@ struct Options {
   int64_t checkpoint_every = 5;
   std::string layout = "tiny_dp2_pp1_tp1";
   double interval_s = 0;  // 0: 2-6 s at random
+  int spares = 0;
 };
 
 Options parse(int argc, char** argv) {
@@ -293,10 +297,13 @@ Options parse(int argc, char** argv) {
       o.layout = argv[++i];
     } else if (a == "--interval" && i + 1 < argc && std::atof(argv[i + 1]) > 0) {
       o.interval_s = std::atof(argv[++i]);
+    } else if (a == "--spares" && i + 1 < argc && std::atoi(argv[i + 1]) >= 0) {
+      o.spares = std::atoi(argv[++i]);
     } else {
       std::fprintf(
           stderr,
-          "usage: chaos [--minutes M] [--seed S] [--checkpoint-every N] [--layout FILE] [--interval Q]\n");
+          "usage: chaos [--minutes M] [--seed S] [--checkpoint-every N] [--layout FILE] [--interval Q] "
+          "[--spares K]\n");
       std::exit(2);
     }
   }
@@ -317,9 +324,10 @@ int main(int argc, char** argv) {
   auto pick = [&](int n) { return std::uniform_int_distribution<int>(0, n - 1)(rng); };
 
   ChaosCluster c;
-  std::printf("chaos: %.1f min, seed %llu, layout %s, checkpoint every %lld steps, cluster dir %s\n",
-              opt.minutes, (unsigned long long)opt.seed, opt.layout.c_str(), (long long)opt.checkpoint_every,
-              c.dir().c_str());
+  std::printf(
+      "chaos: %.1f min, seed %llu, layout %s, checkpoint every %lld steps, %d spare(s), cluster dir %s\n",
+      opt.minutes, (unsigned long long)opt.seed, opt.layout.c_str(), (long long)opt.checkpoint_every,
+      opt.spares, c.dir().c_str());
   if (!c.start_coordinator()) {
     std::printf("chaos: the coordinator did not start (see %s)\n", c.dir().c_str());
     return 1;
@@ -332,7 +340,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   const std::string job =
-      c.call({{"op", "submit"}, {"spec", job_spec(opt.layout, "chaos", 0, opt.checkpoint_every)}})["job"];
+      c.call({{"op", "submit"},
+              {"spec", job_spec(opt.layout, "chaos", 0, opt.checkpoint_every, opt.spares)}})["job"];
   if (!wait_until([&] { return c.status(job).value("steps_done", int64_t{0}) >= 8; }, 120s)) {
     std::printf("chaos: job %s did not train 8 steps\n", job.c_str());
     return 1;

@@ -117,7 +117,8 @@ void CoordinatorState::remove_agent(const std::string& agent_id, Actions* out) {
         j->ranks[r].exited = true;
         if (first < 0) first = static_cast<int>(r);
       }
-    if (j->state == JobState::recovering) continue;
+    // An agent that held only the job's spares (or survivors of a recovering job) fails nothing.
+    if (j->state == JobState::recovering || first < 0) continue;
     on_failure(*j, FailureCause::agent_lost, "agent " + who + " disconnected", first, out);
   }
   schedule(out);

@@ -3,6 +3,7 @@
 // decisions are coordinator/policy.hpp's; this file applies them.
 #include <algorithm>
 #include <cstdio>
+#include <map>
 
 #include "coordinator/policy.hpp"
 #include "coordinator/state.hpp"
@@ -19,6 +20,47 @@ constexpr double kStaleWhereMs = 1500;
 // Longer than the shell's wait for a lost connection's exit report (250 ms) and a reaping
 // period, so that a culprit seen only through its connection is still the one named.
 constexpr double kPeerReportGraceMs = 1000;
+
+// At most this many distinct "where" answers in a failure event.
+constexpr size_t kWhereGroups = 32;
+
+// "0-3,5,7-9" for ranks in ascending order.
+static std::string rank_ranges(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    out +=
+        (out.empty() ? "" : ",") + std::to_string(ranks[i]) + (j > i ? "-" + std::to_string(ranks[j]) : "");
+    i = j + 1;
+  }
+  return out;
+}
+
+// Every rank's last "where" answer, grouped: {"step 12: allreduce": "0-5,7", ...}, the first
+// kWhereGroups answers in rank order; *more counts the ranks of the others. A failure event
+// (kept in status, up to 32 of them) so grows with the ranks' distinct states, not their number.
+static nlohmann::json where_groups(const std::vector<RankSlot>& ranks, int* more) {
+  std::vector<std::pair<std::string, std::vector<int>>> groups;
+  std::map<std::string, size_t> index;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const std::string& w = ranks[r].where;
+    if (w.empty()) continue;
+    auto it = index.find(w);
+    if (it == index.end()) {
+      if (groups.size() >= kWhereGroups) {
+        ++*more;
+        continue;
+      }
+      it = index.emplace(w, groups.size()).first;
+      groups.push_back({w, {}});
+    }
+    groups[it->second].second.push_back(static_cast<int>(r));
+  }
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [w, rs] : groups) out[w] = rank_ranges(rs);
+  return out;
+}
 
 std::string CoordinatorState::checkpoint_root(const Job& job) const {
   return job.request.checkpoint_dir.empty() ? job.run_dir + "/ckpt" : job.request.checkpoint_dir;
@@ -50,10 +92,9 @@ void CoordinatorState::on_failure(Job& job, FailureCause cause, const std::strin
     f["device"] = s.device.device;
     f["where"] = s.where;
   }
-  nlohmann::json where = nlohmann::json::object();
-  for (size_t r = 0; r < job.ranks.size(); ++r)
-    if (!job.ranks[r].where.empty()) where[std::to_string(r)] = job.ranks[r].where;
-  f["ranks_where"] = where;
+  int more = 0;
+  f["ranks_where"] = where_groups(job.ranks, &more);
+  if (more > 0) f["ranks_where_more"] = more;
   f["time_ms"] = now_ms();
   f["before_first_step"] = !job.stepped;
   job.failures.push_back(f);

@@ -1147,6 +1147,26 @@ TEST_CASE("spares: started with the job, a ready spare takes a failed rank's pla
   CHECK(r.j().failures[1]["cause"] == "worker_killed");
 }
 
+TEST_CASE("spares: losing the agent that holds only a job's spare fails nothing", "[recovery][spares]") {
+  Fixture f;
+  Actions a;
+  const std::string a1 = f.st.register_agent(7, "h1", 1, cpus(2), &a).message;
+  JobRequest req = elastic(1);
+  req.layout = {2, 1, 1};
+  req.spares = 1;
+  const std::string job = f.st.submit(req, &a);
+  const std::string a2 = f.st.register_agent(7, "h2", 2, cpus(1), &a).message;
+  for (int rank = 0; rank < 2; ++rank) f.st.register_worker(7, job, 0, rank, "h1", 100 + rank, &a);
+  REQUIRE(f.st.job(job)->state == JobState::running);
+  REQUIRE(f.st.job(job)->spares.size() == 1);
+  REQUIRE(f.st.job(job)->spares[0].device.agent_id == a2);
+  Actions x;
+  f.st.remove_agent(a2, &x);
+  CHECK(f.st.job(job)->state == JobState::running);
+  CHECK(f.st.job(job)->spares.empty());
+  CHECK(f.st.job(job)->failures.empty());
+}
+
 TEST_CASE("spares: a job waits for its spares' devices, and its end releases them", "[recovery][spares]") {
   Fixture f;
   Actions a;
@@ -1172,4 +1192,31 @@ TEST_CASE("spares: a job waits for its spares' devices, and its end releases the
   CHECK(c.releases[0].generation == 0);
   CHECK(f.st.job(job)->spares.empty());
   CHECK(f.st.registry().free("cpu") == 3);
+}
+
+TEST_CASE("failure event: the ranks' last where answers grouped by answer, rank ranges, bounded",
+          "[recovery]") {
+  Running r(4, 2, elastic(2));
+  for (int rank : {0, 1, 3}) r.f.st.worker_where(r.job, 0, rank, "step 3: allreduce");
+  r.f.st.worker_where(r.job, 0, 2, "step 3: forward mb 1");
+  Actions x;
+  r.f.st.worker_exited(r.job, 0, 2, 102, -1, 9, &x);
+  REQUIRE(r.j().failures.size() == 1);
+  CHECK(r.j().failures[0]["ranks_where"] ==
+        nlohmann::json({{"step 3: allreduce", "0-1,3"}, {"step 3: forward mb 1", "2"}}));
+  CHECK(!r.j().failures[0].contains("ranks_where_more"));
+
+  // Forty ranks each somewhere else: the first 32 answers, the other 8 ranks counted.
+  JobRequest wide = elastic(2);
+  wide.plan.global_batch = 40;
+  Running many(40, 20, wide);
+  REQUIRE(many.j().state == JobState::running);
+  for (int rank = 0; rank < 40; ++rank)
+    many.f.st.worker_where(many.job, 0, rank, "op " + std::to_string(rank));
+  Actions y;
+  many.f.st.worker_exited(many.job, 0, 0, 100, -1, 9, &y);
+  REQUIRE(many.j().failures.size() == 1);
+  CHECK(many.j().failures[0]["ranks_where"].size() == 32);
+  CHECK(many.j().failures[0]["ranks_where"]["op 31"] == "31");
+  CHECK(many.j().failures[0]["ranks_where_more"] == 8);
 }
