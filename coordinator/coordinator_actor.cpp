@@ -146,8 +146,8 @@ void reassign(self_ptr self, const Actions::Reassign& r) {
     return;
   }
   worker_actor handle = it->second;
-  s.workers.erase(it);
-  s.workers[{r.job_id, r.generation, r.rank}] = handle;
+  remove_worker(self, RankKey{r.job_id, r.from_generation, r.from_rank});
+  add_worker(self, {r.job_id, r.generation, r.rank}, handle);
   s.worker_refs[handle.address()] = WorkerRef{r.job_id, r.generation, r.rank};
   self->send(handle, assign_atom::value, assignment_of(*j, r.rank));
 }
@@ -260,6 +260,15 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
       std::string id = it->second;
       s.agent_ids.erase(it);
       s.agents.erase(id);
+      // Its processes died with it: their launches name nothing any more.
+      for (auto l = s.launch_agents.begin(); l != s.launch_agents.end();) {
+        if (l->second == id) {
+          s.launch_tokens.erase(l->first);
+          l = s.launch_agents.erase(l);
+        } else {
+          ++l;
+        }
+      }
       try {
         Actions a;
         s.st->remove_agent(id, &a);
@@ -272,7 +281,7 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
     if (auto it = s.worker_refs.find(dm.source); it != s.worker_refs.end()) {
       WorkerRef w = it->second;
       s.worker_refs.erase(it);
-      s.workers.erase({w.job, w.generation, w.rank});
+      remove_worker(self, {w.job, w.generation, w.rank});
       if (!s.st->current(w.job, w.generation)) {
         // A survivor of an ended generation can serve no other.
         try {
@@ -345,7 +354,7 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
             s.launch_tokens.erase(tok);
             auto handle = caf::actor_cast<worker_actor>(sender);
             self->monitor(handle);
-            s.workers[key] = handle;
+            add_worker(self, key, handle);
             s.worker_refs[handle.address()] = WorkerRef{h.job_id, h.generation, h.rank};
             out = w.spare ? spare_assignment(*w.job, h.generation, w.rank) : assignment_of(*w.job, w.rank);
           }
@@ -363,6 +372,10 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
           return refuse(
               self, "a worker exit report",
               "not from the agent that launched job " + x.job_id + " rank " + std::to_string(x.rank));
+        // The process of that launch is gone: nothing names it any more (the table stays as
+        // large as the live processes, not every launch the job ever made).
+        self->state.launch_agents.erase({x.job_id, x.generation, x.rank});
+        self->state.launch_tokens.erase({x.job_id, x.generation, x.rank});
         try {
           Actions a;
           self->state.st->worker_exited(x.job_id, x.generation, x.rank, x.pid, x.exit_code, x.signal, &a);

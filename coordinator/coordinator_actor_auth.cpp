@@ -41,16 +41,29 @@ bool from_worker(self_ptr self, const std::string& job, int32_t generation, int3
   return (it != self->state.workers.end() && from_node(self, it->second->node())) || from_local(self);
 }
 
+void add_worker(self_ptr self, const RankKey& key, const worker_actor& handle) {
+  auto& s = self->state;
+  remove_worker(self, key);
+  s.workers[key] = handle;
+  if (!is_spare_rank(std::get<2>(key))) ++s.rank_nodes[{handle->node(), std::get<0>(key), std::get<1>(key)}];
+}
+
+void remove_worker(self_ptr self, const RankKey& key) {
+  auto& s = self->state;
+  auto it = s.workers.find(key);
+  if (it == s.workers.end()) return;
+  if (!is_spare_rank(std::get<2>(key))) {
+    auto n = s.rank_nodes.find({it->second->node(), std::get<0>(key), std::get<1>(key)});
+    if (n != s.rank_nodes.end() && --n->second <= 0) s.rank_nodes.erase(n);
+  }
+  s.workers.erase(it);
+}
+
 bool from_job_worker(self_ptr self, const std::string& job, int32_t generation) {
   if (from_local(self)) return true;
-  auto& w = self->state.workers;
-  // The ranks of the generation, not its spares (a spare waiting for a place has no rendezvous).
-  for (auto it = w.lower_bound({job, generation, 0});
-       it != w.end() && std::get<0>(it->first) == job && std::get<1>(it->first) == generation &&
-       std::get<2>(it->first) < kFirstSpareRank;
-       ++it)
-    if (from_node(self, it->second->node())) return true;
-  return false;
+  // A rank of the generation, not a spare (a spare waiting for a place has no rendezvous).
+  auto sender = self->current_sender();
+  return sender && sender->node() && self->state.rank_nodes.count({sender->node(), job, generation}) > 0;
 }
 
 bool from_launching_agent(self_ptr self, const std::string& job, int32_t generation, int32_t rank) {

@@ -43,6 +43,10 @@ struct CoordActorState {
   std::map<caf::actor_addr, std::string> agent_ids;
   std::map<caf::actor_addr, WorkerRef> worker_refs;
   std::map<std::tuple<std::string, int32_t, int32_t>, worker_actor> workers;
+  // The processes (CAF nodes) of `workers`' ranks (spares not counted): (node, job,
+  // generation) -> how many ranks of that generation registered from it. A store request is
+  // checked against it in O(log N), not by a walk over the generation's ranks.
+  std::map<std::tuple<caf::node_id, std::string, int32_t>, int> rank_nodes;
   std::map<std::string, std::unique_ptr<RunDir>> run_dirs;
   struct Waiter {
     caf::typed_response_promise<StoreValue> promise;
@@ -59,6 +63,13 @@ struct CoordActorState {
 };
 
 using self_ptr = coordinator_actor::stateful_pointer<CoordActorState>;
+
+// ---- the registered worker handles (coordinator_actor_auth.cpp)
+
+// Registers `handle` as `key` in `workers` and `rank_nodes`.
+void add_worker(self_ptr self, const RankKey& key, const worker_actor& handle);
+// Forgets the handle registered as `key` (if any) in both.
+void remove_worker(self_ptr self, const RankKey& key);
 
 // ---- who may send what (coordinator_actor_auth.cpp)
 
