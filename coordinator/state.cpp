@@ -273,35 +273,35 @@ void CoordinatorState::launch(Job& job, const std::vector<DeviceRef>& devices, A
     if (const Agent* a = registry_.agent(devices[r].agent_id)) job.ranks[r].host = a->host;
   }
   choose_buddies(job);
-  // Survivors of the failed generation keep their rank, device and process: registered at once.
+  // A place whose process runs already (a survivor's, a spare's) is registered at once; its
+  // agent keeps knowing the process by its launch.
   std::vector<bool> kept(devices.size(), false);
-  for (const Survivor& v : job.survivors) {
-    if (v.rank < 0 || v.rank >= static_cast<int>(devices.size()) || !(devices[v.rank] == v.device)) continue;
-    RankSlot& slot = job.ranks[v.rank];
+  auto adopt = [&](int rank, const DeviceRef& device, int pid, const std::string& host, int launch_generation,
+                   int launch_rank) {
+    if (rank < 0 || rank >= static_cast<int>(devices.size()) || kept[rank] || !(devices[rank] == device))
+      return false;
+    RankSlot& slot = job.ranks[rank];
     slot.registered = true;
-    slot.pid = v.pid;
-    slot.host = v.host;
-    slot.launch_generation = v.launch_generation;
-    slot.launch_rank = v.launch_rank;
-    kept[v.rank] = true;
-  }
-  // Spares take the places the relaunch gave them (try_relaunch: place_spares): their
-  // processes run already.
+    slot.pid = pid;
+    slot.host = host;
+    slot.launch_generation = launch_generation;
+    slot.launch_rank = launch_rank;
+    kept[rank] = true;
+    return true;
+  };
+  // Survivors of the failed generation keep their rank, device and process.
+  std::vector<Actions::Reassign> reassigns;
+  for (const Survivor& v : job.survivors)
+    if (adopt(v.rank, v.device, v.pid, v.host, v.launch_generation, v.launch_rank))
+      reassigns.push_back({job.id, v.generation, v.rank, v.rank, job.generation});
+  // Spares take the places the relaunch gave them (try_relaunch: place_spares).
   int n_spares = 0;
   for (Spare& v : job.spares) {
     if (v.rank < 0) continue;
-    if (v.rank < static_cast<int>(devices.size()) && !kept[v.rank] && devices[v.rank] == v.device) {
-      RankSlot& slot = job.ranks[v.rank];
-      slot.registered = true;
-      slot.pid = v.pid;
-      slot.host = v.host;
-      slot.launch_generation = v.launch_generation;
-      slot.launch_rank = v.launch_rank;
-      kept[v.rank] = true;
+    if (adopt(v.rank, v.device, v.pid, v.host, v.launch_generation, v.launch_rank))
       ++n_spares;
-    } else {
+    else
       v.rank = -1;
-    }
   }
   job.metrics = std::make_unique<MetricsAggregator>(job.layout.world(), job.generation, job.layout.str());
   job.stepped = false;
@@ -325,9 +325,7 @@ void CoordinatorState::launch(Job& job, const std::vector<DeviceRef>& devices, A
                              devices[r].device,
                              job.run_dir + "/workers/" + std::to_string(r) + suffix + ".log"});
   }
-  for (const Survivor& v : job.survivors)
-    if (v.rank >= 0 && v.rank < static_cast<int>(kept.size()) && kept[v.rank])
-      out->reassigns.push_back({job.id, v.generation, v.rank, v.rank, job.generation});
+  for (auto& r : reassigns) out->reassigns.push_back(std::move(r));
   job.survivors.clear();
   // A spare that took a place is a rank now: its agent still knows it by its launch.
   for (auto it = job.spares.begin(); it != job.spares.end();) {
