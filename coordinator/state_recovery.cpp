@@ -62,6 +62,12 @@ static nlohmann::json where_groups(const std::vector<RankSlot>& ranks, int* more
   return out;
 }
 
+// The job's spares that registered and wait for a place.
+static int count_ready_spares(const Job& job) {
+  return static_cast<int>(
+      std::count_if(job.spares.begin(), job.spares.end(), [](const Spare& v) { return v.ready; }));
+}
+
 std::string CoordinatorState::checkpoint_root(const Job& job) const {
   return job.request.checkpoint_dir.empty() ? job.run_dir + "/ckpt" : job.request.checkpoint_dir;
 }
@@ -112,8 +118,7 @@ void CoordinatorState::on_failure(Job& job, FailureCause cause, const std::strin
   // The backoff keeps a crash loop from starting processes over and over. A generation that
   // trained, whose every place the survivors and ready spares can fill, starts none: it
   // relaunches as soon as its survivors have reported (try_relaunch).
-  const int ready_spares = static_cast<int>(
-      std::count_if(job.spares.begin(), job.spares.end(), [](const Spare& v) { return v.ready; }));
+  const int ready_spares = count_ready_spares(job);
   const bool no_process_start = job.stepped && !job.request.auto_plan && job.target_dp == 0 &&
                                 static_cast<int>(job.survivors.size()) + ready_spares >= job.layout.world();
   const double backoff =
@@ -148,8 +153,7 @@ void CoordinatorState::try_relaunch(Job& job, double now, Actions* out) {
   const int unit = job.layout.pp * job.layout.tp;
   int want = job.target_dp > 0 ? job.target_dp : job.layout.dp;
   // The survivors' and the ready spares' devices count: they are the job's own.
-  const int ready_spares = static_cast<int>(
-      std::count_if(job.spares.begin(), job.spares.end(), [](const Spare& v) { return v.ready; }));
+  const int ready_spares = count_ready_spares(job);
   int free_devices =
       registry_.free(job.request.device_kind) + static_cast<int>(job.survivors.size()) + ready_spares;
   int d = fit_data_size(job, want, free_devices);

@@ -306,7 +306,9 @@ WorkerResult train(const Assignment& a, const coordinator_actor& coord, const wo
 }  // namespace
 
 int run_worker(const WorkerOptions& o) {
-  std::cout << "troupe worker: job " << o.job_id << " generation " << o.generation << " rank " << o.rank
+  std::cout << "troupe worker: job " << o.job_id << " generation " << o.generation
+            << (actors::is_spare_rank(o.rank) ? " spare " + std::to_string(o.rank - actors::kFirstSpareRank)
+                                              : " rank " + std::to_string(o.rank))
             << " on " << o.device << " (pid " << getpid() << ")" << std::endl;
   std::pair<std::string, uint16_t> addr;
   std::string data_address;
