@@ -12,10 +12,7 @@ set -euo pipefail
 build=${1:-build}
 rounds=${2:-3}
 steps=${3:-40}
-troupe="$build/troupe"
-[ -x "$troupe" ] || { echo "no $troupe: build first" >&2; exit 2; }
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+. "$(dirname "$0")/lib.sh" "$build"
 
 for m in 0 1; do
   cat >"$work/m$m.yaml" <<YAML
@@ -33,13 +30,9 @@ echo "memory_every  round  median step_ms  wall s"
 for r in $(seq 1 "$rounds"); do
   for m in 0 1; do
     start=$(date +%s.%N)
-    "$troupe" run -q "$work/m$m.yaml" --runs-dir "$work/runs_${m}_$r" >"$work/log" 2>&1 || {
-      cat "$work/log" >&2
-      exit 1
-    }
+    troupe_run "$work/m$m.yaml" "$work/runs_${m}_$r"
     wall=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN {print b - a}')
-    ms=$(grep '"loss"' "$work"/runs_${m}_$r/*/metrics.jsonl | tail -n +6 |
-      sed 's/.*"step_ms":\([0-9.e+-]*\).*/\1/' | median)
+    ms=$(median_step_ms "$(ls "$work"/runs_${m}_$r/*/metrics.jsonl)" 5)
     echo "$m $r $ms $wall" >>"$work/rows"
     printf '%-13s %-6s %-15.1f %.2f\n' "$m" "$r" "$ms" "$wall"
   done

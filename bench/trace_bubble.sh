@@ -12,10 +12,7 @@
 set -euo pipefail
 build=${1:-build}
 runs=${2:-3}
-troupe="$build/troupe"
-[ -x "$troupe" ] || { echo "no $troupe: build first" >&2; exit 2; }
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+. "$(dirname "$0")/lib.sh" "$build"
 
 p=2
 m=4
@@ -34,10 +31,7 @@ parallel: {data: 1, pipeline: ${p}, tensor: 1, schedule: ${schedule}}
 checkpoint: {every: 1000}
 YAML
     dir="$work/runs_${schedule}_${run}"
-    "$troupe" run -q --trace 3 "$spec" --runs-dir "$dir" >"$work/log" 2>&1 || {
-      cat "$work/log" >&2
-      exit 1
-    }
+    troupe_run "$spec" "$dir" --trace 3
     bubbles=$("$troupe" trace merge "$(ls -d "$dir"/*/)" | awk '$1 ~ /^[0-9]+$/ { print $NF }' | paste -sd' ')
     printf '%-8s %4d  %-28s  %s\n' "$schedule" "$run" "$bubbles" "$predicted"
   done

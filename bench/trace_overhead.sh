@@ -11,17 +11,7 @@ set -euo pipefail
 build=${1:-build}
 runs=${2:-3}
 steps=${3:-20}
-troupe="$build/troupe"
-[ -x "$troupe" ] || { echo "no $troupe: build first" >&2; exit 2; }
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-
-median_step_ms() {  # the run directory's metrics.jsonl, without step 0 (it warms up)
-  python3 -c '
-import json, statistics, sys
-ms = [json.loads(l)["step_ms"] for l in open(sys.argv[1]) if json.loads(l)["step"] > 0]
-print("%.2f" % statistics.median(ms))' "$1/metrics.jsonl"
-}
+. "$(dirname "$0")/lib.sh" "$build"
 
 printf '%-8s %4s  %s\n' tracing run "median step ms"
 off=() on=()
@@ -39,11 +29,8 @@ parallel: {data: 1, pipeline: 2, tensor: 1, schedule: 1f1b}
 checkpoint: {every: 1000}
 YAML
     dir="$work/runs_${traced}_${run}"
-    "$troupe" run -q "$spec" --runs-dir "$dir" >"$work/log" 2>&1 || {
-      cat "$work/log" >&2
-      exit 1
-    }
-    ms=$(median_step_ms "$(ls -d "$dir"/*/)")
+    troupe_run "$spec" "$dir"
+    ms=$(median_step_ms "$(ls "$dir"/*/metrics.jsonl)")
     printf '%-8s %4d  %s\n' "$traced" "$run" "$ms"
     if [ "$traced" = yes ]; then on+=("$ms"); else off+=("$ms"); fi
   done

@@ -10,10 +10,7 @@
 set -euo pipefail
 build=${1:-build}
 steps=${2:-2}
-troupe="$build/troupe"
-[ -x "$troupe" ] || { echo "no $troupe: build first" >&2; exit 2; }
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+. "$(dirname "$0")/lib.sh" "$build"
 
 printf '%-4s %-4s  %-70s  %s\n' dp zero "rank 0 holds" "peak RSS per worker (MiB)"
 for dp in 2 4; do
@@ -27,10 +24,7 @@ train: {steps: ${steps}, global_batch: 8, seed: 1, zero: ${zero}}
 parallel: {data: ${dp}, pipeline: 1, tensor: 1}
 checkpoint: {every: 1000}
 YAML
-    "$troupe" run -q "$spec" --runs-dir "$work/runs_${dp}_${zero}" >"$work/log" 2>&1 || {
-      cat "$work/log" >&2
-      exit 1
-    }
+    troupe_run "$spec" "$work/runs_${dp}_${zero}"
     run=$(ls -d "$work/runs_${dp}_${zero}"/*/)
     holds=$(sed -n 's/^memory: //p' "$run/workers/0.log")
     rss=$(for r in $(seq 0 $((dp - 1))); do sed -n 's/^peak RSS \([0-9]*\) MiB/\1/p' "$run/workers/$r.log"; done | paste -sd/)
