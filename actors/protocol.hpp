@@ -9,6 +9,7 @@
 //   agent  --register_agent(AgentHello)--> coordinator   => Welcome
 //   coord  --launch(LaunchRequest)-------> agent         => pid
 //   agent  --worker_exit(WorkerExit)-----> coordinator     (after waitpid)
+//   agent  --worker_stop(WorkerStopped)--> coordinator     (a worker stayed stopped: a hang)
 //   worker --register_worker(WorkerHello)> coordinator   => Assignment
 //   worker --step(StepMetrics)-----------> coordinator     (one per optimizer step)
 //   worker --worker_done(WorkerResult)---> coordinator
@@ -48,6 +49,7 @@ using reg_worker_atom = caf::atom_constant<caf::atom("reg_worker")>;
 using launch_atom = caf::atom_constant<caf::atom("launch")>;
 using kill_atom = caf::atom_constant<caf::atom("kill")>;
 using worker_exit_atom = caf::atom_constant<caf::atom("wexit")>;
+using worker_stop_atom = caf::atom_constant<caf::atom("wstop")>;
 using step_atom = caf::atom_constant<caf::atom("step")>;
 using worker_done_atom = caf::atom_constant<caf::atom("wdone")>;
 using abort_atom = caf::atom_constant<caf::atom("abort")>;
@@ -101,6 +103,18 @@ struct WorkerExit {
   int32_t pid = 0;
   int32_t exit_code = -1;  // when it exited normally
   int32_t signal = 0;      // when a signal ended it (9 = SIGKILL)
+};
+
+// A worker process was stopped by a signal (waitpid WUNTRACED: SIGSTOP, SIGTSTP, ...) and was
+// not continued for `stopped_ms`: it is hung as surely as if it had deadlocked. Named by its
+// launch, as WorkerExit.
+struct WorkerStopped {
+  std::string job_id;
+  int32_t generation = 0;
+  int32_t rank = 0;
+  int32_t pid = 0;
+  int32_t signal = 0;      // the signal that stopped it (19 = SIGSTOP)
+  int32_t stopped_ms = 0;  // how long it had been stopped when reported
 };
 
 // A worker process asks for its assignment.
@@ -258,6 +272,11 @@ typename Inspector::result_type inspect(Inspector& f, WorkerExit& x) {
   return f(caf::meta::type_name("WorkerExit"), x.job_id, x.generation, x.rank, x.pid, x.exit_code, x.signal);
 }
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, WorkerStopped& x) {
+  return f(caf::meta::type_name("WorkerStopped"), x.job_id, x.generation, x.rank, x.pid, x.signal,
+           x.stopped_ms);
+}
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, WorkerHello& x) {
   return f(caf::meta::type_name("WorkerHello"), x.protocol, x.job_id, x.generation, x.rank, x.pid, x.host,
            x.token);
@@ -312,7 +331,8 @@ typename Inspector::result_type inspect(Inspector& f, StoreValue& x) {
 using coordinator_actor = caf::typed_actor<
     caf::replies_to<reg_agent_atom, AgentHello>::with<Welcome>,
     caf::replies_to<reg_worker_atom, WorkerHello>::with<Assignment>,
-    caf::reacts_to<worker_exit_atom, WorkerExit>, caf::reacts_to<step_atom, StepMetrics>,
+    caf::reacts_to<worker_exit_atom, WorkerExit>, caf::reacts_to<worker_stop_atom, WorkerStopped>,
+    caf::reacts_to<step_atom, StepMetrics>,
     caf::replies_to<worker_done_atom, WorkerResult>::with<bool>,  // acked before the worker exits
     caf::replies_to<ckpt_shard_atom, CkptShard>::with<CkptCommitted>,
     caf::replies_to<store_set_atom, StoreKey, std::string>::with<StoreValue>,

@@ -39,6 +39,7 @@ NodeConfig::NodeConfig(const std::string& secret_file) {
   add_message_type<Welcome>("troupe::Welcome");
   add_message_type<LaunchRequest>("troupe::LaunchRequest");
   add_message_type<WorkerExit>("troupe::WorkerExit");
+  add_message_type<WorkerStopped>("troupe::WorkerStopped");
   add_message_type<WorkerHello>("troupe::WorkerHello");
   add_message_type<Assignment>("troupe::Assignment");
   add_message_type<StepMetrics>("troupe::StepMetrics");

@@ -72,6 +72,14 @@ std::string check(const WorkerExit& m) {
   return generation_launch_rank(m.generation, m.rank);
 }
 
+std::string check(const WorkerStopped& m) {
+  if (auto e = check_word(m.job_id, kMaxId, "job id"); !e.empty()) return e;
+  if (m.pid <= 0) return "pid not positive";
+  if (m.signal <= 0 || m.signal > 64) return "stop signal out of range";
+  if (m.stopped_ms < 0) return "negative stopped time";
+  return generation_launch_rank(m.generation, m.rank);
+}
+
 std::string check(const StepMetrics& m) {
   if (auto e = check_word(m.job_id, kMaxId, "job id"); !e.empty()) return e;
   if (auto e = generation_rank(m.generation, m.rank); !e.empty()) return e;

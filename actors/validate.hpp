@@ -33,6 +33,7 @@ std::string check_text(const std::string& s, size_t max, const char* what);
 std::string check(const AgentHello& m);
 std::string check(const WorkerHello& m);
 std::string check(const WorkerExit& m);
+std::string check(const WorkerStopped& m);
 std::string check(const StepMetrics& m);
 std::string check(WorkerResult& m);  // repairs message and error_name text
 std::string check(const KillRequest& m);

@@ -44,7 +44,14 @@ struct Sample {
   double detect_ms = -1, recover_ms = -1, step_ms = 0;
 };
 
-enum class Fault { worker_sigkill, worker_sigkill_spare, agent_sigkill, worker_sigstop };
+enum class Fault {
+  worker_sigkill,
+  worker_sigkill_spare,
+  agent_sigkill,
+  worker_sigstop,
+  worker_sigstop_spare
+};
+bool with_spare(Fault f) { return f == Fault::worker_sigkill_spare || f == Fault::worker_sigstop_spare; }
 const char* name(Fault f) {
   switch (f) {
     case Fault::worker_sigkill:
@@ -54,7 +61,9 @@ const char* name(Fault f) {
     case Fault::agent_sigkill:
       return "agent SIGKILL (shrink 2 -> 1)";
     case Fault::worker_sigstop:
-      return "worker SIGSTOP (heartbeat)";
+      return "worker SIGSTOP (its agent sees it)";
+    case Fault::worker_sigstop_spare:
+      return "worker SIGSTOP, a hot spare";
   }
   return "?";
 }
@@ -68,17 +77,17 @@ Sample run_once(Fault kind) {
     c.add_agent("cpu:1");
     c.add_agent("cpu:1");
     extra = "elastic:\n  min_devices: 1\n";
-  } else if (kind == Fault::worker_sigkill_spare) {
+  } else if (with_spare(kind)) {
     c.add_agent("cpu:3");
     extra = "resources:\n  spares: 1\n";
   } else {
     c.add_agent("cpu:2");
   }
-  if (!c.wait_devices(kind == Fault::worker_sigkill_spare ? 3 : 2)) return out;
+  if (!c.wait_devices(with_spare(kind) ? 3 : 2)) return out;
   std::string job = c.call({{"op", "submit"}, {"spec", spec(extra)}})["job"];
   if (!c.wait_state(job, [&](const json& s) {
-        const bool spare_ready = kind != Fault::worker_sigkill_spare ||
-                                 (!s["spares"].empty() && s["spares"][0].value("ready", false));
+        const bool spare_ready =
+            !with_spare(kind) || (!s["spares"].empty() && s["spares"][0].value("ready", false));
         return s["state"] == "running" && s["steps_done"] >= 10 && spare_ready;
       })) {
     std::fprintf(stderr, "recovery: the job did not train 10 steps: %s\n", c.status(job).dump().c_str());
@@ -96,7 +105,7 @@ Sample run_once(Fault kind) {
   }
   double t0 = wall_ms();
   if (kind == Fault::worker_sigkill || kind == Fault::worker_sigkill_spare) ::kill(victim, SIGKILL);
-  if (kind == Fault::worker_sigstop) ::kill(victim, SIGSTOP);
+  if (kind == Fault::worker_sigstop || kind == Fault::worker_sigstop_spare) ::kill(victim, SIGSTOP);
   if (kind == Fault::agent_sigkill) ::kill(agent_pid, SIGKILL);
   double seen = 0;
   wait_until(
@@ -122,7 +131,7 @@ Sample run_once(Fault kind) {
     out.step_ms = steps[steps.size() / 2];
   }
   c.call({{"op", "cancel"}, {"job", job}});
-  if (kind == Fault::worker_sigstop) ::kill(victim, SIGKILL);
+  if (kind == Fault::worker_sigstop || kind == Fault::worker_sigstop_spare) ::kill(victim, SIGKILL);
   return out;
 }
 
@@ -140,8 +149,8 @@ int main(int argc, char** argv) {
   std::printf("recovery of the tiny GPT (data 2, CPU, checkpoint every 5 steps), median of %d run(s)\n",
               runs);
   std::printf("%-34s %14s %22s %12s\n", "fault", "detect ms", "fault->first step ms", "step ms");
-  for (Fault f :
-       {Fault::worker_sigkill, Fault::worker_sigkill_spare, Fault::agent_sigkill, Fault::worker_sigstop}) {
+  for (Fault f : {Fault::worker_sigkill, Fault::worker_sigkill_spare, Fault::agent_sigkill,
+                  Fault::worker_sigstop, Fault::worker_sigstop_spare}) {
     std::vector<double> d, r, s;
     for (int i = 0; i < runs; ++i) {
       Sample x = run_once(f);

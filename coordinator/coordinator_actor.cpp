@@ -384,6 +384,20 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
           internal_error("worker exit", e);
         }
       },
+      [=](worker_stop_atom, const WorkerStopped& x) {
+        if (auto why = check(x); !why.empty()) return refuse(self, "a worker stop report", why);
+        if (!from_launching_agent(self, x.job_id, x.generation, x.rank))
+          return refuse(
+              self, "a worker stop report",
+              "not from the agent that launched job " + x.job_id + " rank " + std::to_string(x.rank));
+        try {
+          Actions a;
+          self->state.st->worker_stopped(x.job_id, x.generation, x.rank, x.pid, x.signal, x.stopped_ms, &a);
+          apply(self, std::move(a));
+        } catch (const std::exception& e) {
+          internal_error("worker stop", e);
+        }
+      },
       [=](step_atom, const StepMetrics& m) {
         if (auto why = check(m); !why.empty()) return refuse(self, "step metrics", why);
         if (!from_worker(self, m.job_id, m.generation, m.rank)) {

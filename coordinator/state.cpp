@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <filesystem>
 
 #include "actors/version.hpp"
@@ -44,6 +45,14 @@ std::string signal_name(int sig) {
       return "SIGHUP";
     case SIGPIPE:
       return "SIGPIPE";
+    case SIGSTOP:
+      return "SIGSTOP";
+    case SIGTSTP:
+      return "SIGTSTP";
+    case SIGTTIN:
+      return "SIGTTIN";
+    case SIGTTOU:
+      return "SIGTTOU";
     default:
       return "signal " + std::to_string(sig);
   }
@@ -657,6 +666,19 @@ void CoordinatorState::survivor_lost(const std::string& job_id, int generation, 
       "its connection to the coordinator broke", out);
 }
 
+int CoordinatorState::launched_rank(const Job& j, int generation, int rank) {
+  // A rank is found by its launch (a spare that took a place has a spare's launch rank).
+  auto launched_as = [&](int r) {
+    return r >= 0 && r < static_cast<int>(j.ranks.size()) && j.ranks[r].launch_generation == generation &&
+           j.ranks[r].launch_rank == rank;
+  };
+  if (launched_as(rank)) return rank;
+  if (!actors::is_spare_rank(rank)) return -1;
+  for (int r = 0; r < static_cast<int>(j.ranks.size()); ++r)
+    if (launched_as(r)) return r;
+  return -1;
+}
+
 void CoordinatorState::worker_exited(const std::string& job_id, int generation, int rank, int pid,
                                      int exit_code, int signal, Actions* out) {
   // The agent names a process by its launch: a survivor launched in an earlier generation
@@ -675,20 +697,10 @@ void CoordinatorState::worker_exited(const std::string& job_id, int generation, 
       return;
     }
   // The ranks of a recovering job are those of the generation that ended: news of them changes
-  // nothing. A rank is found by its launch (a spare that took a place has a spare's launch rank).
+  // nothing.
   if (j->state == JobState::recovering) return;
-  auto launched_as = [&](int r) {
-    return r >= 0 && r < static_cast<int>(j->ranks.size()) && j->ranks[r].launch_generation == generation &&
-           j->ranks[r].launch_rank == rank;
-  };
-  if (!launched_as(rank)) {
-    if (!actors::is_spare_rank(rank)) return;
-    int found = -1;
-    for (int r = 0; r < static_cast<int>(j->ranks.size()) && found < 0; ++r)
-      if (launched_as(r)) found = r;
-    if (found < 0) return;
-    rank = found;
-  }
+  rank = launched_rank(*j, generation, rank);
+  if (rank < 0) return;
   RankSlot& s = j->ranks[rank];
   s.exited = true;
   std::string how =
@@ -721,6 +733,33 @@ void CoordinatorState::worker_lost(const std::string& job_id, int generation, in
   on_failure(*j, FailureCause::worker_lost,
              "rank " + std::to_string(rank) + " (pid " + std::to_string(s.pid) + ", " + s.device.device +
                  " on " + s.host + ") lost its connection: " + why,
+             rank, out);
+}
+
+void CoordinatorState::worker_stopped(const std::string& job_id, int generation, int rank, int pid,
+                                      int signal, int stopped_ms, Actions* out) {
+  Job* j = find(job_id);
+  if (!j) return;
+  char for_s[32];
+  std::snprintf(for_s, sizeof for_s, "%.1f", stopped_ms / 1000.0);
+  const std::string how = "was stopped by " + signal_name(signal) + " for " + for_s + " s";
+  if (find_spare(*j, generation, rank))
+    return drop_spare(*j, generation, rank, "its process " + how, true, true, out);
+  const bool waiting = std::any_of(j->survivors.begin(), j->survivors.end(), [&](const Survivor& v) {
+    return v.launch_generation == generation && v.launch_rank == rank;
+  });
+  if (waiting)
+    return drop_survivors(
+        *j, [&](const Survivor& v) { return v.launch_generation == generation && v.launch_rank == rank; },
+        "its process " + how, out);
+  if (is_terminal(j->state) || j->state == JobState::recovering) return;
+  rank = launched_rank(*j, generation, rank);
+  if (rank < 0) return;
+  const RankSlot& s = j->ranks[rank];
+  if (s.done || s.exited) return;
+  on_failure(*j, FailureCause::worker_stopped,
+             "rank " + std::to_string(rank) + " (pid " + std::to_string(pid) + ", " + s.device.device +
+                 " on " + s.host + ") " + how + " (hung; its agent saw it stopped)",
              rank, out);
 }
 

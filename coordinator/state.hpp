@@ -312,6 +312,11 @@ class CoordinatorState {
                      Actions* out);
   // The worker's actor went down (connection lost) before it finished.
   void worker_lost(const std::string& job_id, int generation, int rank, const std::string& why, Actions* out);
+  // Its agent saw the process of launch (generation, rank) stopped by `signal` for `stopped_ms`:
+  // a hang. A rank fails (worker_stopped) and its process is killed; a spare or a waiting
+  // survivor is dropped and killed.
+  void worker_stopped(const std::string& job_id, int generation, int rank, int pid, int signal,
+                      int stopped_ms, Actions* out);
   // A rank answered "where are you".
   // A rank's "where" (heartbeat). A rank that moves on to another evaluation batch counts as
   // progress for the step watchdog: an evaluation of eval_batches forward passes runs between
@@ -379,6 +384,9 @@ class CoordinatorState {
   Job* rank_job(const std::string& job_id, int generation, int rank);
   // The same, and nullptr once the job has ended.
   Job* live_rank_job(const std::string& job_id, int generation, int rank);
+  // The rank of job j whose process was launched as (generation, rank): a survivor keeps its
+  // launch key, a spare that took a place has a spare's. -1 = none.
+  static int launched_rank(const Job& j, int generation, int rank);
   void transition(Job& job, JobState to, const std::string& reason, Actions* out);
   // Ends the job's current generation: the job goes to `to` (a terminal state, or
   // recovering), its live workers are aborted with `abort_reason` ("" when every

@@ -45,6 +45,8 @@ const char* to_string(FailureCause cause) {
       return "worker_exited";
     case FailureCause::worker_lost:
       return "worker_lost";
+    case FailureCause::worker_stopped:
+      return "worker_stopped";
     case FailureCause::launch_failed:
       return "launch_failed";
     case FailureCause::agent_lost:

@@ -30,6 +30,7 @@ enum class FailureCause {
   worker_killed,      // a worker process died of a signal
   worker_exited,      // a worker process exited before finishing
   worker_lost,        // the connection to a worker broke before it reported
+  worker_stopped,     // a worker process stayed stopped (SIGSTOP, SIGTSTP): its agent saw it
   launch_failed,      // an agent could not start a worker process
   agent_lost,         // the agent holding one of the job's devices disconnected
   protocol_mismatch,  // a worker speaks another control-protocol version
@@ -39,15 +40,16 @@ enum class FailureCause {
 
 // Every cause, in the order above.
 inline constexpr FailureCause kFailureCauses[] = {
-    FailureCause::invalid_spec,   FailureCause::disk_full,
-    FailureCause::engine_error,   FailureCause::aborted,
-    FailureCause::comm_peer_lost, FailureCause::comm_timed_out,
-    FailureCause::comm_aborted,   FailureCause::comm_invalid_argument,
-    FailureCause::comm_internal,  FailureCause::worker_failed,
-    FailureCause::worker_killed,  FailureCause::worker_exited,
-    FailureCause::worker_lost,    FailureCause::launch_failed,
-    FailureCause::agent_lost,     FailureCause::protocol_mismatch,
-    FailureCause::step_timeout,   FailureCause::no_devices,
+    FailureCause::invalid_spec,      FailureCause::disk_full,
+    FailureCause::engine_error,      FailureCause::aborted,
+    FailureCause::comm_peer_lost,    FailureCause::comm_timed_out,
+    FailureCause::comm_aborted,      FailureCause::comm_invalid_argument,
+    FailureCause::comm_internal,     FailureCause::worker_failed,
+    FailureCause::worker_killed,     FailureCause::worker_exited,
+    FailureCause::worker_lost,       FailureCause::worker_stopped,
+    FailureCause::launch_failed,     FailureCause::agent_lost,
+    FailureCause::protocol_mismatch, FailureCause::step_timeout,
+    FailureCause::no_devices,
 };
 
 // "invalid_spec", "comm_peer_lost" (comm_ + comm::to_string of the CommErrc), ...

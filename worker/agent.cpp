@@ -9,8 +9,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdint>
 #include <filesystem>
 #include <map>
+#include <set>
 
 #include "actors/system.hpp"
 #include "actors/validate.hpp"
@@ -32,6 +35,7 @@ struct AgentState {
   coordinator_actor coordinator;
   std::shared_ptr<WorkerLauncher> launcher;
   std::map<pid_t, Child> children;
+  std::set<pid_t> reported_stops;  // stopped children already reported, until continued
   bool stopped = false;
   static inline const char* name = "troupe.agent";
 };
@@ -118,9 +122,18 @@ class ProcessLauncher : public WorkerLauncher {
 
   std::vector<Ended> reap(bool block) override {
     std::vector<Ended> out;
+    const auto now = std::chrono::steady_clock::now();
     for (auto it = pids_.begin(); it != pids_.end();) {
       int status = 0;
-      pid_t got = waitpid(*it, &status, block ? 0 : WNOHANG);
+      pid_t got = waitpid(*it, &status, block ? 0 : WNOHANG | WUNTRACED | WCONTINUED);
+      if (got > 0 && WIFSTOPPED(status)) {
+        stopped_.emplace(*it, std::make_pair(WSTOPSIG(status), now));
+        continue;  // the same pid again: it may have been continued or killed since
+      }
+      if (got > 0 && WIFCONTINUED(status)) {
+        stopped_.erase(*it);
+        continue;
+      }
       if (got == 0) {
         ++it;
         continue;
@@ -129,14 +142,25 @@ class ProcessLauncher : public WorkerLauncher {
       if (got > 0 && WIFEXITED(status)) e.exit_code = WEXITSTATUS(status);
       if (got > 0 && WIFSIGNALED(status)) e.signal = WTERMSIG(status);
       out.push_back(e);
+      stopped_.erase(*it);
       it = pids_.erase(it);
     }
+    return out;
+  }
+
+  std::vector<Stopped> stopped() override {
+    std::vector<Stopped> out;
+    const auto now = std::chrono::steady_clock::now();
+    for (const auto& [pid, s] : stopped_)
+      out.push_back({pid, s.first, std::chrono::duration_cast<std::chrono::milliseconds>(now - s.second)});
     return out;
   }
 
  private:
   AgentActorOptions o_;
   std::vector<pid_t> pids_;
+  // Children stopped by a signal and not continued: the signal and when it was seen.
+  std::map<pid_t, std::pair<int, std::chrono::steady_clock::time_point>> stopped_;
 };
 
 // Starts one worker. Returns its pid, or -errno (-EINVAL for a request that names a
@@ -162,6 +186,26 @@ void reap(self_ptr self, bool block) {
     if (!block) self->send(s.coordinator, worker_exit_atom::value, x);
     s.children.erase(it);
   }
+}
+
+// A child stopped for the grace period is reported once per stop: the coordinator takes it
+// for a hang and has it killed (a stopped process takes SIGKILL).
+void report_stopped(self_ptr self) {
+  auto& s = self->state;
+  std::set<pid_t> now_stopped;
+  for (const auto& t : s.launcher->stopped()) {
+    now_stopped.insert(t.pid);
+    auto it = s.children.find(t.pid);
+    if (it == s.children.end() || t.since < s.opt.stopped_grace || s.reported_stops.count(t.pid)) continue;
+    s.reported_stops.insert(t.pid);
+    const auto ms = std::min<int64_t>(t.since.count(), INT32_MAX);
+    self->send(s.coordinator, worker_stop_atom::value,
+               WorkerStopped{it->second.job_id, it->second.generation, it->second.rank, t.pid, t.signal,
+                             static_cast<int32_t>(ms)});
+  }
+  // Continued or gone: a later stop is news again.
+  for (auto it = s.reported_stops.begin(); it != s.reported_stops.end();)
+    it = now_stopped.count(*it) ? std::next(it) : s.reported_stops.erase(it);
 }
 
 void stop(self_ptr self, int code, const std::string& why) {
@@ -217,6 +261,7 @@ agent_actor::behavior_type agent_fn(self_ptr self, coordinator_actor coordinator
       },
       [=](tick_atom) {
         reap(self, false);
+        report_stopped(self);
         self->delayed_send(self, self->state.opt.reap_every, tick_atom::value);
       },
       [=](shutdown_atom) { stop(self, 0, "shut down"); },

@@ -1,6 +1,7 @@
 // The agent actor: one per host. It registers the host's devices with the
 // coordinator, starts one worker process per device when asked (fork + exec of
-// the troupe binary), reaps them with waitpid and reports how each ended.
+// the troupe binary), reaps them with waitpid and reports how each ended, and
+// which of them stay stopped by a signal (a hang its parent sees first).
 // Workers never outlive their agent: each child gets PR_SET_PDEATHSIG=SIGKILL
 // before exec, and the agent SIGKILLs and reaps them when it stops.
 #pragma once
@@ -39,6 +40,14 @@ class WorkerLauncher {
   };
   // The started workers that ended since the last call; `block` waits for every one of them.
   virtual std::vector<Ended> reap(bool block) = 0;
+  struct Stopped {
+    int32_t pid = 0;
+    int32_t signal = 0;                  // the signal that stopped it
+    std::chrono::milliseconds since{0};  // how long it has been stopped
+  };
+  // The started workers stopped by a signal and not continued, as of the last reap(); none
+  // where the launcher's workers cannot be stopped.
+  virtual std::vector<Stopped> stopped() { return {}; }
 };
 
 struct AgentActorOptions {
@@ -58,6 +67,9 @@ struct AgentActorOptions {
   std::shared_ptr<WorkerLauncher> launcher;
   // How often ended workers are collected and reported.
   std::chrono::milliseconds reap_every{20};
+  // A worker stopped by a signal for this long is reported to the coordinator (a hang): a stop
+  // and continue within it (job control, a sampling profiler) is not.
+  std::chrono::milliseconds stopped_grace{50};
 };
 
 // fork + exec of options.worker_binary with the worker's arguments, PR_SET_PDEATHSIG, the

@@ -2,6 +2,7 @@
 // metrics aggregation and the rendezvous store, without actors or processes.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 
 #include "actors/version.hpp"
@@ -1219,4 +1220,49 @@ TEST_CASE("failure event: the ranks' last where answers grouped by answer, rank 
   CHECK(many.j().failures[0]["ranks_where"].size() == 32);
   CHECK(many.j().failures[0]["ranks_where"]["op 31"] == "31");
   CHECK(many.j().failures[0]["ranks_where_more"] == 8);
+}
+
+TEST_CASE(
+    "stopped: a rank its agent saw stopped fails by name and is killed, its peers stay; a spare is dropped",
+    "[recovery][survivors][spares]") {
+  JobRequest req = elastic(3);
+  req.spares = 1;
+  Running r(2, 2, req);
+  const int spare0 = troupe::actors::kFirstSpareRank;
+  Actions reg;
+  REQUIRE(r.f.st.register_worker(7, r.job, 0, spare0, "h2", 300, &reg).refused.empty());
+  // A report naming a launch of no rank, or of another job, changes nothing.
+  Actions none;
+  r.f.st.worker_stopped(r.job, 0, 5, 105, SIGSTOP, 100, &none);
+  r.f.st.worker_stopped("nojob", 0, 1, 101, SIGSTOP, 100, &none);
+  CHECK(none.events.empty());
+  CHECK(none.kills.empty());
+  CHECK(r.j().state == JobState::running);
+
+  Actions x;
+  r.f.st.worker_stopped(r.job, 0, 1, 101, SIGSTOP, 120, &x);
+  REQUIRE(r.j().state == JobState::recovering);
+  REQUIRE(r.j().failures.size() == 1);
+  const auto& f = r.j().failures[0];
+  CHECK(f["cause"] == "worker_stopped");
+  CHECK(f["rank"] == 1);
+  CHECK(f["message"].get<std::string>().find("was stopped by SIGSTOP for 0.1 s") != std::string::npos);
+  // The stopped process is killed (it cannot act on an abort); rank 0 is aborted and stays.
+  REQUIRE(x.kills.size() == 1);
+  CHECK(x.kills[0].ranks == std::vector<int>{1});
+  CHECK(std::any_of(x.aborts.begin(), x.aborts.end(), [](const Abort& a) { return a.rank == 0; }));
+  REQUIRE(r.j().survivors.size() == 1);
+  CHECK(r.j().survivors[0].rank == 0);
+
+  // A waiting survivor seen stopped is dropped and killed; so is a spare.
+  Actions y;
+  r.f.st.worker_stopped(r.job, 0, 0, 100, SIGTSTP, 150, &y);
+  CHECK(r.j().survivors.empty());
+  REQUIRE(y.kills.size() == 1);
+  CHECK(y.kills[0].ranks == std::vector<int>{0});
+  Actions z;
+  r.f.st.worker_stopped(r.job, 0, spare0, 300, SIGSTOP, 100, &z);
+  CHECK(r.j().spares.empty());
+  REQUIRE(z.kills.size() == 1);
+  CHECK(z.kills[0].ranks == std::vector<int>{spare0});
 }

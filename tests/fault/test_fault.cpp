@@ -243,7 +243,7 @@ TEST_CASE("an auto job that loses an agent is planned again: pipeline and tensor
   WARN(first_layout << " -> " << layout << " from step " << first << drift_text(d, first));
 }
 
-TEST_CASE("a SIGSTOPped worker is detected by heartbeat loss and reported with its rank and op",
+TEST_CASE("a SIGSTOPped worker is seen stopped by its agent and reported with its rank, signal and op",
           "[fault][multiprocess]") {
   Cluster c;
   REQUIRE(c.ready());
@@ -265,14 +265,15 @@ TEST_CASE("a SIGSTOPped worker is detected by heartbeat loss and reported with i
       job, [](const json& s) { return !s["failures"].empty(); }, 30s));
   auto st = c.status(job);
   const auto& f = st["failures"][0];
-  CHECK(f["cause"] == "worker_lost");
+  CHECK(f["cause"] == "worker_stopped");
   CHECK(f["rank"] == 1);
   CHECK(f["pid"] == victim);
+  CHECK(f["message"].get<std::string>().find("was stopped by SIGSTOP") != std::string::npos);
   std::string where = f["where"];
   INFO("rank 1 was in: " << where);
   CHECK(where.find("step") != std::string::npos);
   std::string events = read_file(std::string(st["run_dir"]) + "/events.log");
-  CHECK(events.find("failure worker_lost in generation 0: rank 1 (pid " + std::to_string(victim)) !=
+  CHECK(events.find("failure worker_stopped in generation 0: rank 1 (pid " + std::to_string(victim)) !=
         std::string::npos);
   CHECK(events.find("[rank was in: ") != std::string::npos);
   // The stopped process is SIGKILLed by its agent (a stopped process takes SIGKILL).

@@ -214,8 +214,12 @@ TEST_CASE("fuzz: every control-plane message type with random fields, the coordi
             .receive([&](const Assignment&) { ++answered; }, failed);
         break;
       case 2:
-        self->send(c, worker_exit_atom::value,
-                   WorkerExit{g.str(), g.i32(), g.i32(), g.i32(), g.i32(), g.i32()});
+        if (g.u(2))
+          self->send(c, worker_exit_atom::value,
+                     WorkerExit{g.str(), g.i32(), g.i32(), g.i32(), g.i32(), g.i32()});
+        else
+          self->send(c, worker_stop_atom::value,
+                     WorkerStopped{g.str(), g.i32(), g.i32(), g.i32(), g.i32(), g.i32()});
         break;
       case 3:
         self->send(c, step_atom::value,

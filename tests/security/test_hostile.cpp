@@ -207,6 +207,8 @@ TEST_CASE("hostile: an insider with the secret cannot speak for what it is not",
   self->send(*coord, step_atom::value, fake);
   // A fake exit report or failure costs no restart.
   self->send(*coord, worker_exit_atom::value, WorkerExit{job, 0, 0, 4242, 1, 0});
+  // Nor does a fake report that a rank's process is stopped (only its launching agent knows).
+  self->send(*coord, worker_stop_atom::value, WorkerStopped{job, 0, 0, 4242, 19, 5000});
   auto refused_result =
       insider.ask<bool>(*coord, worker_done_atom::value, result_of(job, false, "engine_error"));
   REQUIRE(refused_result);
