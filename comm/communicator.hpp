@@ -42,6 +42,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -191,6 +192,10 @@ struct CommConfig {
   // memory (comm/gloo/shm_group.hpp); TROUPE_COMM_SHM=0 in the environment
   // turns it off too. Point-to-point always uses TCP.
   bool shm = true;
+  // gloo: connect to these ranks only (each must name this rank too): point-to-point with them
+  // and no collective. Unset = every rank. A communicator that only spawns groups or talks to
+  // its neighbours so costs no full mesh of `size` ranks.
+  std::optional<std::vector<int>> peers;
   int device = 0;                           // nccl: CUDA device ordinal
   std::shared_ptr<LocalWorld> local_world;  // local
 };

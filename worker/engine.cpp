@@ -168,7 +168,11 @@ Engine::Impl::~Impl() {
   if (tracer.active() || tracer.done()) write_trace();
 }
 
-// The world communicator and this rank's groups (comm/groups.hpp).
+// The world communicator and this rank's groups (comm/groups.hpp). What spans the world (the
+// loss, the gradient norm, the overflow flag, the checkpoint barrier) is reduced over the
+// groups in turn (grid_allreduce), so with gloo the world connects no pair of its own (a full
+// mesh is N^2 connections and store requests) unless a trace measures clock offsets against
+// rank 0; each rank connects only within the groups it uses.
 void Engine::Impl::connect() {
   set_where("connecting to " + std::to_string(world_size() - 1) + " peers");
   comm::CommConfig c = asg.comm;
@@ -176,6 +180,10 @@ void Engine::Impl::connect() {
   c.size = world_size();
   c.generation = asg.generation;
   c.group = "world";
+  if (tracer.steps() == 0)
+    c.peers = std::vector<int>{};
+  else if (asg.rank != 0)
+    c.peers = std::vector<int>{0};
   world = comm::make_communicator(c);
   // (Its transfers are host memory: not over NCCL, where the trace keeps each rank's own clock.)
   if (tracer.steps() > 0 && !nccl(*world)) measure_clock_offset();

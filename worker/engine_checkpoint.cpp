@@ -147,6 +147,14 @@ checkpoint::ShardSnapshot Engine::Impl::snapshot(const std::string& root) const 
                                     spec.checkpoint.keep, std::move(held), manifest_json());
 }
 
+// Every rank waits until every rank arrived: the groups' barriers in turn (after the tensor
+// group's, each rank of a pipeline group stands for its whole tensor group; after the
+// pipeline group's, for its whole replica).
+void Engine::Impl::grid_barrier() {
+  for (comm::Communicator* g : {tp_group.get(), pp_group.get(), dp_group.get()})
+    if (g) g->barrier(copt);
+}
+
 // Writes the snapshot (fsynced), reports it and returns the committed directory. With
 // one rank and no committer the engine commits by itself.
 std::string Engine::Impl::write_snapshot(const checkpoint::ShardSnapshot& s) {
@@ -159,7 +167,7 @@ std::string Engine::Impl::write_snapshot(const checkpoint::ShardSnapshot& s) {
   }
   // No committer: the ranks meet at barriers (save() keeps this path synchronous) and
   // rank 0 commits what every rank wrote.
-  world->barrier(copt);
+  grid_barrier();
   const std::string dir = s.root + "/" + checkpoint::step_dir_name(s.step);
   if (asg.rank == 0) {
     const std::string tmp = checkpoint::prepare(s.root, s.step);
@@ -173,7 +181,7 @@ std::string Engine::Impl::write_snapshot(const checkpoint::ShardSnapshot& s) {
     }
     checkpoint::commit(ready->root, ready->manifest, ready->keep);
   }
-  world->barrier(copt);
+  grid_barrier();
   return dir;
 }
 

@@ -129,6 +129,9 @@ struct Engine::Impl {
   void refresh_compute();
   void reduce_data_parallel();
   double world_sum(double v);
+  // The world's reduction and barrier over the tensor, pipeline and data groups in turn.
+  void grid_allreduce(double* v, comm::ReduceOp op);
+  void grid_barrier();
   double grad_norm_squared();
   double zero_grad_sum_squares() const;
   bool world_found_inf();

@@ -51,12 +51,14 @@ void Engine::Impl::start_buddies() {
   c.size = world_size();
   c.generation = asg.generation;
   c.group = "buddy";
+  // Its buddy and its partner only (gloo): two connections per rank, not a mesh of the world.
+  const BuddyRing ring{world_size(), asg.buddy_shift};
+  c.peers = std::vector<int>{ring.buddy(asg.rank), ring.partner(asg.rank)};
   // TROUPE_SNAPSHOT_FAULT=corrupt (fault injection): every copy this rank holds is damaged in
   // memory after its checksum was checked, so that healing from it must fail by name.
   const char* fault_env = std::getenv("TROUPE_SNAPSHOT_FAULT");
   const bool corrupt = fault_env != nullptr && std::string(fault_env) == "corrupt";
-  buddy = std::make_unique<BuddyLink>(comm::make_communicator(c), BuddyRing{world_size(), asg.buddy_shift},
-                                      asg.held, copt, corrupt);
+  buddy = std::make_unique<BuddyLink>(comm::make_communicator(c), ring, asg.held, copt, corrupt);
 }
 
 // A survivor continues from its own snapshot; a new rank receives its buddy's copy

@@ -210,9 +210,17 @@ void Engine::Impl::reduce_data_parallel() {
   }
 }
 
+// A scalar reduced over the world as over its groups in turn: the tensor, the pipeline and the
+// data groups partition the grid, so after all three every rank holds the reduction over every
+// rank (the world communicator connects no pair: Impl::connect).
+void Engine::Impl::grid_allreduce(double* v, comm::ReduceOp op) {
+  for (comm::Communicator* g : {tp_group.get(), pp_group.get(), dp_group.get()})
+    if (g) scalar_allreduce(*g, v, op);
+}
+
 // Sum of a scalar over the world (loss sums, squared norms).
 double Engine::Impl::world_sum(double v) {
-  if (world) scalar_allreduce(*world, &v, comm::ReduceOp::sum);
+  grid_allreduce(&v, comm::ReduceOp::sum);
   return v;
 }
 
@@ -247,7 +255,7 @@ double Engine::Impl::zero_grad_sum_squares() const {
 // fp16: whether any rank's gradients hold an inf or NaN, as one all-reduce of a flag.
 bool Engine::Impl::world_found_inf() {
   double flag = parallel::grads_finite(stage_ptrs) ? 0.0 : 1.0;
-  if (world) scalar_allreduce(*world, &flag, comm::ReduceOp::max);
+  grid_allreduce(&flag, comm::ReduceOp::max);
   return flag > 0.0;
 }
 

@@ -6,7 +6,9 @@
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
 #include <gloo/common/logging.h>
-#include <gloo/rendezvous/context.h>
+#include <gloo/context.h>
+#include <gloo/transport/context.h>
+#include <gloo/transport/pair.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
@@ -18,9 +20,9 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 
-#include "comm/gloo/gloo_store.hpp"
 #include "comm/gloo/shm_group.hpp"
 #include "comm/reduce.hpp"
 
@@ -47,7 +49,7 @@ CommErrc classify(const std::string& what) {
 
 // The context and what abort() needs to reach the operation in flight.
 struct GlooState {
-  std::shared_ptr<gloo::rendezvous::Context> ctx;
+  std::shared_ptr<gloo::Context> ctx;
   std::atomic<bool> aborted{false};
   // Unbound buffers of ours with a wait in progress: abort() interrupts them.
   std::mutex pending_m;
@@ -104,6 +106,36 @@ struct GlooState {
   }
 };
 
+// A gloo context connected to the given peers only. gloo's own connectFullMesh connects every
+// pair and has each rank read the host name of every lower rank and one blob of every peer's
+// addresses: O(N^2) store requests and bytes for a group of N. Here each rank publishes one
+// address per peer ("pair/<from>/<to>") and connects it to the one its peer published for it:
+// 2 requests per peer. A pair's two ends must name each other. The order does not matter: of
+// each pair, the end with the lower address waits for the other to connect, so no cycle of
+// waits can form.
+class PeerContext : public gloo::Context {
+ public:
+  using gloo::Context::Context;
+  void connect(Store& store, const std::shared_ptr<gloo::transport::Device>& device,
+               const std::vector<int>& peers, std::chrono::milliseconds timeout) {
+    auto tc = device->createContext(rank, size);
+    tc->setTimeout(getTimeout());
+    const auto key = [](int from, int to) {
+      return "pair/" + std::to_string(from) + "/" + std::to_string(to);
+    };
+    for (int p : peers) {
+      const auto bytes = tc->createPair(p)->address().bytes();
+      store.set(key(rank, p), std::string(bytes.begin(), bytes.end()));
+    }
+    for (int p : peers) {
+      const std::string a = store.get(key(p, rank), timeout);
+      tc->getPair(p)->connect(std::vector<char>(a.begin(), a.end()));
+    }
+    device_ = device;
+    transportContext_ = std::move(tc);
+  }
+};
+
 struct GlooShared {
   std::shared_ptr<Store> store;  // unprefixed job store
   std::shared_ptr<gloo::transport::Device> device;
@@ -133,17 +165,21 @@ void with_type(DType dtype, F&& f) {
 
 class GlooCommunicator : public Communicator {
  public:
+  // `peers`: the ranks to connect to (point-to-point with them only, no collective); none =
+  // every other rank.
   GlooCommunicator(std::shared_ptr<GlooShared> shared, int rank, int size, const std::string& prefix,
-                   std::chrono::milliseconds timeout)
+                   std::chrono::milliseconds timeout,
+                   const std::optional<std::vector<int>>& peers = std::nullopt)
       : Communicator(rank, size, prefix), shared_(std::move(shared)), st_(std::make_shared<GlooState>()) {
-    auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
-    // Before connectFullMesh: it is also the connect deadline.
+    for (int p = 0; p < size; ++p)
+      if (p != rank && (!peers || std::count(peers->begin(), peers->end(), p))) peers_.push_back(p);
+    full_ = static_cast<int>(peers_.size()) == size - 1;
+    auto ctx = std::make_shared<PeerContext>(rank, size);
     ctx->setTimeout(timeout);
     auto prefixed = std::make_shared<PrefixStore>(prefix, shared_->store);
-    GlooStore store(prefixed, timeout);
     try {
-      ctx->connectFullMesh(store, shared_->device);
-      if (shared_->shm) shm_ = ShmGroup::create(*prefixed, rank, size, timeout);
+      ctx->connect(*prefixed, shared_->device, peers_, timeout);
+      if (shared_->shm && full_) shm_ = ShmGroup::create(*prefixed, rank, size, timeout);
     } catch (const CommError& e) {
       throw CommError(e.code(), describe("connect", -1, e.what()));
     } catch (const gloo::IoException& e) {
@@ -158,6 +194,7 @@ class GlooCommunicator : public Communicator {
 
  protected:
   void do_allreduce(void* data, size_t count, DType dtype, ReduceOp op, const Options& opt) override {
+    need_all("allreduce");
     if (shm_)
       return run("allreduce", opt,
                  [&] { shm_->allreduce(data, count, dtype, op, Clock::now() + opt.timeout); });
@@ -187,6 +224,7 @@ class GlooCommunicator : public Communicator {
   // ring allreduce.
   void do_reduce_scatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op,
                          const Options& opt) override {
+    need_all("reduce_scatter");
     if (shm_)
       return run("reduce_scatter", opt,
                  [&] { shm_->reduce_scatter(in, out, count, dtype, op, Clock::now() + opt.timeout); });
@@ -218,6 +256,7 @@ class GlooCommunicator : public Communicator {
   }
 
   void do_allgather(const void* in, void* out, size_t count, DType dtype, const Options& opt) override {
+    need_all("allgather");
     if (shm_)
       return run("allgather", opt,
                  [&] { shm_->allgather(in, out, count, dtype, Clock::now() + opt.timeout); });
@@ -235,6 +274,7 @@ class GlooCommunicator : public Communicator {
   }
 
   void do_broadcast(void* data, size_t count, DType dtype, int root, const Options& opt) override {
+    need_all("broadcast");
     if (shm_)
       return run("broadcast", opt,
                  [&] { shm_->broadcast(data, count, dtype, root, Clock::now() + opt.timeout); });
@@ -248,6 +288,7 @@ class GlooCommunicator : public Communicator {
   }
 
   void do_barrier(const Options& opt) override {
+    need_all("barrier");
     if (shm_) return run("barrier", opt, [&] { shm_->barrier(Clock::now() + opt.timeout); });
     run("barrier", opt, [st = st_, timeout = opt.timeout] {
       gloo::BarrierOptions o(st->ctx);
@@ -257,6 +298,10 @@ class GlooCommunicator : public Communicator {
   }
 
   void do_batch(const std::vector<P2POp>& ops, const Options& opt) override {
+    for (const auto& o : ops)
+      if (!full_ && !std::binary_search(peers_.begin(), peers_.end(), o.peer))
+        fail(CommErrc::invalid_argument, o.kind == P2POp::Kind::recv ? "recv" : "send", o.peer,
+             "not a peer this communicator connected");
     run("sendrecv", opt, [st = st_, ops, timeout = opt.timeout] {
       const auto deadline = Clock::now() + timeout;
       std::vector<std::unique_ptr<UnboundBuffer>> bufs;
@@ -275,13 +320,24 @@ class GlooCommunicator : public Communicator {
 
   void do_abort() override {
     if (shm_) shm_->abort();
-    if (st_->ctx) st_->abort(size() > 1 ? (rank() + 1) % size() : -1);
+    if (!st_->ctx) return;
+    // The probe that poisons the context goes to a connected peer: the next rank when all are.
+    const int next = (rank() + 1) % size();
+    st_->abort(peers_.empty() ? -1 : full_ ? next : peers_.front());
   }
 
   std::unique_ptr<Communicator> do_new_group(const std::vector<int>& ranks, int new_rank,
                                              const std::string& name) override {
     return std::make_unique<GlooCommunicator>(shared_, new_rank, static_cast<int>(ranks.size()),
                                               group() + name + "/", st_->ctx->getTimeout());
+  }
+
+  // A collective needs every pair; point-to-point only the peers connected.
+  void need_all(const char* op) {
+    if (!full_)
+      fail(CommErrc::invalid_argument, op, -1,
+           "this communicator connects " + std::to_string(peers_.size()) + " of its " +
+               std::to_string(size() - 1) + " peers: point-to-point with them only");
   }
 
  private:
@@ -315,6 +371,8 @@ class GlooCommunicator : public Communicator {
   std::shared_ptr<GlooShared> shared_;
   std::shared_ptr<GlooState> st_;
   std::unique_ptr<ShmGroup> shm_;  // same-host collectives, when every rank is here
+  std::vector<int> peers_;         // the ranks connected to, ascending
+  bool full_ = true;               // every other rank is
 };
 
 }  // namespace
@@ -338,8 +396,8 @@ std::unique_ptr<Communicator> make_gloo_communicator(const CommConfig& cfg) {
     throw CommError(CommErrc::invalid_argument, "make_communicator(gloo): cannot open a TCP device on '" +
                                                     cfg.hostname + "': " + e.what());
   }
-  return std::make_unique<GlooCommunicator>(shared, cfg.rank, cfg.size,
-                                            store_prefix(cfg.job, cfg.generation, cfg.group), cfg.timeout);
+  return std::make_unique<GlooCommunicator>(
+      shared, cfg.rank, cfg.size, store_prefix(cfg.job, cfg.generation, cfg.group), cfg.timeout, cfg.peers);
 }
 
 }  // namespace troupe::comm

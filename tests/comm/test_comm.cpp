@@ -437,6 +437,71 @@ TEST_CASE("gloo: abort from another thread unblocks recv and allreduce, the peer
   }
 }
 
+namespace {
+// Counts the requests that reach a memory store.
+class CountingStore : public MemoryStore {
+ public:
+  void set(const std::string& key, const std::string& value) override {
+    ++sets;
+    MemoryStore::set(key, value);
+  }
+  std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
+    ++gets;
+    return MemoryStore::get(key, timeout);
+  }
+  std::atomic<int> sets{0}, gets{0};
+};
+}  // namespace
+
+TEST_CASE("gloo: a communicator of named peers connects those only: point-to-point with them, nothing else",
+          "[gloo]") {
+  // A ring of 6: each rank connects to its two neighbours (what the snapshot buddies use).
+  const int n = 6;
+  auto store = std::make_shared<CountingStore>();
+  std::vector<std::unique_ptr<Communicator>> comms(n);
+  require_no_errors(run_threads(n, [&](int r) {
+    CommConfig cfg;
+    cfg.rank = r;
+    cfg.size = n;
+    cfg.job = "peers";
+    cfg.timeout = 10s;
+    cfg.store = store;
+    cfg.peers = std::vector<int>{(r + 1) % n, (r + n - 1) % n};
+    comms[r] = make_communicator(cfg);
+  }));
+  // One address published and one read per pair end: 2 of each per rank, not a full mesh's
+  // n - 1 plus every lower rank's host name.
+  CHECK(store->sets == 2 * n);
+  CHECK(store->gets == 2 * n);
+  require_no_errors(run_threads(n, [&](int r) {
+    int out = 100 + r, in = -1;
+    comms[r]->batch(
+        {P2POp::send(&out, sizeof out, (r + 1) % n, 7), P2POp::recv(&in, sizeof in, (r + n - 1) % n, 7)},
+        Options{10s});
+    if (in != 100 + (r + n - 1) % n) throw std::runtime_error("got " + std::to_string(in));
+  }));
+  // A collective, or a rank it is not connected to, is a named error, before anything is sent.
+  float x = 1;
+  try {
+    comms[0]->allreduce(&x, 1, ReduceOp::sum, Options{1s});
+    FAIL("allreduce over a ring of peers did not throw");
+  } catch (const CommError& e) {
+    CHECK(e.code() == CommErrc::invalid_argument);
+    CHECK(std::string(e.what()).find("connects 2 of its 5 peers") != std::string::npos);
+  }
+  int y = 0;
+  try {
+    comms[1]->send(&y, sizeof y, 3, 1, Options{1s});
+    FAIL("send to a rank not connected did not throw");
+  } catch (const CommError& e) {
+    CHECK(e.code() == CommErrc::invalid_argument);
+  }
+  // Abort reaches a receive in flight from a peer.
+  std::vector<int> buf(4);
+  CHECK(abort_while_blocked(*comms[3], [&] { comms[3]->recv(buf.data(), 16, 2, 9, Options{20s}); }) ==
+        CommErrc::aborted);
+}
+
 TEST_CASE("gloo: a rank that never joins makes the others time out, poisoned afterwards", "[gloo]") {
   for (bool shm : {true, false}) {
     INFO((shm ? "same-host shared-memory collectives" : "TCP collectives"));
