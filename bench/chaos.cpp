@@ -4,9 +4,11 @@
 // against an uninterrupted one-host run of the same spec.
 //
 //   chaos [--minutes M] [--seed S] [--checkpoint-every N] [--layout FILE] [--interval Q] [--spares K]
+//         [--spread]
 //         (as root; M = 2, S = time of day, N = 5 steps, FILE = tiny_dp2_pp1_tp1 of
 //          configs/layouts, Q: the quiet spell before each fault in seconds, else 2-6 s at random,
-//          K: the job's hot spares, resources.spares, 0 by default)
+//          K: the job's hot spares, resources.spares, 0 by default; --spread: resources.placement:
+//          spread, the job's ranks on both hosts)
 //
 //   h0: coordinator --listen 10.77.0.1:29400 --state-dir DIR (restartable)
 //   h1: agent cpu:2     h2: agent cpu:2     (either host alone holds the job)
@@ -50,7 +52,7 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 // The tiny GPT of configs/layouts/<layout>.yaml, endless, a checkpoint every `every` steps;
 // `steps` > 0 bounds it.
 std::string job_spec(const std::string& layout, const std::string& name, int64_t steps, int64_t every,
-                     int spares = 0) {
+                     int spares = 0, bool spread = false) {
   std::string s = read_file(std::string(TROUPE_SOURCE_DIR) + "/configs/layouts/" + layout + ".yaml");
   auto replace = [&](const std::string& from, const std::string& to) {
     auto p = s.find(from);
@@ -59,7 +61,9 @@ std::string job_spec(const std::string& layout, const std::string& name, int64_t
   if (const auto at = s.find("name: "); at != std::string::npos)
     s.replace(at, s.find('\n', at) - at, "name: " + name);
   replace("steps: 10", "steps: " + std::to_string(steps > 0 ? steps : troupe::testing::kEndlessSteps));
-  if (spares > 0) s += "\nresources:\n  spares: " + std::to_string(spares) + "\n";
+  if (spares > 0 || spread)
+    s += "\nresources:\n  spares: " + std::to_string(spares) +
+         "\n  placement: " + (spread ? "spread" : "pack") + "\n";
   return s + "\ncheckpoint:\n  every: " + std::to_string(every) +
          "\n  keep: 3\nfault:\n  max_restarts: 1000\n";
 }
@@ -280,6 +284,7 @@ struct Options {
   std::string layout = "tiny_dp2_pp1_tp1";
   double interval_s = 0;  // 0: 2-6 s at random
   int spares = 0;
+  bool spread = false;
 };
 
 Options parse(int argc, char** argv) {
@@ -299,11 +304,13 @@ Options parse(int argc, char** argv) {
       o.interval_s = std::atof(argv[++i]);
     } else if (a == "--spares" && i + 1 < argc && std::atoi(argv[i + 1]) >= 0) {
       o.spares = std::atoi(argv[++i]);
+    } else if (a == "--spread") {
+      o.spread = true;
     } else {
       std::fprintf(
           stderr,
           "usage: chaos [--minutes M] [--seed S] [--checkpoint-every N] [--layout FILE] [--interval Q] "
-          "[--spares K]\n");
+          "[--spares K] [--spread]\n");
       std::exit(2);
     }
   }
@@ -325,9 +332,9 @@ int main(int argc, char** argv) {
 
   ChaosCluster c;
   std::printf(
-      "chaos: %.1f min, seed %llu, layout %s, checkpoint every %lld steps, %d spare(s), cluster dir %s\n",
+      "chaos: %.1f min, seed %llu, layout %s, checkpoint every %lld steps, %d spare(s), %s, cluster dir %s\n",
       opt.minutes, (unsigned long long)opt.seed, opt.layout.c_str(), (long long)opt.checkpoint_every,
-      opt.spares, c.dir().c_str());
+      opt.spares, opt.spread ? "spread" : "packed", c.dir().c_str());
   if (!c.start_coordinator()) {
     std::printf("chaos: the coordinator did not start (see %s)\n", c.dir().c_str());
     return 1;
@@ -339,9 +346,9 @@ int main(int argc, char** argv) {
     std::printf("chaos: the agents did not register their devices\n");
     return 1;
   }
-  const std::string job =
-      c.call({{"op", "submit"},
-              {"spec", job_spec(opt.layout, "chaos", 0, opt.checkpoint_every, opt.spares)}})["job"];
+  const std::string job = c.call(
+      {{"op", "submit"},
+       {"spec", job_spec(opt.layout, "chaos", 0, opt.checkpoint_every, opt.spares, opt.spread)}})["job"];
   if (!wait_until([&] { return c.status(job).value("steps_done", int64_t{0}) >= 8; }, 120s)) {
     std::printf("chaos: job %s did not train 8 steps\n", job.c_str());
     return 1;

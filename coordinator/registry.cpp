@@ -73,7 +73,7 @@ int DeviceRegistry::free(const std::string& kind) const {
 
 std::optional<std::vector<DeviceRef>> DeviceRegistry::allocate(const std::string& job_id,
                                                                const std::string& kind, int n,
-                                                               std::string* why) {
+                                                               std::string* why, bool spread) {
   TROUPE_CHECK(n > 0, "a job needs at least one device");
   auto free_on = [&](const Agent& a) {
     std::vector<std::string> out;
@@ -92,7 +92,15 @@ std::optional<std::vector<DeviceRef>> DeviceRegistry::allocate(const std::string
     return std::nullopt;
   }
   std::vector<DeviceRef> out;
+  if (spread) {
+    std::vector<std::pair<std::string, std::vector<std::string>>> free_by_agent;
+    for (auto& [id, a] : agents_) free_by_agent.emplace_back(id, free_on(a));
+    for (size_t round = 0; static_cast<int>(out.size()) < n; ++round)
+      for (const auto& [id, f] : free_by_agent)
+        if (round < f.size() && static_cast<int>(out.size()) < n) out.push_back({id, f[round]});
+  }
   for (auto& [id, a] : agents_) {
+    if (!out.empty()) break;
     auto f = free_on(a);
     if (static_cast<int>(f.size()) >= n) {
       for (int i = 0; i < n; ++i) out.push_back({id, f[i]});

@@ -44,10 +44,12 @@ class DeviceRegistry {
   int free(const std::string& kind) const;
 
   // Holds n free devices of `kind` for job_id, or returns nullopt and says why
-  // in *why. Prefers one agent that can hold the whole job (its ranks then
-  // talk over loopback), else fills agents in registration order.
+  // in *why. Packed (the default): one agent that can hold the whole job (its
+  // ranks then talk over loopback), else agents filled in registration order.
+  // Spread: one free device of each agent in registration order, round after
+  // round, so the job spans as many agents as it can.
   std::optional<std::vector<DeviceRef>> allocate(const std::string& job_id, const std::string& kind, int n,
-                                                 std::string* why);
+                                                 std::string* why, bool spread = false);
   // Frees every device held by job_id but those in `keep`.
   void release(const std::string& job_id, const std::vector<DeviceRef>& keep = {});
   // Frees one device if job_id holds it.

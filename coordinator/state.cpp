@@ -219,7 +219,7 @@ bool CoordinatorState::try_place(Job& job, Actions* out) {
       why = "waiting for devices: " + std::to_string(free) + " " + req.device_kind + " free, the job needs " +
             std::to_string(auto_min_devices(job)) + " or more (elastic.min_devices)";
     } else if (auto c = plan_auto(job, auto_devices(job, free), &why)) {
-      devices = registry_.allocate(job.id, req.device_kind, c->layout.world(), &why);
+      devices = registry_.allocate(job.id, req.device_kind, c->layout.world(), &why, req.spread);
       if (devices) {
         job.layout = c->layout;
         job.choice = std::move(c);
@@ -227,7 +227,7 @@ bool CoordinatorState::try_place(Job& job, Actions* out) {
     }
   } else {
     // The spares' devices too: a job runs on what it asks for.
-    devices = registry_.allocate(job.id, req.device_kind, job.layout.world() + req.spares, &why);
+    devices = registry_.allocate(job.id, req.device_kind, job.layout.world() + req.spares, &why, req.spread);
     if (!devices && req.spares > 0)
       why += " (" + std::to_string(job.layout.world()) + " rank(s) and " + std::to_string(req.spares) +
              " spare(s): resources.spares)";

@@ -42,7 +42,8 @@ struct JobRequest {
   std::string checkpoint_dir;    // "" = <run dir>/ckpt
   int checkpoint_keep = 0;       // checkpoint.keep: committed steps kept (0 = all)
   bool memory_snapshots = true;  // the ranks take in-memory snapshots (checkpoint.memory_every)
-  int spares = 0;  // resources.spares: idle worker processes kept ready to take a failed rank's place
+  int spares = 0;       // resources.spares: idle worker processes kept ready to take a failed rank's place
+  bool spread = false;  // resources.placement: spread (one device per agent in turn), else pack
   int max_restarts = 0;
   double restart_backoff_ms = 250;     // before the first relaunch; doubles with each restart, at most 8 s
   double step_timeout_ms = 0;          // 0 = max(10 s, 20 x the median step time)

@@ -194,7 +194,7 @@ void CoordinatorState::try_relaunch(Job& job, double now, Actions* out) {
   need -= place_spares(job, devices, taken, need);
   if (need > 0) {
     std::string why;
-    auto fresh = registry_.allocate(job.id, job.request.device_kind, need, &why);
+    auto fresh = registry_.allocate(job.id, job.request.device_kind, need, &why, job.request.spread);
     if (!fresh) {
       for (Spare& v : job.spares) v.rank = -1;
       return;
@@ -224,7 +224,9 @@ void CoordinatorState::relaunch_auto(Job& job, double now, Actions* out) {
   else
     c = plan_auto(job, n, &why);
   std::optional<std::vector<DeviceRef>> devices;
-  if (c) devices = registry_.allocate(job.id, job.request.device_kind, c->layout.world(), &why);
+  if (c)
+    devices =
+        registry_.allocate(job.id, job.request.device_kind, c->layout.world(), &why, job.request.spread);
   if (!devices) return wait_for_devices(job, now, why, out);
   const Layout from = job.layout;
   job.layout = c->layout;

@@ -42,7 +42,8 @@ void CoordinatorState::replenish_spares(Job& job, Actions* out) {
   const int n = std::min(missing, registry_.free(job.request.device_kind));
   if (n <= 0) return;
   std::string why;
-  if (auto got = registry_.allocate(job.id, job.request.device_kind, n, &why)) launch_spares(job, *got, out);
+  if (auto got = registry_.allocate(job.id, job.request.device_kind, n, &why, job.request.spread))
+    launch_spares(job, *got, out);
 }
 
 void CoordinatorState::drop_spare(Job& job, int generation, int rank, const std::string& why, bool kill,

@@ -59,6 +59,7 @@ const char* to_string(Recompute v) { return enum_name(v); }
 const char* to_string(Offload v) { return enum_name(v); }
 const char* to_string(Schedule v) { return enum_name(v); }
 const char* to_string(DeviceKind v) { return enum_name(v); }
+const char* to_string(Placement v) { return enum_name(v); }
 const char* to_string(LrSchedule v) { return enum_name(v); }
 
 Layout layout_of(const ParallelSpec& p) {
@@ -106,7 +107,8 @@ bool operator==(const ParallelSpec& a, const ParallelSpec& b) {
 }
 bool operator==(const ResourcesSpec& a, const ResourcesSpec& b) {
   return a.device == b.device && a.threads_per_worker == b.threads_per_worker &&
-         a.memory_per_device == b.memory_per_device && a.hardware == b.hardware && a.spares == b.spares;
+         a.memory_per_device == b.memory_per_device && a.hardware == b.hardware && a.spares == b.spares &&
+         a.placement == b.placement;
 }
 bool operator==(const CheckpointSpec& a, const CheckpointSpec& b) {
   return a.dir == b.dir && a.every == b.every && a.keep == b.keep && a.async == b.async &&
@@ -483,6 +485,7 @@ std::string to_yaml(const JobSpec& s) {
   y << "  memory_per_device: " << format_size(s.resources.memory_per_device) << "\n";
   y << "  hardware: " << quote(s.resources.hardware) << "\n";
   y << "  spares: " << s.resources.spares << "\n";
+  y << "  placement: " << to_string(s.resources.placement) << "\n";
   y << "checkpoint:\n";
   y << "  dir: " << quote(s.checkpoint.dir) << "\n";
   y << "  every: " << s.checkpoint.every << "\n";

@@ -56,6 +56,10 @@ enum class Recompute { none, selective, full, auto_ };
 enum class Offload { none, optimizer };
 enum class Schedule { gpipe, one_f_one_b, interleaved, zb_h1 };
 enum class DeviceKind { cpu, cuda };
+// resources.placement: pack = as few agents as hold the job (its ranks talk over loopback);
+// spread = one device per agent in turn (Ray's SPREAD): a host's loss takes fewer ranks, and a
+// rank's snapshot buddy sits on another host, so the job resumes from memory.
+enum class Placement { pack, spread };
 enum class LrSchedule { constant, cosine, linear };
 
 // model.rope_scaling: Hugging Face's rope_scaling of rope_type "llama3" (Llama 3.1 and later).
@@ -165,6 +169,7 @@ struct ResourcesSpec {
   // Hot spares: worker processes started with the job on devices of their own, registered and
   // waiting; a failed rank's place goes to one without a process start. Fixed layouts only.
   int spares = 0;
+  Placement placement = Placement::pack;
 };
 
 struct CheckpointSpec {
@@ -274,6 +279,7 @@ const char* to_string(Recompute v);
 const char* to_string(Offload v);
 const char* to_string(Schedule v);
 const char* to_string(DeviceKind v);
+const char* to_string(Placement v);
 const char* to_string(LrSchedule v);
 
 // Devices of a fully given layout (data * pipeline * tensor), or nullopt when any degree is auto.

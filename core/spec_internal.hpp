@@ -62,6 +62,11 @@ struct EnumNames<DeviceKind> {
   static constexpr std::string_view names[] = {"cpu", "cuda"};
 };
 template <>
+struct EnumNames<Placement> {
+  static constexpr const char* what = "placement";
+  static constexpr std::string_view names[] = {"pack", "spread"};
+};
+template <>
 struct EnumNames<LrSchedule> {
   static constexpr const char* what = "learning-rate schedule";
   static constexpr std::string_view names[] = {"constant", "cosine", "linear"};

@@ -73,6 +73,7 @@ const Table& resources_table() {
                    "resources.spares is 0 (none) to " + std::to_string(kMaxSpares) +
                        " idle worker processes kept ready");
        }},
+      {"placement", [](S& s, K& k, JobSpec& j) { s.enumeration(k, j.resources.placement); }},
   }};
   return t;
 }

@@ -109,40 +109,35 @@ std::optional<StoreOp> RendezvousScript::step() {
   for (;;) {
     switch (phase_) {
       case Phase::start:
+        // The world connects no pair (worker/engine.cpp: connect): nothing to publish.
+        if (g.name == "world") return std::nullopt;
         if (gloo_max_ > 0 && n > gloo_max_) {
           ++skipped_;
           return std::nullopt;
         }
-        phase_ = Phase::host_reads;
+        phase_ = Phase::pair_set;
         i_ = 0;
-        return set("rank_" + std::to_string(me), host_);
-      case Phase::host_set:  // (folded into start)
-      case Phase::host_reads:
-        if (i_ < me) return get("rank_" + std::to_string(i_++), "");
-        phase_ = Phase::addr_set;
         continue;
-      case Phase::addr_set: {
-        std::string all;
-        all.reserve(kAddressBytes * (n - 1));
-        for (int j = 0; j < n; ++j)
-          if (j != me) all += gloo_address(g.prefix, g.ranks[me], g.ranks[j]);
-        phase_ = Phase::peers;
-        i_ = 0;
-        return set(std::to_string(me), std::move(all));
-      }
-      case Phase::peers: {
-        // Two reads per peer: the store's wait, then gloo's get. Peer i's list skips i itself.
-        const int peer = i_ / 2;
-        if (peer >= n) {
-          phase_ = n <= kShmMaxRanks ? Phase::shm_set : Phase::done;
-          continue;
+      case Phase::pair_set:
+        // comm/gloo/gloo_comm.cpp (PeerContext): one address per peer, "pair/<me>/<peer>".
+        if (i_ == me) ++i_;
+        if (i_ < n) {
+          const int j = i_++;
+          return set("pair/" + std::to_string(me) + "/" + std::to_string(j),
+                     gloo_address(g.prefix, g.ranks[me], g.ranks[j]));
         }
-        ++i_;
-        if (peer == me) continue;
-        const size_t slot = static_cast<size_t>(me > peer ? me - 1 : me);
-        return get(std::to_string(peer), gloo_address(g.prefix, g.ranks[peer], g.ranks[me]),
-                   slot * kAddressBytes);
-      }
+        phase_ = Phase::pair_get;
+        i_ = 0;
+        continue;
+      case Phase::pair_get:
+        if (i_ == me) ++i_;
+        if (i_ < n) {
+          const int j = i_++;
+          return get("pair/" + std::to_string(j) + "/" + std::to_string(me),
+                     gloo_address(g.prefix, g.ranks[j], g.ranks[me]));
+        }
+        phase_ = n <= kShmMaxRanks ? Phase::shm_set : Phase::done;
+        continue;
       case Phase::shm_set:
         phase_ = Phase::shm_wait;
         i_ = 0;

@@ -6,9 +6,9 @@
 //   nccl: per group (world, dp, tp, pp, emb: those of more than one rank, in the engine's
 //         order), group rank 0 sets "<prefix>nccl_unique_id" (128 bytes), the others get it
 //         (comm/nccl/nccl_comm.cpp).
-//   gloo: per group, gloo's connectFullMesh (gloo/rendezvous/context.cc): set rank_<r> =
-//         host; get rank_0 .. rank_<r-1>; set "<r>" = one 136-byte address per peer; for every
-//         peer i: wait (a get) and get "<i>"; then ShmGroup::create for groups of at most 256
+//   gloo: per group but the world (which connects no pair), comm/gloo/gloo_comm.cpp's
+//         PeerContext: set "pair/<r>/<i>" = a 136-byte address for every peer i, then get
+//         "pair/<i>/<r>" of every peer; then ShmGroup::create for groups of at most 256
 //         ranks (comm/gloo/shm_group.cpp): set shm/host/<r>, wait for every rank's, read them
 //         until one differs; a group on one host shares the name rank 0 sets.
 //
@@ -49,10 +49,9 @@ std::vector<Group> rank_groups(const std::string& job, int generation, int dp, i
 
 class RendezvousScript {
  public:
-  // gloo_max: groups of more ranks than this skip the gloo pattern (the full mesh costs
-  // ~2.5 n^2 requests of n x 136 bytes: not feasible through one store at thousands of
-  // ranks); 0 = no limit.
-  // host: the host name this rank writes (gloo's rank_<r>, the shm host key).
+  // gloo_max: groups of more ranks than this skip the gloo pattern (a group's full mesh
+  // costs 2 n (n - 1) requests); 0 = no limit.
+  // host: the host name this rank writes (the shm host key).
   RendezvousScript(Pattern pattern, std::vector<Group> groups, std::string host, int gloo_max = 0);
   // The next request, or nullopt when the rank is done.
   std::optional<StoreOp> next();
@@ -70,18 +69,7 @@ class RendezvousScript {
 
  private:
   // Where the rank is within groups_[g_]: a phase of the pattern and a counter within it.
-  enum class Phase {
-    start,
-    host_set,
-    host_reads,
-    addr_set,
-    peers,
-    shm_set,
-    shm_wait,
-    shm_check,
-    shm_name,
-    done
-  };
+  enum class Phase { start, pair_set, pair_get, shm_set, shm_wait, shm_check, shm_name, done };
   std::optional<StoreOp> step();  // the next op of groups_[g_], advancing the phase
 
   Pattern pattern_;

@@ -100,6 +100,29 @@ TEST_CASE("registry: allocation prefers one agent, else spans agents, else says 
   CHECK(why.find("too few") != std::string::npos);
 }
 
+TEST_CASE("registry: a spread allocation takes one device of each agent in turn", "[registry]") {
+  DeviceRegistry reg;
+  auto a = reg.add_agent("h1", 1, cpus(2));
+  auto b = reg.add_agent("h2", 2, cpus(4));
+  auto c = reg.add_agent("h3", 3, cpus(1));
+  std::string why;
+  // Five of seven: a, b, c, then a and b again (c has no second device).
+  auto got = reg.allocate("j1", "cpu", 5, &why, true);
+  REQUIRE(got);
+  std::vector<std::string> agents;
+  for (const auto& d : *got) agents.push_back(d.agent_id);
+  CHECK(agents == std::vector<std::string>{a, b, c, a, b});
+  CHECK((*got)[0].device == "cpu:0");
+  CHECK((*got)[3].device == "cpu:1");
+  // What is left: two devices of b; a spread job of three waits, naming what it needs.
+  CHECK_FALSE(reg.allocate("j2", "cpu", 3, &why, true));
+  CHECK(why == "waiting for 3 free cpu device(s): 2 free of 7 registered");
+  auto rest = reg.allocate("j2", "cpu", 2, &why, true);
+  REQUIRE(rest);
+  CHECK(rest->front().agent_id == b);
+  CHECK(rest->back().agent_id == b);
+}
+
 TEST_CASE("job FSM: legal and illegal transitions", "[fsm]") {
   using S = JobState;
   CHECK(transition_allowed(S::queued, S::planning));
@@ -1265,4 +1288,49 @@ TEST_CASE(
   CHECK(r.j().spares.empty());
   REQUIRE(z.kills.size() == 1);
   CHECK(z.kills[0].ranks == std::vector<int>{spare0});
+}
+
+TEST_CASE("placement: a spread job spans the agents, so losing one heals from the buddy on the other",
+          "[recovery][survivors][memory][placement]") {
+  for (bool spread : {false, true}) {
+    INFO((spread ? "spread" : "pack"));
+    Fixture f;
+    Actions a;
+    const std::string a1 = f.st.register_agent(7, "h1", 1, cpus(2), &a).message;
+    const std::string a2 = f.st.register_agent(7, "h2", 2, cpus(2), &a).message;
+    JobRequest req = elastic(2);
+    req.layout = {2, 1, 1};
+    req.spread = spread;
+    const std::string job = f.st.submit(req, &a);
+    f.st.set_checkpoint_finder(
+        [](const std::string& root, std::vector<std::string>*) { return root + "/step_000004"; });
+    const Job& j = *f.st.job(job);
+    REQUIRE(j.ranks.size() == 2);
+    CHECK(j.ranks[0].device.agent_id == a1);
+    CHECK(j.ranks[1].device.agent_id == (spread ? a2 : a1));
+    for (int rank = 0; rank < 2; ++rank)
+      f.st.register_worker(7, job, 0, rank, j.ranks[rank].host, 100 + rank, &a);
+    REQUIRE(j.buddy_shift == 1);
+    for (int rank = 0; rank < 2; ++rank)
+      f.st.step(job, 0, StepSample{rank, 7, 2.0, 1e-3, 64, 10.0, 1.0, {}}, &a);
+    // Spread: the second agent is lost with rank 1. Packed: the first, with both ranks.
+    Actions x;
+    f.st.remove_agent(spread ? a2 : a1, &x);
+    REQUIRE(j.state == JobState::recovering);
+    if (spread) {
+      // Rank 0 stays with its own snapshots and rank 1's copy; rank 1's place goes to h1's free
+      // device and receives its state from its buddy.
+      Actions p;
+      f.st.worker_failed(job, 0, 0, FailureCause::aborted, "aborted", &p, true,
+                         MemoryHeld{{8, 7}, false, {8, 7}, 1});
+    }
+    Actions t;
+    f.st.tick(now_ms() + 1000, &t);
+    REQUIRE(j.state == JobState::launching);
+    CHECK(j.memory_step == (spread ? 8 : -1));
+    if (spread) {
+      CHECK(j.heal_from_buddy[1]);
+      CHECK(j.ranks[0].pid == 100);
+    }
+  }
 }

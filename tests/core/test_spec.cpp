@@ -163,6 +163,7 @@ TEST_CASE("defaults are the documented ones", "[core][spec]") {
   CHECK(s.parallel.virtual_stages == 1);
   CHECK(s.resources.device == troupe::DeviceKind::cpu);
   CHECK(s.resources.threads_per_worker == 1);
+  CHECK(s.resources.placement == troupe::Placement::pack);
   CHECK(s.resources.memory_per_device == 0);
   CHECK(s.checkpoint.dir.empty());
   CHECK(s.checkpoint.every == 0);
@@ -212,7 +213,7 @@ train:
   eval_batches: 2
   log_every: 5
 parallel: {data: 2, pipeline: 3, tensor: 2, schedule: interleaved, virtual_stages: 2}
-resources: {device: cuda, threads_per_worker: 4, memory_per_device: 80GB}
+resources: {device: cuda, threads_per_worker: 4, memory_per_device: 80GB, placement: spread}
 checkpoint: {dir: /ckpt, every: 50, keep: 1, async: false}
 fault: {max_restarts: 0, heartbeat: 250ms, step_timeout: 2m}
 elastic: {min_devices: 6, max_devices: 24}
@@ -249,6 +250,7 @@ elastic: {min_devices: 6, max_devices: 24}
   CHECK(s.resources.device == troupe::DeviceKind::cuda);
   CHECK(s.resources.threads_per_worker == 4);
   CHECK(s.resources.memory_per_device == 80000000000ull);
+  CHECK(s.resources.placement == troupe::Placement::spread);
   CHECK(s.checkpoint.dir == "/ckpt");
   CHECK(s.checkpoint.every == 50);
   CHECK(s.checkpoint.keep == 1);

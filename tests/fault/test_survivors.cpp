@@ -245,3 +245,47 @@ TEST_CASE("spares: a rank SIGKILLed under 1x2x1 is replaced by a spare started b
   f.spare = true;
   ranks_fail(f);
 }
+
+TEST_CASE("placement spread: a 1x2x1 job on two agents loses one and continues from its buddy's copy",
+          "[fault][survivors][placement][multiprocess]") {
+  Cluster c;
+  REQUIRE(c.ready());
+  c.add_agent("cpu:2");
+  Proc& second = c.add_agent("cpu:2");
+  REQUIRE(c.wait_devices(4));
+  const std::string spec =
+      layout_spec("tiny_dp1_pp2_tp1_1f1b", "spread") + "resources:\n  placement: spread\n";
+  std::string job = c.call({{"op", "submit"}, {"spec", spec}})["job"];
+  PidLog pids;
+  REQUIRE(wait_steps(c, job, 8, pids, 0));
+  auto st = c.status(job);
+  // One rank on each agent; each rank's buddy is the other.
+  REQUIRE(st["workers"].size() == 2);
+  CHECK(st["workers"][0]["agent"] != st["workers"][1]["agent"]);
+  CHECK(st["buddy_shift"] == 1);
+  const int kept = worker_pids(st)[0];
+  second.signal(SIGKILL);  // the second agent (registration order) and rank 1 with it
+  const bool recovered = wait_running(c, job, 1, pids, [&](const json& s) {
+    return s["failures"].size() == 1 &&
+           s["steps_done"].get<int64_t>() >= s["failures"].back()["step"].get<int64_t>() + 10;
+  });
+  st = c.status(job);
+  const std::string run_dir = st["run_dir"];
+  const std::string events = read_file(run_dir + "/events.log");
+  INFO("events.log:\n" << events);
+  REQUIRE(recovered);
+  CHECK(st["failures"][0]["cause"] == "agent_lost");
+  CHECK(worker_pids(st)[0] == kept);  // rank 0 kept its process
+  CHECK(events.find("resuming from in-memory snapshots of step") != std::string::npos);
+  CHECK(events.find("1 rank(s) receive their state from their buddy") != std::string::npos);
+  CHECK(st["memory_step"].get<int64_t>() > 0);
+  cancel(c, job, pids);
+  auto curve = loss_curve(run_dir);
+  REQUIRE(!curve.empty());
+  auto ref = reference(c, layout_spec("tiny_dp1_pp2_tp1_1f1b", "spread-ref"), curve.size());
+  for (const auto& [s, loss] : ref) {
+    INFO("step " << s);
+    CHECK(curve[s] == loss);
+  }
+  CHECK(completed_twice(run_dir) == 0);
+}
