@@ -1246,7 +1246,7 @@ TEST_CASE("failure event: the ranks' last where answers grouped by answer, rank 
 }
 
 TEST_CASE(
-    "stopped: a rank its agent saw stopped fails by name and is killed, its peers stay; a spare is dropped",
+    "stopped: a rank its agent saw stopped fails by name and is killed, its peers stay, a spare is dropped",
     "[recovery][survivors][spares]") {
   JobRequest req = elastic(3);
   req.spares = 1;
