@@ -73,7 +73,8 @@ int DeviceRegistry::free(const std::string& kind) const {
 
 std::optional<std::vector<DeviceRef>> DeviceRegistry::allocate(const std::string& job_id,
                                                                const std::string& kind, int n,
-                                                               std::string* why, bool spread) {
+                                                               std::string* why, bool spread,
+                                                               const std::map<std::string, int>& held) {
   TROUPE_CHECK(n > 0, "a job needs at least one device");
   auto free_on = [&](const Agent& a) {
     std::vector<std::string> out;
@@ -93,11 +94,24 @@ std::optional<std::vector<DeviceRef>> DeviceRegistry::allocate(const std::string
   }
   std::vector<DeviceRef> out;
   if (spread) {
-    std::vector<std::pair<std::string, std::vector<std::string>>> free_by_agent;
-    for (auto& [id, a] : agents_) free_by_agent.emplace_back(id, free_on(a));
-    for (size_t round = 0; static_cast<int>(out.size()) < n; ++round)
-      for (const auto& [id, f] : free_by_agent)
-        if (round < f.size() && static_cast<int>(out.size()) < n) out.push_back({id, f[round]});
+    struct Pool {
+      std::string id;
+      std::vector<std::string> free;
+      int load = 0;  // the job's devices on this agent
+      size_t next = 0;
+    };
+    std::vector<Pool> pool;
+    for (auto& [id, a] : agents_) {
+      const auto h = held.find(id);
+      pool.push_back({id, free_on(a), h == held.end() ? 0 : h->second, 0});
+    }
+    while (static_cast<int>(out.size()) < n) {
+      Pool* best = nullptr;
+      for (auto& p : pool)
+        if (p.next < p.free.size() && (!best || p.load < best->load)) best = &p;
+      out.push_back({best->id, best->free[best->next++]});
+      ++best->load;
+    }
   }
   for (auto& [id, a] : agents_) {
     if (!out.empty()) break;

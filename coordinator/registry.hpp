@@ -46,10 +46,13 @@ class DeviceRegistry {
   // Holds n free devices of `kind` for job_id, or returns nullopt and says why
   // in *why. Packed (the default): one agent that can hold the whole job (its
   // ranks then talk over loopback), else agents filled in registration order.
-  // Spread: one free device of each agent in registration order, round after
-  // round, so the job spans as many agents as it can.
+  // Spread: each device from the agent that holds the fewest of the job's
+  // devices so far (`held`: those it keeps, by agent id, plus the ones taken
+  // here), the first registered on a tie: one of each agent in turn, round
+  // after round, so the job spans as many agents as it can.
   std::optional<std::vector<DeviceRef>> allocate(const std::string& job_id, const std::string& kind, int n,
-                                                 std::string* why, bool spread = false);
+                                                 std::string* why, bool spread = false,
+                                                 const std::map<std::string, int>& held = {});
   // Frees every device held by job_id but those in `keep`.
   void release(const std::string& job_id, const std::vector<DeviceRef>& keep = {});
   // Frees one device if job_id holds it.

@@ -194,7 +194,11 @@ void CoordinatorState::try_relaunch(Job& job, double now, Actions* out) {
   need -= place_spares(job, devices, taken, need);
   if (need > 0) {
     std::string why;
-    auto fresh = registry_.allocate(job.id, job.request.device_kind, need, &why, job.request.spread);
+    // Spread: the new places go to the agents that hold the fewest of the job's ranks.
+    std::map<std::string, int> held;
+    for (int r = 0; r < d * unit; ++r)
+      if (taken[size_t(r)]) ++held[devices[size_t(r)].agent_id];
+    auto fresh = registry_.allocate(job.id, job.request.device_kind, need, &why, job.request.spread, held);
     if (!fresh) {
       for (Spare& v : job.spares) v.rank = -1;
       return;

@@ -121,6 +121,17 @@ TEST_CASE("registry: a spread allocation takes one device of each agent in turn"
   REQUIRE(rest);
   CHECK(rest->front().agent_id == b);
   CHECK(rest->back().agent_id == b);
+
+  // A relaunch's new places go to the agents holding the fewest of the job's devices.
+  DeviceRegistry two;
+  auto h1 = two.add_agent("h1", 1, cpus(2));
+  auto h2 = two.add_agent("h2", 2, cpus(2));
+  auto one = two.allocate("j", "cpu", 1, &why, true, {{h1, 1}});
+  REQUIRE(one);
+  CHECK(one->front().agent_id == h2);
+  auto packed = two.allocate("k", "cpu", 1, &why, false, {{h1, 1}});
+  REQUIRE(packed);
+  CHECK(packed->front().agent_id == h1);  // packed: the held devices do not matter
 }
 
 TEST_CASE("job FSM: legal and illegal transitions", "[fsm]") {
@@ -1333,4 +1344,29 @@ TEST_CASE("placement: a spread job spans the agents, so losing one heals from th
       CHECK(j.ranks[0].pid == 100);
     }
   }
+}
+
+TEST_CASE("placement: a spread job's relaunch puts the new rank where the job has the fewest ranks",
+          "[recovery][placement]") {
+  Fixture f;
+  Actions a;
+  f.st.register_agent(7, "h1", 1, cpus(2), &a);
+  const std::string a2 = f.st.register_agent(7, "h2", 2, cpus(2), &a).message;
+  JobRequest req = elastic(2);
+  req.layout = {2, 1, 1};
+  req.spread = true;
+  const std::string job = f.st.submit(req, &a);
+  const Job& j = *f.st.job(job);
+  for (int rank = 0; rank < 2; ++rank)
+    f.st.register_worker(7, job, 0, rank, j.ranks[rank].host, 100 + rank, &a);
+  REQUIRE(j.ranks[1].device.agent_id == a2);
+  Actions x;
+  f.st.worker_exited(job, 0, 1, 101, -1, 9, &x);  // rank 1, on h2
+  f.st.worker_failed(job, 0, 0, FailureCause::aborted, "aborted", &x, true);
+  Actions t;
+  f.st.tick(now_ms() + 1000, &t);
+  REQUIRE(j.state == JobState::launching);
+  // h1 has a free device too, and holds rank 0: the new rank 1 goes to h2 again.
+  REQUIRE(t.launches.size() == 1);
+  CHECK(j.ranks[1].device.agent_id == a2);
 }

@@ -251,7 +251,7 @@ TEST_CASE("placement spread: a 1x2x1 job on two agents loses one and continues f
   Cluster c;
   REQUIRE(c.ready());
   c.add_agent("cpu:2");
-  Proc& second = c.add_agent("cpu:2");
+  c.add_agent("cpu:2");
   REQUIRE(c.wait_devices(4));
   const std::string spec =
       layout_spec("tiny_dp1_pp2_tp1_1f1b", "spread") + "resources:\n  placement: spread\n";
@@ -264,7 +264,14 @@ TEST_CASE("placement spread: a 1x2x1 job on two agents loses one and continues f
   CHECK(st["workers"][0]["agent"] != st["workers"][1]["agent"]);
   CHECK(st["buddy_shift"] == 1);
   const int kept = worker_pids(st)[0];
-  second.signal(SIGKILL);  // the second agent (registration order) and rank 1 with it
+  // The agent of rank 1 (the agents register in either order), and rank 1 with it.
+  int agent_pid = 0;
+  const json agents = c.call({{"op", "list"}})["agents"];
+  for (const auto& ag : agents)
+    if (ag["id"] == st["workers"][1]["agent"]) agent_pid = ag["pid"];
+  INFO("agents: " << agents.dump() << "; rank 1 on " << st["workers"][1]["agent"]);
+  REQUIRE(agent_pid > 0);
+  REQUIRE(::kill(agent_pid, SIGKILL) == 0);
   const bool recovered = wait_running(c, job, 1, pids, [&](const json& s) {
     return s["failures"].size() == 1 &&
            s["steps_done"].get<int64_t>() >= s["failures"].back()["step"].get<int64_t>() + 10;
