@@ -264,7 +264,8 @@ std::map<int64_t, double> one_host_curve(const std::string& spec, int64_t steps)
   const std::string job = c.call({{"op", "submit"}, {"spec", spec}})["job"];
   c.wait_state(
       job,
-      [&](const json& s) { return s.value("steps_done", int64_t{0}) >= steps || s["state"] == "failed"; },
+      // Steps 0 .. `steps`: steps_done counts them, so one more than the last step's number.
+      [&](const json& s) { return s.value("steps_done", int64_t{0}) > steps || s["state"] == "failed"; },
       std::chrono::seconds(120 + steps / 5));
   const std::string run_dir = c.status(job).value("run_dir", "");
   c.call({{"op", "cancel"}, {"job", job}});
