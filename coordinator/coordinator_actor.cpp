@@ -228,6 +228,19 @@ void wake_waiters(self_ptr self, const std::vector<uint64_t>& ids) {
   }
 }
 
+// An agent's report on a process it launched (exit, stop): well formed and from that agent,
+// else refused by name.
+template <class Report>
+bool launch_report_taken(self_ptr self, const char* what, const Report& x) {
+  if (auto why = check(x); !why.empty()) {
+    refuse(self, what, why);
+    return false;
+  }
+  if (from_launching_agent(self, x.job_id, x.generation, x.rank)) return true;
+  refuse(self, what, "not from the agent that launched job " + x.job_id + " rank " + std::to_string(x.rank));
+  return false;
+}
+
 coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorOptions opt) {
   self->state.opt = opt;
   self->state.st = std::make_unique<CoordinatorState>(opt.runs_dir, opt.protocol);
@@ -367,11 +380,7 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
         return out;
       },
       [=](worker_exit_atom, const WorkerExit& x) {
-        if (auto why = check(x); !why.empty()) return refuse(self, "a worker exit report", why);
-        if (!from_launching_agent(self, x.job_id, x.generation, x.rank))
-          return refuse(
-              self, "a worker exit report",
-              "not from the agent that launched job " + x.job_id + " rank " + std::to_string(x.rank));
+        if (!launch_report_taken(self, "a worker exit report", x)) return;
         // The process of that launch is gone: nothing names it any more (the table stays as
         // large as the live processes, not every launch the job ever made).
         self->state.launch_agents.erase({x.job_id, x.generation, x.rank});
@@ -385,11 +394,7 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
         }
       },
       [=](worker_stop_atom, const WorkerStopped& x) {
-        if (auto why = check(x); !why.empty()) return refuse(self, "a worker stop report", why);
-        if (!from_launching_agent(self, x.job_id, x.generation, x.rank))
-          return refuse(
-              self, "a worker stop report",
-              "not from the agent that launched job " + x.job_id + " rank " + std::to_string(x.rank));
+        if (!launch_report_taken(self, "a worker stop report", x)) return;
         try {
           Actions a;
           self->state.st->worker_stopped(x.job_id, x.generation, x.rank, x.pid, x.signal, x.stopped_ms, &a);

@@ -745,13 +745,11 @@ void CoordinatorState::worker_stopped(const std::string& job_id, int generation,
   const std::string how = "was stopped by " + signal_name(signal) + " for " + for_s + " s";
   if (find_spare(*j, generation, rank))
     return drop_spare(*j, generation, rank, "its process " + how, true, true, out);
-  const bool waiting = std::any_of(j->survivors.begin(), j->survivors.end(), [&](const Survivor& v) {
+  const auto this_launch = [&](const Survivor& v) {
     return v.launch_generation == generation && v.launch_rank == rank;
-  });
-  if (waiting)
-    return drop_survivors(
-        *j, [&](const Survivor& v) { return v.launch_generation == generation && v.launch_rank == rank; },
-        "its process " + how, out);
+  };
+  if (std::any_of(j->survivors.begin(), j->survivors.end(), this_launch))
+    return drop_survivors(*j, this_launch, "its process " + how, out);
   if (is_terminal(j->state) || j->state == JobState::recovering) return;
   rank = launched_rank(*j, generation, rank);
   if (rank < 0) return;

@@ -151,7 +151,7 @@ checkpoint::ShardSnapshot Engine::Impl::snapshot(const std::string& root) const 
 // group's, each rank of a pipeline group stands for its whole tensor group; after the
 // pipeline group's, for its whole replica).
 void Engine::Impl::grid_barrier() {
-  for (comm::Communicator* g : {tp_group.get(), pp_group.get(), dp_group.get()})
+  for (comm::Communicator* g : grid_groups())
     if (g) g->barrier(copt);
 }
 

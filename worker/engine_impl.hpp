@@ -11,6 +11,7 @@
 //   engine_trace.cpp       train.trace glue: the clock offset to rank 0, the rank's trace file
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <exception>
@@ -130,6 +131,9 @@ struct Engine::Impl {
   void reduce_data_parallel();
   double world_sum(double v);
   // The world's reduction and barrier over the tensor, pipeline and data groups in turn.
+  std::array<comm::Communicator*, 3> grid_groups() const {
+    return {tp_group.get(), pp_group.get(), dp_group.get()};
+  }
   void grid_allreduce(double* v, comm::ReduceOp op);
   void grid_barrier();
   double grad_norm_squared();

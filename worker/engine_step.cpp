@@ -212,9 +212,11 @@ void Engine::Impl::reduce_data_parallel() {
 
 // A scalar reduced over the world as over its groups in turn: the tensor, the pipeline and the
 // data groups partition the grid, so after all three every rank holds the reduction over every
-// rank (the world communicator connects no pair: Impl::connect).
+// rank (a gloo world connects no pair: Impl::connect). NCCL's world is connected (its
+// bootstrap is no mesh): one reduction there instead of three.
 void Engine::Impl::grid_allreduce(double* v, comm::ReduceOp op) {
-  for (comm::Communicator* g : {tp_group.get(), pp_group.get(), dp_group.get()})
+  if (world && nccl(*world)) return scalar_allreduce(*world, v, op);
+  for (comm::Communicator* g : grid_groups())
     if (g) scalar_allreduce(*g, v, op);
 }
 
