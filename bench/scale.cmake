@@ -20,3 +20,8 @@ if(TROUPE_BUILD_TESTS)
   # Alone: its thousand-odd threads would starve a test beside it, and be starved by it.
   set_tests_properties(scale_256 PROPERTIES TIMEOUT 240 RUN_SERIAL TRUE LABELS "multiprocess;scale")
 endif()
+# The coordinator's JSON views (status, list, /metrics) at 256 to 16,384 ranks, on its state
+# alone (docs/scale.md, "Answers at sizes beyond the harness").
+add_executable(control_views ${CMAKE_CURRENT_SOURCE_DIR}/control_views.cpp)
+target_include_directories(control_views PRIVATE ${PROJECT_SOURCE_DIR})
+target_link_libraries(control_views PRIVATE troupe_coordinator)

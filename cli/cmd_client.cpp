@@ -73,6 +73,13 @@ void print_job(const nlohmann::json& j) {
       if (w.contains("place")) std::cout << "  (" << w["place"].get<std::string>() << ")";
       std::cout << "\n";
     }
+  // A big job lists one page of its workers: say which, and how to see the next.
+  if (j.contains("workers_next")) {
+    const int64_t from = j.value("workers_from", int64_t{0}), next = j["workers_next"].get<int64_t>();
+    std::cout << "  ranks " << from << "-" << next - 1 << " of " << j.value("workers_total", int64_t{0})
+              << " shown (the next: troupe status " << j.value("id", "") << " --workers-from " << next
+              << ")\n";
+  }
 }
 
 }  // namespace
@@ -99,10 +106,17 @@ void add_client_commands(CLI::App& app, int* exit_code) {
     auto* cmd = app.add_subcommand("status", "Show one job");
     static ClientFlags f;
     static std::string job;
+    static int64_t workers_from = 0, workers_limit = 0;
     add_flags(cmd, &f);
     cmd->add_option("job", job, "Job id")->required();
+    cmd->add_option("--workers-from", workers_from, "First rank of the workers listed (default 0)")
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--workers-limit", workers_limit, "How many workers to list (default 256, at most 4096)")
+        ->check(CLI::Range(1, 4096));
     cmd->callback([exit_code] {
-      auto r = coord::api_call(options(f), {{"op", "status"}, {"job", job}});
+      nlohmann::json req = {{"op", "status"}, {"job", job}, {"workers_from", workers_from}};
+      if (workers_limit > 0) req["workers_limit"] = workers_limit;
+      auto r = coord::api_call(options(f), req);
       *exit_code = report(r, f.json, [](const nlohmann::json& r) { print_job(r["job"]); });
     });
   }

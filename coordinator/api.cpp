@@ -1,5 +1,8 @@
 #include "coordinator/api.hpp"
 
+#include <cstdint>
+#include <limits>
+
 #include "coordinator/spec_request.hpp"
 #include "core/error.hpp"
 #include "core/spec.hpp"
@@ -38,6 +41,23 @@ const std::string* string_field(const nlohmann::json& req, const char* key, nloh
     return nullptr;
   }
   return it->get_ptr<const std::string*>();
+}
+
+// The optional whole-number field `key` in [lo, hi] into *value; false (and *err set) when it
+// is there but not such a number.
+bool optional_count(const nlohmann::json& req, const char* key, size_t lo, size_t hi, size_t* value,
+                    nlohmann::json* err) {
+  auto it = req.find(key);
+  if (it == req.end()) return true;
+  // Signed or unsigned as JSON holds it; a value past int64 reads negative and is refused.
+  if (!it->is_number_integer() || it->get<int64_t>() < 0 || uint64_t(it->get<int64_t>()) < lo ||
+      uint64_t(it->get<int64_t>()) > hi) {
+    *err = api_error("bad_request", std::string("field '") + key + "' must be a whole number from " +
+                                        std::to_string(lo) + " to " + std::to_string(hi));
+    return false;
+  }
+  *value = static_cast<size_t>(it->get<int64_t>());
+  return true;
 }
 
 }  // namespace
@@ -86,7 +106,11 @@ nlohmann::json handle_api_request(CoordinatorState& state, const nlohmann::json&
     if (!id) return err;
     const Job* j = state.job(*id);
     if (!j) return api_error("unknown_job", "no job '" + *id + "'");
-    return {{"ok", true}, {"job", state.job_json(*j)}};
+    WorkersPage page;
+    if (!optional_count(req, "workers_from", 0, std::numeric_limits<int32_t>::max(), &page.from, &err) ||
+        !optional_count(req, "workers_limit", 1, WorkersPage::kMax, &page.limit, &err))
+      return err;
+    return {{"ok", true}, {"job", state.job_json(*j, page)}};
   }
   if (*op == "list") {
     auto r = state.list_json();

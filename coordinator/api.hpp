@@ -5,7 +5,9 @@
 //       -> {"ok":true,"job":"<id>","state":"queued","reason":"...","run_dir":"..."}
 //       (state: queued, or launching when it was placed at once; filename and resume are
 //       optional; errors invalid_spec with "diagnostics", invalid_job)
-//   {"op":"status","job":"<id>"} -> {"ok":true,"job":{...}}           (state.hpp: job_json)
+//   {"op":"status","job":"<id>","workers_from":0,"workers_limit":256}
+//       -> {"ok":true,"job":{...}}  (state.hpp: job_json; the page is optional: by default the
+//       first 256 workers, at most 4096; "workers_next" names the next page's first rank)
 //   {"op":"list"}                -> {"ok":true,"jobs":[...],"agents":[...],"devices":{...}}
 //   {"op":"cancel","job":"<id>"} -> {"ok":true,"job":"<id>","state":"cancelled"}
 //       (errors unknown_job, already_finished)

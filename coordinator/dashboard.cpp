@@ -314,6 +314,16 @@ std::string prometheus_text(const nlohmann::json& list, const std::vector<nlohma
             {"device", str(w, "device")}};
   };
   {
+    // The job's oldest "where" answer in one series: what an alert on a hang watches, however
+    // many workers the job has.
+    Family f(out, "troupe_job_heartbeat_age_max_seconds", "gauge",
+             "Seconds since the job's least recent worker said where it is.");
+    for (const auto& j : status) {
+      const nlohmann::json summary = j.value("worker_summary", nlohmann::json::object());
+      if (auto age = number(summary, "heartbeat_age_max_s")) f.sample({{"job", str(j, "id")}}, *age);
+    }
+  }
+  {
     Family f(out, "troupe_worker_heartbeat_age_seconds", "gauge",
              "Seconds since the worker last said where it is.");
     for (const auto& j : status)

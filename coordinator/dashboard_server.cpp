@@ -179,8 +179,29 @@ HttpResponse DashboardServer::metrics() {
     if (state == to_string(JobState::succeeded) || state == to_string(JobState::failed) ||
         state == to_string(JobState::cancelled))
       continue;
-    nlohmann::json st = parse_answer(ask_(json_text({{"op", "status"}, {"job", j.value("id", "")}})));
-    if (st.value("ok", false)) live.push_back(std::move(st["job"]));
+    // Every worker of the job, a page per request: the actor answers other messages between
+    // pages, however big the job.
+    nlohmann::json job;
+    for (size_t from = 0;;) {
+      nlohmann::json st = parse_answer(ask_(json_text({{"op", "status"},
+                                                       {"job", j.value("id", "")},
+                                                       {"workers_from", from},
+                                                       {"workers_limit", WorkersPage::kMax}})));
+      if (!st.value("ok", false) || !st["job"].is_object()) break;
+      nlohmann::json& page = st["job"];
+      size_t next = 0;
+      if (auto n = page.find("workers_next");
+          n != page.end() && n->is_number_integer() && n->get<int64_t>() > 0)
+        next = static_cast<size_t>(n->get<int64_t>());
+      if (job.is_null()) {
+        job = std::move(page);
+      } else if (page["workers"].is_array() && job["workers"].is_array()) {
+        for (auto& w : page["workers"]) job["workers"].push_back(std::move(w));
+      }
+      if (next <= from) break;
+      from = next;
+    }
+    if (job.is_object()) live.push_back(std::move(job));
   }
   HttpResponse r = HttpResponse::text(200, prometheus_text(list, live, *history_));
   r.content_type = "text/plain; version=0.0.4; charset=utf-8";

@@ -549,8 +549,10 @@ WorkerAssignment CoordinatorState::register_worker(int protocol, const std::stri
   ++j->control_messages;
   a.job = j;
   a.rank = rank;
-  bool all = true;
-  for (const auto& r : j->ranks) all = all && r.registered;
+  // Stops at the first rank still to come: registrations arrive in any order, so the walk is
+  // short until the last ones (a whole walk per registration was O(N^2) per launch).
+  const bool all =
+      std::all_of(j->ranks.begin(), j->ranks.end(), [](const RankSlot& r) { return r.registered; });
   if (all && j->state == JobState::launching) {
     transition(
         *j, JobState::running,

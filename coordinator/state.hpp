@@ -270,6 +270,20 @@ struct WorkerAssignment {
 // Milliseconds since the epoch (system clock): the state's "now" where a caller gives none.
 double now_ms();
 
+// The workers a status answer lists in full: ranks [from, from + limit). Every rank is in its
+// summary (counts, "where" groups, the oldest heartbeat), so an answer is bounded by the page,
+// not the job.
+struct WorkersPage {
+  static constexpr size_t kDefault = 256;  // unless the request asks for another page
+  static constexpr size_t kMax = 4096;
+  size_t from = 0;
+  size_t limit = kDefault;
+};
+
+// Every rank's last "where" answer, grouped by answer as rank ranges ({"step 12: allreduce":
+// "0-5,7"}), at most 32 answers in rank order; *more counts the ranks of the others.
+nlohmann::json where_groups(const std::vector<RankSlot>& ranks, int* more);
+
 class CoordinatorState {
  public:
   CoordinatorState(std::string runs_root, int protocol_version);
@@ -348,7 +362,9 @@ class CoordinatorState {
   // ---- queries (the JSON views: coordinator/state_views.cpp)
   const Job* job(const std::string& job_id) const;
   const std::map<std::string, Job>& jobs() const { return jobs_; }
-  nlohmann::json job_json(const Job& job) const;
+  // A job's status: everything about it, a summary of every rank, and the workers of one
+  // page in full (docs/api.md, "status").
+  nlohmann::json job_json(const Job& job, const WorkersPage& page = {}) const;
   nlohmann::json list_json() const;
   bool current(const std::string& job_id, int generation) const;
 

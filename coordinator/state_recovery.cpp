@@ -21,47 +21,6 @@ constexpr double kStaleWhereMs = 1500;
 // period, so that a culprit seen only through its connection is still the one named.
 constexpr double kPeerReportGraceMs = 1000;
 
-// At most this many distinct "where" answers in a failure event.
-constexpr size_t kWhereGroups = 32;
-
-// "0-3,5,7-9" for ranks in ascending order.
-static std::string rank_ranges(const std::vector<int>& ranks) {
-  std::string out;
-  for (size_t i = 0; i < ranks.size();) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    out +=
-        (out.empty() ? "" : ",") + std::to_string(ranks[i]) + (j > i ? "-" + std::to_string(ranks[j]) : "");
-    i = j + 1;
-  }
-  return out;
-}
-
-// Every rank's last "where" answer, grouped: {"step 12: allreduce": "0-5,7", ...}, the first
-// kWhereGroups answers in rank order; *more counts the ranks of the others. A failure event
-// (kept in status, up to 32 of them) so grows with the ranks' distinct states, not their number.
-static nlohmann::json where_groups(const std::vector<RankSlot>& ranks, int* more) {
-  std::vector<std::pair<std::string, std::vector<int>>> groups;
-  std::map<std::string, size_t> index;
-  for (size_t r = 0; r < ranks.size(); ++r) {
-    const std::string& w = ranks[r].where;
-    if (w.empty()) continue;
-    auto it = index.find(w);
-    if (it == index.end()) {
-      if (groups.size() >= kWhereGroups) {
-        ++*more;
-        continue;
-      }
-      it = index.emplace(w, groups.size()).first;
-      groups.push_back({w, {}});
-    }
-    groups[it->second].second.push_back(static_cast<int>(r));
-  }
-  nlohmann::json out = nlohmann::json::object();
-  for (const auto& [w, rs] : groups) out[w] = rank_ranges(rs);
-  return out;
-}
-
 // The job's spares that registered and wait for a place.
 static int count_ready_spares(const Job& job) {
   return static_cast<int>(

@@ -6,31 +6,101 @@
 
 namespace troupe::coord {
 
-nlohmann::json CoordinatorState::job_json(const Job& j) const {
+// At most this many distinct "where" answers in a failure event or a status summary.
+constexpr size_t kWhereGroups = 32;
+
+// "0-3,5,7-9" for ranks in ascending order.
+static std::string rank_ranges(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    out +=
+        (out.empty() ? "" : ",") + std::to_string(ranks[i]) + (j > i ? "-" + std::to_string(ranks[j]) : "");
+    i = j + 1;
+  }
+  return out;
+}
+
+// A failure event (kept in status, up to 32 of them) and the status summary so grow with the
+// ranks' distinct states, not their number.
+nlohmann::json where_groups(const std::vector<RankSlot>& ranks, int* more) {
+  std::vector<std::pair<std::string, std::vector<int>>> groups;
+  std::map<std::string, size_t> index;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const std::string& w = ranks[r].where;
+    if (w.empty()) continue;
+    auto it = index.find(w);
+    if (it == index.end()) {
+      if (groups.size() >= kWhereGroups) {
+        ++*more;
+        continue;
+      }
+      it = index.emplace(w, groups.size()).first;
+      groups.push_back({w, {}});
+    }
+    groups[it->second].second.push_back(static_cast<int>(r));
+  }
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [w, rs] : groups) out[w] = rank_ranges(rs);
+  return out;
+}
+
+nlohmann::json CoordinatorState::job_json(const Job& j, const WorkersPage& page) const {
+  // The page of workers [from, from + limit), each in full; every rank only in the summary.
+  const size_t n = j.ranks.size();
+  const size_t from = std::min(page.from, n);
+  const size_t to = from + std::min(n - from, std::clamp<size_t>(page.limit, 1, WorkersPage::kMax));
   nlohmann::json workers = nlohmann::json::array();
   const double now = now_ms();
-  for (size_t r = 0; r < j.ranks.size(); ++r) {
+  const bool placed = j.plan.layout == j.layout && !j.plan.partition.chunks.empty();
+  for (size_t r = from; r < to; ++r) {
     const RankSlot& s = j.ranks[r];
-    workers.push_back({{"rank", r},
-                       {"agent", s.device.agent_id},
-                       {"host", s.host},
-                       {"device", s.device.device},
-                       {"pid", s.pid},
-                       {"where", s.where},
-                       {"registered", s.registered},
-                       {"done", s.done},
-                       {"exited", s.exited}});
-    if (s.where_ms > 0) workers.back()["heartbeat_age_s"] = std::max(0.0, (now - s.where_ms) / 1000.0);
+    nlohmann::json w = {{"rank", r},
+                        {"agent", s.device.agent_id},
+                        {"host", s.host},
+                        {"device", s.device.device},
+                        {"pid", s.pid},
+                        {"where", s.where},
+                        {"registered", s.registered},
+                        {"done", s.done},
+                        {"exited", s.exited}};
+    if (s.where_ms > 0) w["heartbeat_age_s"] = std::max(0.0, (now - s.where_ms) / 1000.0);
     // Where the rank sits in the generation's plan: the same line its worker log prints.
     // (A job restored from the table has no plan until its next launch.)
-    if (j.plan.layout == j.layout && int(r) < j.plan.layout.world() && !j.plan.partition.chunks.empty()) {
+    if (placed && int(r) < j.plan.layout.world()) {
       const plan::RankPlace place = plan::rank_place(j.plan, int(r));
-      workers.back().update({{"dp", place.coord.d},
-                             {"pp", place.coord.p},
-                             {"tp", place.coord.t},
-                             {"layers", plan::layers_str(place.chunks)},
-                             {"place", place.str()}});
+      w["dp"] = place.coord.d;
+      w["pp"] = place.coord.p;
+      w["tp"] = place.coord.t;
+      w["layers"] = plan::layers_str(place.chunks);
+      w["place"] = place.str();
     }
+    workers.push_back(std::move(w));
+  }
+  int registered = 0, done = 0, exited = 0, where_more = 0;
+  double oldest_s = -1;
+  int oldest_rank = -1;
+  for (size_t r = 0; r < n; ++r) {
+    const RankSlot& s = j.ranks[r];
+    registered += s.registered ? 1 : 0;
+    done += s.done ? 1 : 0;
+    exited += s.exited ? 1 : 0;
+    const double age = s.where_ms > 0 ? std::max(0.0, (now - s.where_ms) / 1000.0) : -1;
+    if (age > oldest_s) {
+      oldest_s = age;
+      oldest_rank = static_cast<int>(r);
+    }
+  }
+  nlohmann::json summary = {{"ranks", n},
+                            {"registered", registered},
+                            {"done", done},
+                            {"exited", exited},
+                            {"where", where_groups(j.ranks, &where_more)}};
+  if (where_more > 0) summary["where_more"] = where_more;
+  if (oldest_rank >= 0) {
+    summary["heartbeat_age_max_s"] = oldest_s;
+    summary["heartbeat_age_max_rank"] = oldest_rank;
   }
   nlohmann::json out = {
       {"id", j.id},
@@ -53,7 +123,11 @@ nlohmann::json CoordinatorState::job_json(const Job& j) const {
       {"steps_done", j.last_step + 1},
       {"total_steps", j.request.total_steps},
       {"control_messages", j.control_messages},
-      {"workers", workers}};
+      {"workers_total", n},
+      {"workers_from", from},
+      {"worker_summary", std::move(summary)}};
+  if (to < n) out["workers_next"] = to;
+  out["workers"] = std::move(workers);
   nlohmann::json spares = nlohmann::json::array();
   for (const Spare& v : j.spares)
     spares.push_back({{"agent", v.device.agent_id},
@@ -61,7 +135,7 @@ nlohmann::json CoordinatorState::job_json(const Job& j) const {
                       {"device", v.device.device},
                       {"pid", v.pid},
                       {"ready", v.ready}});
-  out["spares"] = spares;
+  out["spares"] = std::move(spares);
   if (j.last_step >= 0) out["loss"] = j.last_loss;
   if (j.planned.is_object()) {
     // What the planner chose for this generation, and why.

@@ -299,14 +299,20 @@ function renderWorkers(box, job) {
               el('div', { class: 'where', text: w.where || dash }),
               el('div', { class: 'muted', text: (w.layers ? w.layers + ' · ' : '') + beat }));
   };
+  // A big job's status lists one page of its workers (the first ranks): say so.
+  const total = isNum(job.workers_total) ? job.workers_total : workers.length;
+  const paged = workers.length < total
+    ? [el('p', { class: 'muted', text: 'Ranks ' + (job.workers_from ?? 0) + '–' +
+                 ((job.workers_from ?? 0) + workers.length - 1) + ' of ' + total + ' shown' })]
+    : [];
   const fits = (w) => isNum(w.dp) && isNum(w.pp) && isNum(w.tp) && w.dp < D && w.pp < P && w.tp < T;
   if (!(D > 0 && P > 0 && T > 0 && workers.length && workers.every(fits))) {
     box.replaceChildren(workers.length ? el('div', { class: 'flat-workers' }, workers.map(cell))
-                                       : el('p', { class: 'muted', text: 'No workers yet' }));
+                                       : el('p', { class: 'muted', text: 'No workers yet' }), ...paged);
     return;
   }
   const blocks = [];
-  for (let d = 0; d < D; d++) {
+  for (const d of [...new Set(workers.map((w) => w.dp))].sort((a, b) => a - b)) {
     const stages = [];
     for (let p = 0; p < P; p++) {
       const row = workers.filter((w) => w.dp === d && w.pp === p).sort((a, b) => a.tp - b.tp);
@@ -315,7 +321,7 @@ function renderWorkers(box, job) {
     }
     blocks.push(el('div', { class: 'dp-block' }, el('h3', { text: 'data-parallel replica ' + d }), stages));
   }
-  box.replaceChildren(el('div', { class: 'dp-blocks' }, blocks));
+  box.replaceChildren(el('div', { class: 'dp-blocks' }, blocks), ...paged);
 }
 
 // Runs of checkpoint events (one every few steps) fold into one line each, newest first, so that

@@ -2,9 +2,11 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 
+#include "actors/version.hpp"
 #include "coordinator/api.hpp"
 #include "coordinator/state.hpp"
 #include "core/spec.hpp"
+#include "tests/support/sized_job.hpp"
 
 using namespace troupe::coord;
 
@@ -44,4 +46,60 @@ TEST_CASE("api submit: what this build cannot run is invalid_spec at file:line:c
   auto bf16 = submit(st, std::string(kSpec) + "  precision: bf16\n", &a);
   CHECK(bf16["ok"] == true);
   CHECK(st.list_json()["jobs"].size() == 2);
+}
+
+TEST_CASE("api status: a big job's answer lists one page of workers and sums up every rank", "[api]") {
+  CoordinatorState st((std::filesystem::temp_directory_path() / "troupe-api-test").string(),
+                      troupe::actors::kProtocolVersion);
+  const std::string id = troupe::test::sized_job(st, 1024);
+  Actions a;
+  auto status = [&](nlohmann::json req) {
+    req["op"] = "status";
+    req["job"] = id;
+    return handle_api_request(st, req, &a);
+  };
+
+  // By default the first 256 workers, in full; every rank in the summary.
+  auto first = status({});
+  REQUIRE(first["ok"] == true);
+  const auto& j = first["job"];
+  CHECK(j["workers_total"] == 1024);
+  CHECK(j["workers_from"] == 0);
+  CHECK(j["workers_next"] == 256);
+  REQUIRE(j["workers"].size() == 256);
+  CHECK(j["workers"][0]["rank"] == 0);
+  CHECK(j["workers"][255]["rank"] == 255);
+  CHECK(j["workers"][255].contains("place"));
+  const auto& sum = j["worker_summary"];
+  CHECK(sum["ranks"] == 1024);
+  CHECK(sum["registered"] == 1024);
+  CHECK(sum["done"] == 0);
+  CHECK(sum["exited"] == 0);
+  // Ranks 0, 97, ..., 970 answered "allreduce", the others "forward": two groups of ranges.
+  REQUIRE(sum["where"].size() == 2);
+  CHECK(sum["where"]["step 12: allreduce (dp)"] == "0,97,194,291,388,485,582,679,776,873,970");
+  CHECK(sum["where"]["step 12: forward layer 3"].get<std::string>().rfind("1-96,98-193,", 0) == 0);
+  CHECK(sum["heartbeat_age_max_s"].get<double>() >= 0);
+  CHECK(sum.contains("heartbeat_age_max_rank"));
+
+  // Any page; the last one names no next.
+  auto last = status({{"workers_from", 1000}, {"workers_limit", 100}});
+  REQUIRE(last["job"]["workers"].size() == 24);
+  CHECK(last["job"]["workers"][0]["rank"] == 1000);
+  CHECK_FALSE(last["job"].contains("workers_next"));
+  CHECK(status({{"workers_from", 5000}})["job"]["workers"].empty());
+  auto all = status({{"workers_limit", 4096}});
+  CHECK(all["job"]["workers"].size() == 1024);
+  CHECK_FALSE(all["job"].contains("workers_next"));
+
+  // A page that is no page is refused by name.
+  for (const nlohmann::json& bad :
+       {nlohmann::json{{"workers_limit", 0}}, nlohmann::json{{"workers_limit", 4097}},
+        nlohmann::json{{"workers_from", -1}}, nlohmann::json{{"workers_from", "3"}},
+        nlohmann::json{{"workers_limit", 1.5}}}) {
+    auto r = status(bad);
+    CHECK(r["ok"] == false);
+    CHECK(r["error"] == "bad_request");
+    CHECK(r["message"].get<std::string>().find("must be a whole number") != std::string::npos);
+  }
 }

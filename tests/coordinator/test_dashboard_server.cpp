@@ -10,11 +10,17 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 #include <vector>
 
+#include "actors/version.hpp"
+#include "coordinator/api.hpp"
 #include "coordinator/dashboard_server.hpp"
+#include "core/json_read.hpp"
 #include "tests/support/http_get.hpp"
+#include "tests/support/prometheus.hpp"
+#include "tests/support/sized_job.hpp"
 
 using namespace troupe::coord;
 using nlohmann::json;
@@ -188,4 +194,36 @@ TEST_CASE("200 slow connections sending their headers a byte a second do not sto
   CHECK(held >= 32);
   stop.store(true);
   sender.join();
+}
+
+TEST_CASE("/metrics has every worker of a job bigger than a status page, asked a page at a time",
+          "[dashboard]") {
+  // The coordinator's state itself answers, as its actor does (the request read under the
+  // API's limits): 5,008 ranks, two pages of 4,096 at most.
+  TempDir dir;
+  CoordinatorState st(dir.path, troupe::actors::kProtocolVersion);
+  const std::string id = troupe::test::sized_job(st, 5008);
+  std::vector<json> asked;
+  DashboardServer d({"127.0.0.1:0", ""}, [&](const std::string& text) {
+    json req = troupe::json_read::parse(text, "the request", api_request_limits());
+    asked.push_back(req);
+    Actions a;
+    return handle_api_request(st, req, &a).dump();
+  });
+  const auto r = http_get(d.address(), "/metrics");
+  REQUIRE(r.status == 200);
+  const auto prom = troupe::test::parse_prometheus(r.body);
+  const auto info = prom.find("troupe_worker_info", {{"job", id}});
+  REQUIRE(info.size() == 5008);
+  std::set<std::string> ranks;
+  for (const auto& s : info) ranks.insert(s.labels.at("rank"));
+  CHECK(ranks.size() == 5008);
+  CHECK(ranks.count("0") == 1);
+  CHECK(ranks.count("5007") == 1);
+  CHECK(prom.find("troupe_worker_heartbeat_age_seconds", {{"job", id}}).size() == 5008);
+  CHECK(prom.value("troupe_job_heartbeat_age_max_seconds", {{"job", id}}) >= 0);
+  // list, then the job's two pages.
+  REQUIRE(asked.size() == 3);
+  CHECK(asked[1]["workers_from"] == 0);
+  CHECK(asked[2]["workers_from"] == 4096);
 }
