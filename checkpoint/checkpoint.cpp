@@ -246,10 +246,10 @@ Box piece_box(const Shape& g, int split, const Piece* p) {
 
 }  // namespace
 
-TensorSource::TensorSource(const std::string& path) : path_(path) {
+TensorSource::TensorSource(const std::string& path, Verify verify_when) : path_(path) {
   std::vector<std::string> files;
   if (fs::is_directory(path)) {
-    manifest_ = verify(path);
+    manifest_ = verify_when == Verify::all ? verify(path) : check_files(path);
     for (const auto& f : manifest_->files) files.push_back(path + "/" + f.name);
   } else {
     if (!fs::exists(path)) throw CheckpointError(path + ": no such file or checkpoint directory");
@@ -257,6 +257,7 @@ TensorSource::TensorSource(const std::string& path) : path_(path) {
   }
   // A checkpoint's shards are read as regular files only, never through a link.
   for (const auto& f : files) readers_.emplace_back(f, manifest_ ? Links::refuse : Links::follow);
+  verified_.assign(readers_.size(), manifest_ && verify_when == Verify::all ? 1 : 0);
   for (size_t i = 0; i < readers_.size(); ++i) {
     const auto& r = readers_[i];
     const nlohmann::json slices = shard_slices(r);
@@ -293,6 +294,10 @@ TensorSource::TensorSource(const std::string& path) : path_(path) {
 }
 
 bool TensorSource::contains(const std::string& name) const { return index_.count(name) != 0; }
+
+size_t TensorSource::files_verified() const {
+  return static_cast<size_t>(std::count(verified_.begin(), verified_.end(), 1));
+}
 
 std::vector<std::string> TensorSource::names() const {
   std::vector<std::string> out;
@@ -369,6 +374,10 @@ void TensorSource::read_slice(const std::string& name, const SliceSpec& want, fl
           }
           auto first = covered.begin() + dof, last = first + run;
           if (std::find(first, last, 0) != last) {
+            if (manifest_ && !verified_[st.reader]) {
+              verify_file(path_, manifest_->files[st.reader]);
+              verified_[st.reader] = 1;
+            }
             const uint64_t esz = dtype_size(st.dtype);
             if (st.dtype == DType::f32) {
               readers_[st.reader].read_bytes(name, uint64_t(so) * esz, uint64_t(run) * esz, dst + dof);

@@ -104,6 +104,12 @@ Manifest read_manifest(const std::string& dir);
 // with its size and checksum. Throws CheckpointError naming a missing, truncated or corrupt
 // file, RefusedCheckpoint naming one that is no regular file.
 Manifest verify(const std::string& dir);
+// What verify checks without reading the files' bytes: the manifest, and every file it lists
+// a regular file of its size. A reader that checks each file's checksum as it first reads it
+// (TensorSource, Verify::on_read) starts from this.
+Manifest check_files(const std::string& dir);
+// One file of a checkpoint as verify checks it: regular, its size, its checksum.
+void verify_file(const std::string& dir, const FileRecord& rec);
 // Checksum of a regular file (not a link) as 16 hex digits (xxh64, seed 0).
 std::string file_xxh64(const std::string& path);
 
@@ -151,9 +157,16 @@ nlohmann::json slice_json(const SliceSpec& s);
 // Named tensors from a safetensors file of whole tensors or a (verified) checkpoint
 // directory of any layout, whichever `path` is. Each shard is opened once; reads fetch
 // only the byte ranges that hold the wanted elements, straight into the caller's buffer.
+// When a checkpoint directory's checksums are checked: all of them when it is opened, or each
+// file's when it is first read from. A rank resuming reads its own slices, a few of the files
+// of a big job: on_read checks what it reads (the job's ranks together read each file about
+// once) instead of every rank reading every file.
+enum class Verify { all, on_read };
+
 class TensorSource {
  public:
-  explicit TensorSource(const std::string& path);  // throws CheckpointError / safetensors::FormatError
+  // throws CheckpointError / safetensors::FormatError (on_read: also from the reads)
+  explicit TensorSource(const std::string& path, Verify verify = Verify::all);
   // The manifest when path is a checkpoint directory.
   const std::optional<Manifest>& manifest() const { return manifest_; }
   bool contains(const std::string& name) const;
@@ -171,6 +184,8 @@ class TensorSource {
   // disagree or the stored slices do not cover it.
   void read_slice(const std::string& name, const SliceSpec& want, float* dst) const;
   uint64_t bytes_read() const { return bytes_read_; }  // bytes of the stored dtype
+  // Files whose checksums were checked (all of them, or with on_read those read from).
+  size_t files_verified() const;
 
  private:
   struct Stored {
@@ -184,6 +199,7 @@ class TensorSource {
   std::vector<safetensors::Reader> readers_;
   std::map<std::string, std::vector<Stored>> index_;
   mutable uint64_t bytes_read_ = 0;
+  mutable std::vector<char> verified_;  // per reader: its checksum checked
 };
 
 // One file of full tensors under DESIGN.md's names (no optimizer state), with

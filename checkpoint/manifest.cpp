@@ -215,36 +215,52 @@ Manifest read_manifest(const std::string& dir) {
   }
 }
 
+namespace {
+
+// The file `rec` of checkpoint `dir`: a regular file (never a link) of the manifest's size;
+// with `hash`, also of the manifest's checksum. Throws as verify does.
+void check_file(const std::string& dir, const FileRecord& rec, bool hash) {
+  const std::string p = dir + "/" + rec.name;
+  uint64_t size = 0;
+  int fd = -1;
+  try {
+    fd = open_checkpoint_file(p, &size);
+  } catch (const RefusedCheckpoint& e) {
+    throw RefusedCheckpoint(dir + ": file " + rec.name + " is refused: " + e.what());
+  } catch (const CheckpointError&) {
+    throw CheckpointError(dir + ": file " + rec.name + " is missing");
+  }
+  std::string h;
+  try {
+    if (size != rec.size)
+      throw CheckpointError(dir + ": file " + rec.name + " has " + std::to_string(size) +
+                            " bytes, the manifest says " + std::to_string(rec.size) +
+                            " (truncated or overwritten)");
+    if (hash) h = xxh64_of(fd, p);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+  if (hash && h != rec.xxh64)
+    throw CheckpointError(dir + ": file " + rec.name + " checksum " + h + " does not match the manifest's " +
+                          rec.xxh64 + " (corrupt)");
+}
+
+}  // namespace
+
 Manifest verify(const std::string& dir) {
   Manifest m = read_manifest(dir);
-  for (const auto& rec : m.files) {
-    const std::string p = dir + "/" + rec.name;
-    uint64_t size = 0;
-    int fd = -1;
-    try {
-      fd = open_checkpoint_file(p, &size);
-    } catch (const RefusedCheckpoint& e) {
-      throw RefusedCheckpoint(dir + ": file " + rec.name + " is refused: " + e.what());
-    } catch (const CheckpointError&) {
-      throw CheckpointError(dir + ": file " + rec.name + " is missing");
-    }
-    std::string h;
-    try {
-      if (size != rec.size)
-        throw CheckpointError(dir + ": file " + rec.name + " has " + std::to_string(size) +
-                              " bytes, the manifest says " + std::to_string(rec.size) +
-                              " (truncated or overwritten)");
-      h = xxh64_of(fd, p);
-    } catch (...) {
-      ::close(fd);
-      throw;
-    }
-    ::close(fd);
-    if (h != rec.xxh64)
-      throw CheckpointError(dir + ": file " + rec.name + " checksum " + h +
-                            " does not match the manifest's " + rec.xxh64 + " (corrupt)");
-  }
+  for (const auto& rec : m.files) check_file(dir, rec, true);
   return m;
 }
+
+Manifest check_files(const std::string& dir) {
+  Manifest m = read_manifest(dir);
+  for (const auto& rec : m.files) check_file(dir, rec, false);
+  return m;
+}
+
+void verify_file(const std::string& dir, const FileRecord& rec) { check_file(dir, rec, true); }
 
 }  // namespace troupe::checkpoint

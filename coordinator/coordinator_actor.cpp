@@ -70,6 +70,7 @@ void take_shard(self_ptr self, const CkptShard& r, caf::typed_response_promise<C
     if (!ready) return;
     out.dir = checkpoint::commit(ready->root, ready->manifest, ready->keep);
     out.ok = true;
+    s.st->checkpoint_committed(out.dir);
     record_event(self, {{"event", "checkpoint"},
                         {"job", r.job_id},
                         {"generation", r.generation},

@@ -12,6 +12,7 @@
 
 #include "actors/version.hpp"
 #include "checkpoint/checkpoint.hpp"
+#include "checkpoint/verified.hpp"
 #include "coordinator/policy.hpp"
 #include "core/error.hpp"
 #include "core/run_dir.hpp"
@@ -72,13 +73,16 @@ CoordinatorState::CoordinatorState(std::string runs_root, int protocol_version)
     : runs_root_(std::move(runs_root)),
       protocol_(protocol_version),
       make_id_(make_job_id),
-      find_checkpoint_([](const std::string& root, std::vector<std::string>* skipped) {
-        return checkpoint::latest_valid(root, skipped).value_or("");
+      verified_(std::make_shared<checkpoint::VerifiedCheckpoints>()),
+      find_checkpoint_([v = verified_](const std::string& root, std::vector<std::string>* skipped) {
+        return v->latest_valid(root, skipped).value_or("");
       }) {
   std::error_code ec;
   auto abs = std::filesystem::absolute(runs_root_, ec);
   if (!ec) runs_root_ = abs.lexically_normal().string();
 }
+
+void CoordinatorState::checkpoint_committed(const std::string& dir) { verified_->verify_later(dir); }
 
 // ---------------------------------------------------------------- agents
 

@@ -25,6 +25,10 @@
 #include "core/failure.hpp"
 #include "plan/plan.hpp"
 
+namespace troupe::checkpoint {
+class VerifiedCheckpoints;
+}
+
 namespace troupe::coord {
 
 // What the coordinator needs from a job spec (coordinator/spec_request.hpp builds it).
@@ -353,6 +357,9 @@ class CoordinatorState {
   bool scale(const std::string& job_id, int devices, Actions* out, std::string* why);
   // Checkpoint root of a job.
   std::string checkpoint_root(const Job& job) const;
+  // A checkpoint was committed: it is verified now, off the caller's thread, so that the
+  // relaunch that picks it checks only that its files did not change.
+  void checkpoint_committed(const std::string& dir);
   // Finds the newest verified checkpoint under a root ("" = none); tests replace it.
   void set_checkpoint_finder(
       std::function<std::string(const std::string& root, std::vector<std::string>* skipped)> f) {
@@ -470,6 +477,8 @@ class CoordinatorState {
   RendezvousStore store_;
   std::function<std::string()> make_id_;
   std::string default_hardware_;
+  // The checkpoints verified (each committed one on its own thread); the default finder's.
+  std::shared_ptr<checkpoint::VerifiedCheckpoints> verified_;
   std::function<std::string(const std::string&, std::vector<std::string>*)> find_checkpoint_;
 };
 

@@ -44,7 +44,7 @@ void Engine::Impl::init_from(const std::string& path) {
 // reads its slices of the parameters and of both AdamW moments from whichever shards
 // hold them, and continues at the checkpoint's step.
 void Engine::Impl::resume(const std::string& dir) {
-  checkpoint::TensorSource src(checkpoint::resolve(dir));
+  checkpoint::TensorSource src(checkpoint::resolve(dir), checkpoint::Verify::on_read);
   TROUPE_CHECK(src.manifest().has_value(), dir, ": not a checkpoint directory");
   std::vector<float> m, v;  // ZeRO: one parameter's whole moments at a time
   size_t i = 0;

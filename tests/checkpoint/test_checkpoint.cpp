@@ -12,6 +12,7 @@
 
 #include "checkpoint/checkpoint.hpp"
 #include "checkpoint/commit.hpp"
+#include "checkpoint/verified.hpp"
 #include "core/dtype_convert.hpp"
 #include "core/safetensors.hpp"
 #include "core/spec.hpp"
@@ -59,14 +60,9 @@ std::vector<char> read_file(const std::string& p) {
   return std::vector<char>(std::istreambuf_iterator<char>(f), {});
 }
 
-}  // namespace
-
-TEST_CASE("checkpoint: spread splits replicated slices without overlap and read_slice reassembles them",
-          "[checkpoint]") {
-  // A (6, 4) tensor held whole by 3 replicas, and a column slice [1, 3) held by 2.
-  std::vector<float> full(24);
-  for (size_t i = 0; i < full.size(); ++i) full[i] = float(i);
-  const std::string dir = temp_dir("spread");
+// Checkpoint dir/step_000001 of a (6, 4) tensor "x" held whole by 3 replicas, spread over
+// their shards s0, s1, s2 (rows [0, 2), [2, 4), [4, 6)), committed through the tracker.
+void three_replica_checkpoint(const std::string& dir, const std::vector<float>& full) {
   std::vector<std::vector<float>> bufs;
   std::vector<std::string> files;
   for (int r = 0; r < 3; ++r) {
@@ -81,7 +77,6 @@ TEST_CASE("checkpoint: spread splits replicated slices without overlap and read_
                        {{"slices", slices.dump()}});
     files.push_back(f);
   }
-  // A fake checkpoint of those three shards, committed through the tracker.
   checkpoint::CommitTracker tr;
   checkpoint::Manifest m;
   m.step = 1;
@@ -101,6 +96,17 @@ TEST_CASE("checkpoint: spread splits replicated slices without overlap and read_
     REQUIRE(ready.has_value() == (r == 2));
     if (ready) checkpoint::commit(ready->root, ready->manifest, 0);
   }
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: spread splits replicated slices without overlap and read_slice reassembles them",
+          "[checkpoint]") {
+  // A (6, 4) tensor held whole by 3 replicas, and a column slice [1, 3) held by 2.
+  std::vector<float> full(24);
+  for (size_t i = 0; i < full.size(); ++i) full[i] = float(i);
+  const std::string dir = temp_dir("spread");
+  three_replica_checkpoint(dir, full);
   checkpoint::TensorSource src(dir + "/step_000001");
   // Columns [1, 3) of every row: a split along dim 1 read from shards split along dim 0.
   checkpoint::SliceSpec want{{6, 4}, 1, {{1, 2, 0}}};
@@ -116,6 +122,80 @@ TEST_CASE("checkpoint: spread splits replicated slices without overlap and read_
   checkpoint::SliceSpec too_wide{{6, 8}, 1, {{0, 8, 0}}};
   std::vector<float> none(48);
   CHECK_THROWS_AS(src.read_slice("x", too_wide, none.data()), checkpoint::CheckpointError);
+}
+
+TEST_CASE("checkpoint: a reader that verifies on read checks the files it reads, and only those",
+          "[checkpoint]") {
+  std::vector<float> full(24);
+  for (size_t i = 0; i < full.size(); ++i) full[i] = float(i);
+  const std::string dir = temp_dir("on_read");
+  three_replica_checkpoint(dir, full);
+  const std::string ck = dir + "/step_000001";
+  // Shard s2 (rows 4 and 5) damaged in place: its size stays, a byte of its data changes.
+  {
+    std::fstream f(ck + "/s2.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-1, std::ios::end);
+    f.put('\x7f');
+  }
+  CHECK_THROWS_WITH(checkpoint::TensorSource(ck),
+                    Catch::Contains("s2.safetensors checksum") && Catch::Contains("(corrupt)"));
+  checkpoint::TensorSource src(ck, checkpoint::Verify::on_read);
+  CHECK(src.files_verified() == 0);
+  // Rows [0, 2) are all in s0: one file checked, the wanted bytes right.
+  std::vector<float> got(8);
+  src.read_slice("x", {{6, 4}, 0, {{0, 2, 0}}}, got.data());
+  CHECK(src.files_verified() == 1);
+  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == full[i]);
+  src.read_slice("x", {{6, 4}, 0, {{2, 2, 0}}}, got.data());
+  CHECK(src.files_verified() == 2);
+  // A read that needs s2 names it.
+  CHECK_THROWS_WITH(src.read_slice("x", {{6, 4}, 0, {{4, 2, 0}}}, got.data()),
+                    Catch::Contains("s2.safetensors checksum") && Catch::Contains("(corrupt)"));
+  // What it checks without reading bytes still holds: a truncated file is refused at once.
+  fs::resize_file(ck + "/s1.safetensors", 10);
+  CHECK_THROWS_WITH(checkpoint::TensorSource(ck, checkpoint::Verify::on_read),
+                    Catch::Contains("s1.safetensors has 10 bytes"));
+}
+
+TEST_CASE("checkpoint: verified checkpoints are checked again by their files' stats until one changes",
+          "[checkpoint]") {
+  std::vector<float> full(24);
+  for (size_t i = 0; i < full.size(); ++i) full[i] = float(i);
+  const std::string dir = temp_dir("verified");
+  three_replica_checkpoint(dir, full);
+  const std::string ck = dir + "/step_000001";
+  checkpoint::VerifiedCheckpoints v;
+  CHECK_FALSE(v.known(ck));
+  // Verified on its own thread: a later pick reads no bytes.
+  v.verify_later(ck);
+  v.drain();
+  CHECK(v.verifications() == 1);
+  CHECK(v.known(ck));
+  CHECK(v.latest_valid(dir) == ck);
+  v.check(ck);
+  CHECK(v.verifications() == 1);
+  // Rewritten in place with the same size: no longer known, and verified again (and refused).
+  {
+    std::fstream f(ck + "/s0.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-1, std::ios::end);
+    f.put('\x7f');
+  }
+  CHECK_FALSE(v.known(ck));
+  std::vector<std::string> skipped;
+  CHECK_FALSE(v.latest_valid(dir, &skipped).has_value());
+  REQUIRE(skipped.size() == 1);
+  CHECK(skipped[0].find("s0.safetensors checksum") != std::string::npos);
+  // A file replaced by another (a new inode) is not the file verified either.
+  const std::string other = temp_dir("verified_other");
+  three_replica_checkpoint(other, full);
+  const std::string ck2 = other + "/step_000001";
+  v.check(ck2);
+  CHECK(v.known(ck2));
+  fs::copy_file(ck2 + "/s1.safetensors", ck2 + "/s1.copy");
+  fs::rename(ck2 + "/s1.copy", ck2 + "/s1.safetensors");
+  CHECK_FALSE(v.known(ck2));
+  v.check(ck2);  // the same bytes: verified again, and passes
+  CHECK(v.known(ck2));
 }
 
 TEST_CASE("checkpoint: BF16, F16 and F64 tensors read into f32, converted, and integers are refused",
