@@ -48,6 +48,7 @@ JobRequest job_request(const JobSpec& spec, const std::string& default_hardware)
   r.max_devices = spec.elastic.max_devices;
   r.spares = spec.resources.spares;
   r.spread = spec.resources.placement == Placement::spread;
+  r.replicated = spec.train.zero == 0;
   r.auto_plan = plan::has_auto(spec);
   if (r.auto_plan) r.hardware_yaml = hardware_of(spec, default_hardware);
   return r;

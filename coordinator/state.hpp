@@ -48,6 +48,9 @@ struct JobRequest {
   bool memory_snapshots = true;  // the ranks take in-memory snapshots (checkpoint.memory_every)
   int spares = 0;       // resources.spares: idle worker processes kept ready to take a failed rank's place
   bool spread = false;  // resources.placement: spread (one device per agent in turn), else pack
+  // train.zero 0: a rank's data-parallel replicas hold its state bit for bit, so their own
+  // snapshots are its copies (no buddy copies where they sit on other agents: choose_buddies).
+  bool replicated = false;
   int max_restarts = 0;
   double restart_backoff_ms = 250;     // before the first relaunch; doubles with each restart, at most 8 s
   double step_timeout_ms = 0;          // 0 = max(10 s, 20 x the median step time)

@@ -85,6 +85,7 @@ nlohmann::json request_json(const JobRequest& r) {
           {"max_devices", r.max_devices},
           {"spares", r.spares},
           {"spread", r.spread},
+          {"replicated", r.replicated},
           {"auto_plan", r.auto_plan},
           {"hardware_yaml", r.hardware_yaml}};
 }
@@ -119,6 +120,7 @@ JobRequest request_from(const nlohmann::json& x) {
   r.max_devices = x.at("max_devices").get<int>();
   r.spares = std::clamp(x.value("spares", 0), 0, kMaxSpares);
   r.spread = x.value("spread", false);
+  r.replicated = x.value("replicated", false);
   r.auto_plan = x.value("auto_plan", false);
   r.hardware_yaml = x.value("hardware_yaml", std::string());
   TROUPE_CHECK(!r.auto_plan || !r.hardware_yaml.empty(), "job ", r.name,

@@ -325,12 +325,39 @@ void CoordinatorState::plan_memory_resume(Job& job, int64_t disk_step, Actions* 
   no(why);
 }
 
+// Whether each rank of the job has a data-parallel replica on another agent than its own (or the
+// job sits on one agent, where no copy outlives the agent anyway).
+static bool replicas_elsewhere(const Job& job) {
+  const Layout& l = job.layout;
+  const int n = l.world();
+  bool one_agent = true;
+  for (int r = 1; r < n && one_agent; ++r)
+    one_agent = job.ranks[size_t(r)].device.agent_id == job.ranks[0].device.agent_id;
+  if (one_agent) return true;
+  for (int r = 0; r < n; ++r) {
+    const int in_replica = r % (l.pp * l.tp);
+    bool elsewhere = false;
+    for (int d = 0; d < l.dp && !elsewhere; ++d) {
+      const int q = d * l.pp * l.tp + in_replica;
+      elsewhere = q != r && job.ranks[size_t(q)].device.agent_id != job.ranks[size_t(r)].device.agent_id;
+    }
+    if (!elsewhere) return false;
+  }
+  return true;
+}
+
 // The shift of the buddy ring (worker/snapshot_buddy.hpp) for the job's placement: the first
 // whose every buddy sits on another agent and outside its rank's tied-embedding group, else the
 // first on another agent, else 1 (one agent).
+//
+// 0 (no copies) for a replicated job (train.zero 0, data >= 2) whose ranks each have a replica
+// on another agent: the replicas' own snapshots are the copies, bit for bit, and a new rank heals
+// from one (heal_plan), so copying each state to a buddy as well would only cost a transfer of
+// it every step. (A spread placement can put every replica of a rank on its agent: then buddies.)
 static int choose_buddy_shift(const Job& job) {
   const int n = job.layout.world();
   if (!job.request.memory_snapshots || n < 2 || static_cast<int>(job.ranks.size()) != n) return 0;
+  if (job.request.replicated && job.layout.dp >= 2 && replicas_elsewhere(job)) return 0;
   // A tied embedding lives on the first and the last stage of each pipeline (plan/grid.hpp:
   // rank = (d * pp + p) * tp + t).
   const Layout& l = job.layout;

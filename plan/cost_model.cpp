@@ -200,8 +200,10 @@ Estimate estimate(const Workload& spec_work, const Candidate& c, const HardwareP
       if (w.zero >= 3)  // this rank's part, and two blocks gathered at a time
         mem.params = mem.params / L.dp + 2 * block_params(m, L.tp) * (4 + (w.compute != DType::f32 ? 2 : 0));
       // Two snapshots of its own and, with more than one rank, two copies of its buddy
-      // partner's (counted as large as its own).
-      if (w.memory_snapshots) mem.snapshots = (L.world() > 1 ? 4 : 2) * (P * 4 + mem.optimizer);
+      // partner's (counted as large as its own); none when data-parallel replicas hold the
+      // same state (train.zero 0: the coordinator gives such a job no buddies).
+      const bool copies = L.world() > 1 && !(w.zero == 0 && L.dp > 1);
+      if (w.memory_snapshots) mem.snapshots = (copies ? 4 : 2) * (P * 4 + mem.optimizer);
     }
     double act = 0, act_one = 0;  // all in flight; one micro-batch through every chunk
     bool recomputes = false;

@@ -180,7 +180,13 @@ StepReport Engine::Impl::step(const std::atomic<bool>& abort) {
     r.device_peak_bytes = int64_t(st.peak_in_use_bytes);
   }
   take_memory_snapshot();
-  if (buddy) r.snapshot_confirmed = buddy->confirmed();
+  if (buddy) {
+    r.snapshot_confirmed = buddy->confirmed();
+  } else if (dp_group && zero == 0 && memory_snapshots() && asg.snapshots) {
+    // Replicated, without buddies: each replica holds the same state in its own snapshot.
+    const std::vector<int64_t> held = asg.snapshots->held();
+    if (!held.empty()) r.snapshot_confirmed = held.front();
+  }
   set_where("idle after step " + std::to_string(s));
   return r;
 }

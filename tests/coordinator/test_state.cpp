@@ -658,6 +658,47 @@ TEST_CASE("survivors: the relaunch continues from in-memory snapshots when every
   for (int h : r.j().heal_roots) CHECK(h == 0);
 }
 
+TEST_CASE("buddies: a replicated job whose replicas sit on other agents has none, and heals from a replica",
+          "[recovery][survivors][memory]") {
+  // 4x1x1 with train.zero 0 on two agents of 2: each rank's replicas include the other agent's.
+  JobRequest req = elastic(2);
+  req.replicated = true;
+  Running r(4, 2, req);
+  CHECK(r.j().buddy_shift == 0);
+  Actions s;
+  for (int rank = 0; rank < 4; ++rank)
+    r.f.st.step(r.job, 0, StepSample{rank, 7, 2.0, 1e-3, 64, 10.0, 1.0, {}}, &s);
+  Actions x;
+  r.f.st.worker_exited(r.job, 0, 3, 103, -1, 9, &x);
+  Actions p;
+  for (int rank : {0, 1, 2})
+    r.f.st.worker_failed(r.job, 0, rank, FailureCause::aborted, "aborted", &p, true, MemoryHeld{{8, 7}, true, {}, -1});
+  Actions t;
+  r.f.st.tick(now_ms() + 1000, &t);
+  REQUIRE(r.j().state == JobState::launching);
+  CHECK(r.j().memory_step == 8);  // every rank holds its own snapshot of the last step: none again
+  for (int h : r.j().heal_roots) CHECK(h == 0);
+
+  // Sharded state (train.zero 1 or 2) is no replica's: buddies on the other agent.
+  JobRequest sharded = elastic(2);
+  Running z(4, 2, sharded);
+  CHECK(z.j().buddy_shift == 2);
+  // Replicas that all share their rank's agent (2x2x1 spread on two agents: ranks 0 and 2 on
+  // h1, 1 and 3 on h2) keep buddies, on the other agent.
+  Fixture f;
+  Actions a;
+  REQUIRE(f.st.register_agent(7, "h1", 1, cpus(2), &a).accepted);
+  REQUIRE(f.st.register_agent(7, "h2", 2, cpus(2), &a).accepted);
+  JobRequest spread = request("s", 2, 2);
+  spread.replicated = true;
+  spread.spread = true;
+  const std::string id = f.st.submit(std::move(spread), &a);
+  const Job& j = *f.st.job(id);
+  REQUIRE(j.ranks.size() == 4);
+  REQUIRE(j.ranks[0].device.agent_id == j.ranks[2].device.agent_id);
+  CHECK(j.buddy_shift == 1);
+}
+
 namespace {
 
 // 4x1x1 on two agents of 2 (ranks 0, 1 on h1; 2, 3 on h2: every buddy sits on the other agent,
