@@ -2,8 +2,10 @@
 # What the in-memory snapshots and their copies in the buddies cost a step: the same job
 # through `troupe run` (worker processes over gloo, data-parallel 2, GPT 4 layers x 384,
 # seq 64) with checkpoint.memory_every 0 and 1, the two runs interleaved ROUNDS times.
+# ZERO is train.zero: 0 (replicated: the replicas' own snapshots are the copies, no buddies)
+# or 1, 2 (sharded: each rank's snapshot copied to its buddy every step).
 #
-#   bench/buddy_cost.sh [BUILD_DIR] [ROUNDS] [STEPS]
+#   bench/buddy_cost.sh [BUILD_DIR] [ROUNDS] [STEPS] [ZERO]
 #
 # Prints each run's median step time (metrics.jsonl step_ms, the first 5 steps left out) and
 # wall time, then the medians over the rounds. step_ms does not hold the snapshot itself nor
@@ -12,6 +14,7 @@ set -euo pipefail
 build=${1:-build}
 rounds=${2:-3}
 steps=${3:-40}
+zero=${4:-0}
 . "$(dirname "$0")/lib.sh" "$build"
 
 for m in 0 1; do
@@ -19,7 +22,7 @@ for m in 0 1; do
 name: buddy-cost-m$m
 model: {type: gpt, vocab_size: 256, seq_len: 64, d_model: 384, n_layers: 4, n_heads: 6}
 data: {source: synthetic}
-train: {steps: ${steps}, global_batch: 8, micro_batch: 4, seed: 0}
+train: {steps: ${steps}, global_batch: 8, micro_batch: 4, seed: 0, zero: ${zero}}
 parallel: {data: 2, pipeline: 1, tensor: 1}
 checkpoint: {memory_every: $m}
 YAML

@@ -672,7 +672,8 @@ TEST_CASE("buddies: a replicated job whose replicas sit on other agents has none
   r.f.st.worker_exited(r.job, 0, 3, 103, -1, 9, &x);
   Actions p;
   for (int rank : {0, 1, 2})
-    r.f.st.worker_failed(r.job, 0, rank, FailureCause::aborted, "aborted", &p, true, MemoryHeld{{8, 7}, true, {}, -1});
+    r.f.st.worker_failed(r.job, 0, rank, FailureCause::aborted, "aborted", &p, true,
+                         MemoryHeld{{8, 7}, true, {}, -1});
   Actions t;
   r.f.st.tick(now_ms() + 1000, &t);
   REQUIRE(r.j().state == JobState::launching);

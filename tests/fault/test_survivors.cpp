@@ -74,6 +74,9 @@ struct Fault {
   bool with_buddy = false;  // the rank holding the victim's snapshot copies is killed with it
   bool corrupt = false;     // TROUPE_SNAPSHOT_FAULT=corrupt: every copy held is damaged in memory
   bool spare = false;       // resources.spares 1: the spare's process takes the victim's place
+  // Whether the job copies snapshots to buddies: none when its data-parallel replicas hold the
+  // same state (train.zero 0), and the new rank heals from a replica.
+  bool buddies = true;
 };
 
 // The pids of the job's spares that registered and wait for a place.
@@ -150,9 +153,11 @@ void ranks_fail(const Fault& f) {
   const int kept = world - static_cast<int>(victims.size());
   CHECK(events.find(std::to_string(kept) + " rank(s) kept their process") != std::string::npos);
   INFO("events.log:\n" << events);
+  CHECK((st["buddy_shift"].get<int>() > 0) == f.buddies);
   if (f.fallback.empty()) {
     CHECK(events.find("resuming from in-memory snapshots of step") != std::string::npos);
     CHECK(st["memory_step"].get<int64_t>() > 0);
+    CHECK((events.find("receive their state from their buddy") != std::string::npos) == f.buddies);
   } else {
     CHECK(events.find("in-memory snapshots not used: ") != std::string::npos);
     CHECK(events.find(f.fallback) != std::string::npos);
@@ -190,10 +195,13 @@ void ranks_fail(const Fault& f) {
 }  // namespace
 
 TEST_CASE(
-    "survivors stay: a rank SIGKILLed under 2x1x1 is replaced alone from memory, no completed step trained "
+    "survivors stay: a rank SIGKILLed under 2x1x1 is replaced alone from its replica, no completed step "
+    "trained "
     "twice",
     "[fault][survivors][multiprocess]") {
-  ranks_fail(Fault{"tiny_dp2_pp1_tp1", 2});
+  Fault f{"tiny_dp2_pp1_tp1", 2};
+  f.buddies = false;
+  ranks_fail(f);
 }
 
 TEST_CASE("survivors stay: a rank SIGKILLed under 1x2x1 is replaced alone from its buddy's copy",
@@ -207,10 +215,13 @@ TEST_CASE("survivors stay: a rank SIGKILLed under 1x1x2 is replaced alone from i
 }
 
 TEST_CASE(
-    "survivors stay: a rank SIGKILLed under 2x2x1 is replaced alone from memory, no completed step trained "
+    "survivors stay: a rank SIGKILLed under 2x2x1 is replaced alone from its replica, no completed step "
+    "trained "
     "twice",
     "[fault][survivors][multiprocess]") {
-  ranks_fail(Fault{"tiny_dp2_pp2_tp1", 4});
+  Fault f{"tiny_dp2_pp2_tp1", 4};
+  f.buddies = false;
+  ranks_fail(f);
 }
 
 TEST_CASE("survivors stay: a rank SIGKILLed under 2x1x1 with ZeRO 2 is replaced alone from its buddy's copy",
@@ -222,7 +233,9 @@ TEST_CASE(
     "survivors stay: a SIGSTOPped rank is killed and replaced alone from memory, no completed step trained "
     "twice",
     "[fault][survivors][multiprocess]") {
-  ranks_fail(Fault{"tiny_dp2_pp1_tp1", 2, SIGSTOP});
+  Fault f{"tiny_dp2_pp1_tp1", 2, SIGSTOP};
+  f.buddies = false;
+  ranks_fail(f);
 }
 
 TEST_CASE("survivors stay: a snapshot copy that fails its checksum falls back to the checkpoint, by name",
