@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
       full_text = handle_api_request(st,
                                      {{"op", "status"},
                                       {"job", job},
-                                      {"workers_limit", std::min<size_t>(size_t(n), WorkersPage::kMax)}},
+                                      {"workers_limit", std::min<size_t>(size_t(n), ListPage::kMax)}},
                                      &a)
                       .dump();
     });
@@ -104,8 +104,8 @@ int main(int argc, char** argv) {
     dash.stop();
     std::printf("%8d | %10.2f %8.1f | %10.2f %8.1f %8zu | %8.2f %8.1f | %11.2f %8.1f\n", n, status_ms,
                 status_text.size() / 1024.0, full_ms, full_text.size() / 1024.0,
-                std::min<size_t>(size_t(n), WorkersPage::kMax), list_ms, list_text.size() / 1024.0,
-                metrics_ms, metrics_text.size() / 1024.0);
+                std::min<size_t>(size_t(n), ListPage::kMax), list_ms, list_text.size() / 1024.0, metrics_ms,
+                metrics_text.size() / 1024.0);
     std::fflush(stdout);
   }
   std::filesystem::remove_all(root);

@@ -106,14 +106,18 @@ nlohmann::json handle_api_request(CoordinatorState& state, const nlohmann::json&
     if (!id) return err;
     const Job* j = state.job(*id);
     if (!j) return api_error("unknown_job", "no job '" + *id + "'");
-    WorkersPage page;
+    ListPage page;
     if (!optional_count(req, "workers_from", 0, std::numeric_limits<int32_t>::max(), &page.from, &err) ||
-        !optional_count(req, "workers_limit", 1, WorkersPage::kMax, &page.limit, &err))
+        !optional_count(req, "workers_limit", 1, ListPage::kMax, &page.limit, &err))
       return err;
     return {{"ok", true}, {"job", state.job_json(*j, page)}};
   }
   if (*op == "list") {
-    auto r = state.list_json();
+    ListPage page;
+    if (!optional_count(req, "agents_from", 0, std::numeric_limits<int32_t>::max(), &page.from, &err) ||
+        !optional_count(req, "agents_limit", 1, ListPage::kMax, &page.limit, &err))
+      return err;
+    auto r = state.list_json(page);
     r["ok"] = true;
     return r;
   }

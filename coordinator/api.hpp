@@ -8,7 +8,9 @@
 //   {"op":"status","job":"<id>","workers_from":0,"workers_limit":256}
 //       -> {"ok":true,"job":{...}}  (state.hpp: job_json; the page is optional: by default the
 //       first 256 workers, at most 4096; "workers_next" names the next page's first rank)
-//   {"op":"list"}                -> {"ok":true,"jobs":[...],"agents":[...],"devices":{...}}
+//   {"op":"list","agents_from":0,"agents_limit":256}
+//       -> {"ok":true,"jobs":[...],"agents":[...],"agents_total":N,"devices":{...}}
+//       (agents: one page, as status's workers; "agents_next" names the next page's first)
 //   {"op":"cancel","job":"<id>"} -> {"ok":true,"job":"<id>","state":"cancelled"}
 //       (errors unknown_job, already_finished)
 //   {"op":"scale","job":"<id>","devices":N}

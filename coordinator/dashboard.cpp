@@ -249,7 +249,8 @@ std::string prometheus_text(const nlohmann::json& list, const std::vector<nlohma
     for (JobState st : kStates) f.sample({{"state", to_string(st)}}, count(st));
   }
   Family(out, "troupe_queue_length", "gauge", "Jobs queued for devices.").sample({}, count(JobState::queued));
-  Family(out, "troupe_agents", "gauge", "Agents registered.").sample({}, double(agents.size()));
+  Family(out, "troupe_agents", "gauge", "Agents registered.")
+      .sample({}, number(list, "agents_total").value_or(double(agents.size())));
   for (const char* which : {"total", "free"}) {
     const std::string name = std::string("troupe_devices_") + which;
     Family f(out, name.c_str(), "gauge",

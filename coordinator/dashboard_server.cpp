@@ -186,7 +186,7 @@ HttpResponse DashboardServer::metrics() {
       nlohmann::json st = parse_answer(ask_(json_text({{"op", "status"},
                                                        {"job", j.value("id", "")},
                                                        {"workers_from", from},
-                                                       {"workers_limit", WorkersPage::kMax}})));
+                                                       {"workers_limit", ListPage::kMax}})));
       if (!st.value("ok", false) || !st["job"].is_object()) break;
       nlohmann::json& page = st["job"];
       size_t next = 0;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -151,9 +152,12 @@ std::vector<DeviceRef> DeviceRegistry::held_by(const std::string& job_id) const 
   return out;
 }
 
-nlohmann::json DeviceRegistry::to_json() const {
+nlohmann::json DeviceRegistry::to_json(size_t from, size_t count) const {
   auto agents = nlohmann::json::array();
-  for (const auto& [id, a] : agents_) {
+  if (from >= agents_.size()) return agents;
+  auto it = std::next(agents_.begin(), static_cast<std::ptrdiff_t>(from));
+  for (; it != agents_.end() && count > 0; ++it, --count) {
+    const auto& [id, a] = *it;
     nlohmann::json devs = nlohmann::json::array();
     for (const auto& d : a.devices) devs.push_back({{"device", d}, {"job", a.owner.at(d)}});
     agents.push_back({{"id", id}, {"host", a.host}, {"pid", a.pid}, {"devices", devs}});

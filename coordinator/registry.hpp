@@ -2,6 +2,8 @@
 // are free or held by a job. Plain C++; the coordinator actor owns one.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <map>
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
@@ -59,7 +61,8 @@ class DeviceRegistry {
   void release_device(const std::string& job_id, const DeviceRef& device);
   std::vector<DeviceRef> held_by(const std::string& job_id) const;
 
-  nlohmann::json to_json() const;
+  // The agents in id order, [from, from + count): id, host, pid, devices (with their jobs).
+  nlohmann::json to_json(size_t from = 0, size_t count = SIZE_MAX) const;
 
  private:
   std::map<std::string, Agent> agents_;  // ordered by id = registration order (zero-padded)

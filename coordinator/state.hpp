@@ -277,10 +277,11 @@ struct WorkerAssignment {
 // Milliseconds since the epoch (system clock): the state's "now" where a caller gives none.
 double now_ms();
 
-// The workers a status answer lists in full: ranks [from, from + limit). Every rank is in its
-// summary (counts, "where" groups, the oldest heartbeat), so an answer is bounded by the page,
-// not the job.
-struct WorkersPage {
+// The part of a long list an answer holds in full: entries [from, from + limit) of a job's
+// workers (status) or of the agents (list). The rest is summed up (status: counts, "where"
+// groups, the oldest heartbeat; list: device totals), so an answer is bounded by its page, not
+// by the job or the cluster.
+struct ListPage {
   static constexpr size_t kDefault = 256;  // unless the request asks for another page
   static constexpr size_t kMax = 4096;
   size_t from = 0;
@@ -374,8 +375,8 @@ class CoordinatorState {
   const std::map<std::string, Job>& jobs() const { return jobs_; }
   // A job's status: everything about it, a summary of every rank, and the workers of one
   // page in full (docs/api.md, "status").
-  nlohmann::json job_json(const Job& job, const WorkersPage& page = {}) const;
-  nlohmann::json list_json() const;
+  nlohmann::json job_json(const Job& job, const ListPage& page = {}) const;
+  nlohmann::json list_json(const ListPage& agents = {}) const;
   bool current(const std::string& job_id, int generation) const;
 
   // ---- rendezvous (namespaced by job and generation; stale generations are refused)

@@ -46,11 +46,11 @@ nlohmann::json where_groups(const std::vector<RankSlot>& ranks, int* more) {
   return out;
 }
 
-nlohmann::json CoordinatorState::job_json(const Job& j, const WorkersPage& page) const {
+nlohmann::json CoordinatorState::job_json(const Job& j, const ListPage& page) const {
   // The page of workers [from, from + limit), each in full; every rank only in the summary.
   const size_t n = j.ranks.size();
   const size_t from = std::min(page.from, n);
-  const size_t to = from + std::min(n - from, std::clamp<size_t>(page.limit, 1, WorkersPage::kMax));
+  const size_t to = from + std::min(n - from, std::clamp<size_t>(page.limit, 1, ListPage::kMax));
   nlohmann::json workers = nlohmann::json::array();
   const double now = now_ms();
   const bool placed = j.plan.layout == j.layout && !j.plan.partition.chunks.empty();
@@ -149,7 +149,7 @@ nlohmann::json CoordinatorState::job_json(const Job& j, const WorkersPage& page)
   return out;
 }
 
-nlohmann::json CoordinatorState::list_json() const {
+nlohmann::json CoordinatorState::list_json(const ListPage& page) const {
   nlohmann::json jobs = nlohmann::json::array();
   for (const auto& id : order_) {
     const Job& j = jobs_.at(id);
@@ -166,7 +166,16 @@ nlohmann::json CoordinatorState::list_json() const {
   nlohmann::json devices;
   for (const char* kind : {"cpu", "cuda"})
     devices[kind] = {{"total", registry_.total(kind)}, {"free", registry_.free(kind)}};
-  return {{"jobs", jobs}, {"agents", registry_.to_json()}, {"devices", devices}};
+  const size_t total = registry_.agents().size();
+  const size_t from = std::min(page.from, total);
+  const size_t to = from + std::min(total - from, std::clamp<size_t>(page.limit, 1, ListPage::kMax));
+  nlohmann::json out = {{"jobs", std::move(jobs)},
+                        {"agents", registry_.to_json(from, to - from)},
+                        {"agents_total", total},
+                        {"agents_from", from},
+                        {"devices", std::move(devices)}};
+  if (to < total) out["agents_next"] = to;
+  return out;
 }
 
 }  // namespace troupe::coord

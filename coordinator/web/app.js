@@ -193,7 +193,8 @@ function jobsView(root) {
     const fact = (n, label) => el('span', {}, el('b', { text: String(n) }), label);
     const devices = Object.entries(d.devices || {}).map(([kind, v]) => fact(int(v.free) + ' / ' + int(v.total),
                                                                               kind + ' free'));
-    summary.replaceChildren(fact(int(d.queue), 'queued'), fact((d.agents || []).length, 'agents'), ...devices);
+    summary.replaceChildren(fact(int(d.queue), 'queued'), fact(d.agents_total ?? (d.agents || []).length, 'agents'),
+                            ...devices);
     const seen = new Set();
     for (const j of d.jobs || []) {
       const id = String(j.id), at = jobs.children[seen.size] || null;
@@ -211,6 +212,8 @@ function jobsView(root) {
         el('td', { class: 'devices' }, (a.devices || []).map((x) =>
             el('span', { class: x.job ? 'mono busy' : 'mono', text: x.device + (x.job ? ' → ' + x.job : ' free') }))))));
     if (!(d.agents || []).length) agents.append(emptyRow(4, 'No agent yet: troupe agent --coordinator HOST:PORT'));
+    else if (d.agents.length < (d.agents_total ?? 0))
+      agents.append(emptyRow(4, 'The first ' + d.agents.length + ' of ' + d.agents_total + ' agents'));
   });
 }
 

@@ -1,6 +1,7 @@
 // The client API's submit, answered from the coordinator's state without actors or sockets.
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <set>
 
 #include "actors/version.hpp"
 #include "coordinator/api.hpp"
@@ -102,4 +103,27 @@ TEST_CASE("api status: a big job's answer lists one page of workers and sums up 
     CHECK(r["error"] == "bad_request");
     CHECK(r["message"].get<std::string>().find("must be a whole number") != std::string::npos);
   }
+}
+
+TEST_CASE("api list: the agents come a page at a time, with their total", "[api]") {
+  CoordinatorState st((std::filesystem::temp_directory_path() / "troupe-api-test").string(),
+                      troupe::actors::kProtocolVersion);
+  troupe::test::sized_job(st, 4096);  // 512 agents of 8 devices, all held
+  Actions a;
+  auto first = handle_api_request(st, {{"op", "list"}}, &a);
+  REQUIRE(first["ok"] == true);
+  CHECK(first["agents_total"] == 512);
+  CHECK(first["agents"].size() == 256);
+  CHECK(first["agents_next"] == 256);
+  CHECK(first["devices"]["cpu"]["total"] == 4096);
+  CHECK(first["devices"]["cpu"]["free"] == 0);
+  REQUIRE(first["jobs"].size() == 1);
+  auto rest = handle_api_request(st, {{"op", "list"}, {"agents_from", 256}, {"agents_limit", 4096}}, &a);
+  CHECK(rest["agents"].size() == 256);
+  CHECK_FALSE(rest.contains("agents_next"));
+  std::set<std::string> ids;
+  for (const auto* page : {&first, &rest})
+    for (const auto& ag : (*page)["agents"]) ids.insert(ag["id"].get<std::string>());
+  CHECK(ids.size() == 512);
+  CHECK(handle_api_request(st, {{"op", "list"}, {"agents_limit", 0}}, &a)["error"] == "bad_request");
 }
