@@ -140,9 +140,14 @@ std::vector<std::string> list(const std::string& root) {
 }
 
 std::optional<std::string> latest_valid(const std::string& root, std::vector<std::string>* skipped) {
+  return latest_valid(root, skipped, [](const std::string& dir) { verify(dir); });
+}
+
+std::optional<std::string> latest_valid(const std::string& root, std::vector<std::string>* skipped,
+                                        const std::function<void(const std::string&)>& check) {
   for (const auto& dir : list(root)) {
     try {
-      verify(dir);
+      check(dir);
       return dir;
     } catch (const CheckpointError& e) {
       if (skipped) skipped->push_back(e.what());

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -118,6 +119,10 @@ std::vector<std::string> list(const std::string& root);
 // The newest checkpoint under root that verifies; each one skipped is reported through
 // `skipped` ("<dir>: <reason>"). nullopt when none verifies.
 std::optional<std::string> latest_valid(const std::string& root, std::vector<std::string>* skipped = nullptr);
+// The same with the check each candidate must pass (verify, or a cache of it: verified.hpp);
+// it throws CheckpointError for one that does not.
+std::optional<std::string> latest_valid(const std::string& root, std::vector<std::string>* skipped,
+                                        const std::function<void(const std::string&)>& check);
 
 // What one rank holds of a tensor: its global shape and the runs along split_dim
 // (split_dim = -1: the whole tensor). The same description is stored per shard in the

@@ -87,15 +87,7 @@ void VerifiedCheckpoints::check(const std::string& dir) {
 
 std::optional<std::string> VerifiedCheckpoints::latest_valid(const std::string& root,
                                                              std::vector<std::string>* skipped) {
-  for (const auto& dir : list(root)) {
-    try {
-      check(dir);
-      return dir;
-    } catch (const CheckpointError& e) {
-      if (skipped) skipped->push_back(e.what());
-    }
-  }
-  return std::nullopt;
+  return checkpoint::latest_valid(root, skipped, [this](const std::string& dir) { check(dir); });
 }
 
 void VerifiedCheckpoints::verify_later(const std::string& dir) {
