@@ -9,6 +9,7 @@
 // state_views.cpp (the API's JSON).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -16,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "coordinator/job.hpp"
@@ -286,6 +288,11 @@ struct ListPage {
   static constexpr size_t kMax = 4096;
   size_t from = 0;
   size_t limit = kDefault;
+  // The entries [first, second) of a list of n that the page holds.
+  std::pair<size_t, size_t> range(size_t n) const {
+    const size_t first = std::min(from, n);
+    return {first, first + std::min(n - first, std::clamp<size_t>(limit, 1, kMax))};
+  }
 };
 
 // Every rank's last "where" answer, grouped by answer as rank ranges ({"step 12: allreduce":

@@ -49,8 +49,7 @@ nlohmann::json where_groups(const std::vector<RankSlot>& ranks, int* more) {
 nlohmann::json CoordinatorState::job_json(const Job& j, const ListPage& page) const {
   // The page of workers [from, from + limit), each in full; every rank only in the summary.
   const size_t n = j.ranks.size();
-  const size_t from = std::min(page.from, n);
-  const size_t to = from + std::min(n - from, std::clamp<size_t>(page.limit, 1, ListPage::kMax));
+  const auto [from, to] = page.range(n);
   nlohmann::json workers = nlohmann::json::array();
   const double now = now_ms();
   const bool placed = j.plan.layout == j.layout && !j.plan.partition.chunks.empty();
@@ -167,8 +166,7 @@ nlohmann::json CoordinatorState::list_json(const ListPage& page) const {
   for (const char* kind : {"cpu", "cuda"})
     devices[kind] = {{"total", registry_.total(kind)}, {"free", registry_.free(kind)}};
   const size_t total = registry_.agents().size();
-  const size_t from = std::min(page.from, total);
-  const size_t to = from + std::min(total - from, std::clamp<size_t>(page.limit, 1, ListPage::kMax));
+  const auto [from, to] = page.range(total);
   nlohmann::json out = {{"jobs", std::move(jobs)},
                         {"agents", registry_.to_json(from, to - from)},
                         {"agents_total", total},

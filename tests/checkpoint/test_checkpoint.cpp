@@ -60,6 +60,15 @@ std::vector<char> read_file(const std::string& p) {
   return std::vector<char>(std::istreambuf_iterator<char>(f), {});
 }
 
+// Damages a file in place: its size stays, the bits of its last byte flip.
+void flip_last_byte(const std::string& path) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(-1, std::ios::end);
+  const char c = static_cast<char>(f.get());
+  f.seekp(-1, std::ios::end);
+  f.put(static_cast<char>(~c));
+}
+
 // Checkpoint dir/step_000001 of a (6, 4) tensor "x" held whole by 3 replicas, spread over
 // their shards s0, s1, s2 (rows [0, 2), [2, 4), [4, 6)), committed through the tracker.
 void three_replica_checkpoint(const std::string& dir, const std::vector<float>& full) {
@@ -132,11 +141,7 @@ TEST_CASE("checkpoint: a reader that verifies on read checks the files it reads,
   three_replica_checkpoint(dir, full);
   const std::string ck = dir + "/step_000001";
   // Shard s2 (rows 4 and 5) damaged in place: its size stays, a byte of its data changes.
-  {
-    std::fstream f(ck + "/s2.safetensors", std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(-1, std::ios::end);
-    f.put('\x7f');
-  }
+  flip_last_byte(ck + "/s2.safetensors");
   CHECK_THROWS_WITH(checkpoint::TensorSource(ck),
                     Catch::Contains("s2.safetensors checksum") && Catch::Contains("(corrupt)"));
   checkpoint::TensorSource src(ck, checkpoint::Verify::on_read);
@@ -175,11 +180,7 @@ TEST_CASE("checkpoint: verified checkpoints are checked again by their files' st
   v.check(ck);
   CHECK(v.verifications() == 1);
   // Rewritten in place with the same size: no longer known, and verified again (and refused).
-  {
-    std::fstream f(ck + "/s0.safetensors", std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(-1, std::ios::end);
-    f.put('\x7f');
-  }
+  flip_last_byte(ck + "/s0.safetensors");
   CHECK_FALSE(v.known(ck));
   std::vector<std::string> skipped;
   CHECK_FALSE(v.latest_valid(dir, &skipped).has_value());
