@@ -1,5 +1,7 @@
 #include "comm/communicator.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <set>
@@ -11,6 +13,19 @@
 #endif
 
 namespace troupe::comm {
+
+std::string host_identity() {
+  char host[256] = {0};
+  ::gethostname(host, sizeof(host) - 1);
+  std::string id = host;
+  // Same host name in another container is not the same /dev/shm.
+  for (const char* ns : {"/proc/self/ns/mnt", "/proc/self/ns/pid"}) {
+    char buf[128] = {0};
+    const ssize_t n = ::readlink(ns, buf, sizeof(buf) - 1);
+    id += "|" + std::string(buf, n > 0 ? static_cast<size_t>(n) : 0);
+  }
+  return id;
+}
 
 const char* to_string(ReduceOp op) {
   switch (op) {

@@ -54,6 +54,10 @@ namespace troupe::comm {
 
 enum class ReduceOp { sum, avg, max, min };
 
+// This process's host as shared memory sees it: the host name, and the mount and process
+// namespaces. Two processes with the same identity share /dev/shm and /proc.
+std::string host_identity();
+
 const char* to_string(ReduceOp op);
 
 struct Options {

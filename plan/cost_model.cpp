@@ -201,8 +201,9 @@ Estimate estimate(const Workload& spec_work, const Candidate& c, const HardwareP
         mem.params = mem.params / L.dp + 2 * block_params(m, L.tp) * (4 + (w.compute != DType::f32 ? 2 : 0));
       // Two snapshots of its own and, with more than one rank, two copies of its buddy
       // partner's (counted as large as its own); none when data-parallel replicas hold the
-      // same state (train.zero 0: the coordinator gives such a job no buddies).
-      const bool copies = L.world() > 1 && !(w.zero == 0 && L.dp > 1);
+      // same state (train.zero 0: the coordinator gives such a job no buddies), nor when the
+      // job fits one node (the buddy maps its partner's snapshots: worker/snapshot_segment.hpp).
+      const bool copies = L.world() > 1 && !(w.zero == 0 && L.dp > 1) && L.world() > place.per_node;
       if (w.memory_snapshots) mem.snapshots = (copies ? 4 : 2) * (P * 4 + mem.optimizer);
     }
     double act = 0, act_one = 0;  // all in flight; one micro-batch through every chunk

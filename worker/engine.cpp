@@ -287,7 +287,9 @@ EngineMemory Engine::memory() const {
   }
   for (const ParamRef& r : impl_->refs) m.optimizer += int64_t(2 * r.numel * sizeof(float));
   m.zero = impl_->zero;
-  if (impl_->memory_snapshots()) m.snapshots = (impl_->buddy ? 4 : 2) * impl_->state_bytes();
+  // A partner's copies are its own pages when this rank maps them (a buddy on the same host).
+  if (impl_->memory_snapshots())
+    m.snapshots = (impl_->buddy && !impl_->buddy->maps_partner() ? 4 : 2) * impl_->state_bytes();
   // Released bucket by bucket only where the reducer overlaps the backward (no pipeline).
   m.grads_kept =
       m.zero == 2 && impl_->reducer ? int64_t(impl_->zpart->owned_floats() * sizeof(float)) : m.grads;

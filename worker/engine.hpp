@@ -101,7 +101,8 @@ struct EngineMemory {
   int64_t optimizer = 0;  // AdamW's m and v: this rank's part under ZeRO 1 and 2
   int zero = 0;           // the ZeRO stage in effect (0 without data parallelism)
   // Host memory of the two in-memory snapshots (checkpoint.memory_every), and with buddies of
-  // the two copies of the partner's (counted as large as this rank's own).
+  // the two copies of the partner's (counted as large as this rank's own) unless this rank
+  // maps the partner's own snapshots (a buddy on the same host: worker/snapshot_segment.hpp).
   int64_t snapshots = 0;
 };
 

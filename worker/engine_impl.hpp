@@ -168,6 +168,7 @@ struct Engine::Impl {
   // What a snapshot holds: every chunk's f32 parameters, and AdamW's m and v (its ZeRO part).
   int64_t state_bytes() const;
   void start_buddies();
+  void share_snapshots();
   void resume_from_memory();
   // The link that copies each snapshot into the buddy's memory (null: no buddies).
   std::unique_ptr<BuddyLink> buddy;

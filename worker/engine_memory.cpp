@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
 
 #include "comm/groups.hpp"
 #include "core/error.hpp"
@@ -58,7 +59,31 @@ void Engine::Impl::start_buddies() {
   // memory after its checksum was checked, so that healing from it must fail by name.
   const char* fault_env = std::getenv("TROUPE_SNAPSHOT_FAULT");
   const bool corrupt = fault_env != nullptr && std::string(fault_env) == "corrupt";
-  buddy = std::make_unique<BuddyLink>(comm::make_communicator(c), ring, asg.held, copt, corrupt);
+  share_snapshots();
+  buddy = std::make_unique<BuddyLink>(comm::make_communicator(c), ring, asg.held, copt, corrupt,
+                                      asg.snapshots->shared());
+  if (!buddy->maps_partner())
+    std::cout << "rank " << asg.rank << ": holds copies of rank " << ring.partner(asg.rank)
+              << "'s snapshots (its memory not mapped: " << buddy->why_not_mapped() << ")" << std::endl;
+}
+
+// With buddies, the rank's snapshots lie in a segment a buddy on this host maps instead of
+// receiving copies (worker/snapshot_segment.hpp). TROUPE_BUDDY_SHM=0 keeps them in private
+// memory: every copy then travels over the link, as between hosts.
+void Engine::Impl::share_snapshots() {
+  const char* env = std::getenv("TROUPE_BUDDY_SHM");
+  if (env != nullptr && std::string(env) == "0") {
+    asg.snapshots->share(nullptr);
+    return;
+  }
+  // Room for every tensor at its 64-byte boundary.
+  const size_t need = size_t(state_bytes()) + 64 * (stage_ptrs.size() + 2 * refs.size() + 1);
+  const auto& seg = asg.snapshots->shared();
+  if (seg && seg->slot_bytes() >= need) return;
+  std::string why;
+  asg.snapshots->share(SnapshotSegment::create(need, &why));
+  if (!asg.snapshots->shared())
+    std::cout << "rank " << asg.rank << ": snapshots in private memory (" << why << ")" << std::endl;
 }
 
 // A survivor continues from its own snapshot; a new rank receives its buddy's copy
@@ -86,24 +111,23 @@ void Engine::Impl::take_memory_snapshot() {
   if (buddy) buddy->wait();
   RankState& s = asg.snapshots->begin();
   s.fingerprint = memory_fingerprint();
-  s.tensors.resize(stage_ptrs.size() + 2 * refs.size());
-  size_t t = 0;
-  auto keep = [&](const float* data, size_t n) {
-    std::vector<float>& out = s.tensors[t++];
-    out.resize(n);
-    std::memcpy(out.data(), data, n * sizeof(float));
-  };
-  for (auto* st : stage_ptrs) {
-    const Tensor& flat = st->store().flat_params();
-    keep(flat.f32(), size_t(flat.numel()));
-  }
+  std::vector<const Tensor*> from;
+  for (auto* st : stage_ptrs) from.push_back(&st->store().flat_params());
   for (size_t i = 0; i < refs.size(); ++i) {
-    keep(opt->m(i).f32(), size_t(opt->m(i).numel()));
-    keep(opt->v(i).f32(), size_t(opt->v(i).numel()));
+    from.push_back(&opt->m(i));
+    from.push_back(&opt->v(i));
   }
+  std::vector<size_t> sizes;
+  std::vector<const float*> data;
+  for (const Tensor* t : from) {
+    sizes.push_back(size_t(t->numel()));
+    data.push_back(t->f32());
+  }
+  s.shape(sizes);
   s.loss_scale = scaler.state();
   s.replicated = zero == 0;
   s.rank = asg.rank;
+  s.checksum = copy_into(s, data, next_step);  // what the buddy link sends with it
   asg.snapshots->commit(s, next_step);
   if (buddy) buddy->offer(&s);
 }
@@ -116,7 +140,7 @@ void Engine::Impl::restore_memory(int64_t step) {
   TROUPE_CHECK(s->tensors.size() == stage_ptrs.size() + 2 * refs.size(), "in-memory snapshot: tensor count");
   size_t t = 0;
   auto put = [&](const Tensor& into) {
-    const std::vector<float>& in = s->tensors[t++];
+    const TensorView& in = s->tensors[t++];
     TROUPE_CHECK(int64_t(in.size()) == into.numel(), "in-memory snapshot: tensor ", t - 1, " size");
     std::memcpy(into.f32(), in.data(), in.size() * sizeof(float));
   };

@@ -26,6 +26,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "comm/communicator.hpp"
 #include "core/buddy_ring.hpp"
@@ -44,8 +45,11 @@ class BuddyLink {
   // `comm` spans the world (rank = world rank) and is used by the link only; `held` keeps the
   // partner's copies (the worker process owns it). `corrupt_held`: fault injection
   // (TROUPE_SNAPSHOT_FAULT=corrupt): every copy is damaged in memory after its check.
+  // `own_segment`: this rank's snapshot segment (its MemorySnapshots' shared()), offered to the
+  // buddy, which maps it when it runs on the same host (nullptr: every copy travels). The
+  // constructor is collective with the buddy and the partner: they exchange their offers.
   BuddyLink(std::unique_ptr<comm::Communicator> comm, BuddyRing ring, MemorySnapshots* held,
-            comm::Options opt, bool corrupt_held);
+            comm::Options opt, bool corrupt_held, std::shared_ptr<SnapshotSegment> own_segment = nullptr);
   ~BuddyLink();  // aborts an exchange in flight and joins the thread
   BuddyLink(const BuddyLink&) = delete;
   BuddyLink& operator=(const BuddyLink&) = delete;
@@ -56,8 +60,8 @@ class BuddyLink {
   // `send`: its partner was, and is sent the copy held of it. `state_bytes`: what this rank's
   // engine holds of the state (bounds what a copy may announce).
   void heal(bool receive, bool send, int64_t step, int64_t state_bytes, MemorySnapshots& own);
-  // Engine thread: `s` (committed in the rank's own snapshots, not written again before the
-  // next wait()) goes to the buddy while training goes on.
+  // Engine thread: `s` (committed in the rank's own snapshots with its checksum, not written
+  // again before the next wait()) goes to the buddy while training goes on.
   void offer(const RankState* s);
   // Engine thread: waits for the exchange in flight and rethrows its failure (every time after
   // one: the link is done).
@@ -66,8 +70,14 @@ class BuddyLink {
   int64_t confirmed() const { return confirmed_.load(); }
   // Any thread: an exchange in flight fails at once.
   void abort();
+  // Whether the buddy maps this rank's segment (its snapshots are not copied), and whether this
+  // rank maps its partner's (it holds no copy of its own); why not, when not.
+  bool shares_to_buddy() const { return to_shared_; }
+  bool maps_partner() const { return from_seg_ != nullptr; }
+  const std::string& why_not_mapped() const { return map_why_; }
 
  private:
+  void share_segments();
   void run();
   void exchange(const RankState& mine);
 
@@ -77,6 +87,10 @@ class BuddyLink {
   MemorySnapshots* held_;
   comm::Options opt_;
   bool corrupt_held_;
+  std::shared_ptr<SnapshotSegment> own_seg_;   // offered to the buddy
+  std::shared_ptr<SnapshotSegment> from_seg_;  // the partner's, mapped (nullptr: copies travel)
+  bool to_shared_ = false;                     // the buddy maps own_seg_
+  std::string map_why_;
   std::atomic<int64_t> confirmed_{-1};
   std::mutex mu_;
   std::condition_variable cv_;
@@ -90,12 +104,18 @@ class BuddyLink {
 // The copy of a rank's state that travels: its header, then its tensors. Header and sizes are
 // bounded and checked before anything is allocated (a peer is a stranger).
 namespace buddy_wire {
-// `checksum`: state_checksum of the state as it was taken (travels in the header).
-std::string encode_header(const RankState& s, uint64_t checksum);
-// Fills `into`'s fields and sizes its tensors, leaving it marked empty (next_step -1), and
-// returns the step it announces; throws troupe::Error on a malformed header or one past
+// `checksum`: state_checksum of the state as it was taken (travels in the header). `where` 0:
+// the tensors follow on the link; 1 + i: they lie in slot i of the sender's segment.
+std::string encode_header(const RankState& s, uint64_t checksum, int where = 0);
+struct Header {
+  int64_t step = -1;          // the step the state continues with
+  int where = 0;              // as encoded
+  std::vector<size_t> sizes;  // of its tensors, in floats
+};
+// Fills `into`'s fields but its tensors, leaving it marked empty (next_step -1), and returns
+// what else the header says; throws troupe::Error on a malformed header or one past
 // `max_bytes` of tensors.
-int64_t decode_header(const std::string& bytes, int64_t max_bytes, RankState* into);
+Header decode_header(const std::string& bytes, int64_t max_bytes, RankState* into);
 }  // namespace buddy_wire
 
 }  // namespace troupe

@@ -25,19 +25,6 @@ using Clock = std::chrono::steady_clock;
 constexpr int kMaxRanks = 256;
 constexpr size_t kHeaderBytes = 4096;
 
-std::string host_identity() {
-  char host[256] = {0};
-  ::gethostname(host, sizeof(host) - 1);
-  std::string id = host;
-  // Same host name in another container is not the same /dev/shm.
-  for (const char* ns : {"/proc/self/ns/mnt", "/proc/self/ns/pid"}) {
-    char buf[128] = {0};
-    const ssize_t n = ::readlink(ns, buf, sizeof(buf) - 1);
-    id += "|" + std::string(buf, n > 0 ? static_cast<size_t>(n) : 0);
-  }
-  return id;
-}
-
 void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, long ns) {
   struct timespec ts {
     0, ns

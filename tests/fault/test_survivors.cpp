@@ -74,6 +74,9 @@ struct Fault {
   bool with_buddy = false;  // the rank holding the victim's snapshot copies is killed with it
   bool corrupt = false;     // TROUPE_SNAPSHOT_FAULT=corrupt: every copy held is damaged in memory
   bool spare = false;       // resources.spares 1: the spare's process takes the victim's place
+  // TROUPE_BUDDY_SHM=0: snapshots in private memory, every copy sent over the buddy link though
+  // the ranks share a host (else each buddy maps its partner's snapshots).
+  bool private_memory = false;
   // Whether the job copies snapshots to buddies: none when its data-parallel replicas hold the
   // same state (train.zero 0), and the new rank heals from a replica.
   bool buddies = true;
@@ -94,10 +97,12 @@ std::vector<int> ready_spares(const json& status) {
 void ranks_fail(const Fault& f) {
   const int world = f.world;
   if (f.corrupt) ::setenv("TROUPE_SNAPSHOT_FAULT", "corrupt", 1);
+  if (f.private_memory) ::setenv("TROUPE_BUDDY_SHM", "0", 1);
   Cluster c;
   REQUIRE(c.ready());
   c.add_agent("cpu:" + std::to_string(world + (f.spare ? 1 : 0)));  // its workers inherit the environment
   ::unsetenv("TROUPE_SNAPSHOT_FAULT");
+  ::unsetenv("TROUPE_BUDDY_SHM");
   REQUIRE(c.wait_devices(world + (f.spare ? 1 : 0)));
   std::string job = c.call(
       {{"op", "submit"}, {"spec", layout_spec(f.file, "survivors", f.train_extra, f.spare ? 1 : 0)}})["job"];
@@ -154,6 +159,14 @@ void ranks_fail(const Fault& f) {
   CHECK(events.find(std::to_string(kept) + " rank(s) kept their process") != std::string::npos);
   INFO("events.log:\n" << events);
   CHECK((st["buddy_shift"].get<int>() > 0) == f.buddies);
+  // On one host each buddy maps its partner's snapshots, unless they are kept private.
+  if (f.buddies)
+    for (int r = 0; r < world; ++r) {
+      const std::string log = read_file(run_dir + "/workers/" + std::to_string(r) + ".log");
+      INFO("rank " << r << "'s log:\n" << log);
+      REQUIRE(log.find("assignment: ") != std::string::npos);
+      CHECK((log.find("(its memory not mapped: ") != std::string::npos) == f.private_memory);
+    }
   if (f.fallback.empty()) {
     CHECK(events.find("resuming from in-memory snapshots of step") != std::string::npos);
     CHECK(st["memory_step"].get<int64_t>() > 0);
@@ -227,6 +240,15 @@ TEST_CASE(
 TEST_CASE("survivors stay: a rank SIGKILLed under 2x1x1 with ZeRO 2 is replaced alone from its buddy's copy",
           "[fault][survivors][multiprocess]") {
   ranks_fail(Fault{"tiny_dp2_pp1_tp1", 2, SIGKILL, "  zero: 2\n"});
+}
+
+TEST_CASE(
+    "survivors stay: with snapshots in private memory a rank SIGKILLed under 1x2x1 is replaced from the copy "
+    "its buddy received",
+    "[fault][survivors][multiprocess]") {
+  Fault f{"tiny_dp1_pp2_tp1_1f1b", 2};
+  f.private_memory = true;
+  ranks_fail(f);
 }
 
 TEST_CASE(

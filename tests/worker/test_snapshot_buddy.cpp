@@ -1,7 +1,13 @@
 // Buddies (worker/snapshot_buddy.hpp): a ring of ranks (threads over the local backend) copies
-// each rank's snapshot into its buddy's memory, confirms it, and heals a rank started anew from
-// the copy; a damaged copy is refused by its checksum; a hostile header is refused before
-// anything is allocated.
+// each rank's snapshot into its buddy's memory, or lets the buddy map it (the ranks share a
+// host: worker/snapshot_segment.hpp), confirms it, and heals a rank started anew from the copy;
+// a damaged copy is refused by its checksum; a hostile header or segment is refused before
+// anything is allocated or mapped.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <thread>
@@ -15,22 +21,30 @@ using namespace troupe;
 
 namespace {
 
-// Rank r's state at step `step`: tensors whose values name both.
-RankState state_of(int rank, int64_t step) {
-  RankState s;
+// Rank r's state at step `step`, written into `s` where it lays out (its slot of a shared
+// segment, or a block of its own): tensors whose values name both.
+void fill(RankState& s, int rank, int64_t step) {
   s.next_step = step;
   s.rank = rank;
   s.fingerprint = "test rank " + std::to_string(rank);
-  s.tensors = {
-      std::vector<float>(size_t(100 + rank), float(rank) + 0.5f), {}, std::vector<float>(7, float(step))};
+  s.shape({size_t(100 + rank), 0, 7});
+  std::fill(s.tensors[0].data(), s.tensors[0].data() + s.tensors[0].size(), float(rank) + 0.5f);
+  std::fill(s.tensors[2].data(), s.tensors[2].data() + s.tensors[2].size(), float(step));
   s.loss_scale.scale = 1024.0 * (rank + 1);
   s.loss_scale.clean_steps = step;
   s.replicated = rank % 2 == 0;
-  return s;
 }
 
-bool same(const RankState& a, const RankState& b) {
-  return a.rank == b.rank && a.fingerprint == b.fingerprint && a.tensors == b.tensors &&
+std::vector<std::vector<float>> values(const RankState& s) {
+  std::vector<std::vector<float>> out;
+  for (const auto& t : s.tensors) out.emplace_back(t.data(), t.data() + t.size());
+  return out;
+}
+
+bool same_as(const RankState& a, int rank, int64_t step) {
+  RankState b;
+  fill(b, rank, step);
+  return a.rank == b.rank && a.fingerprint == b.fingerprint && values(a) == values(b) &&
          a.loss_scale.scale == b.loss_scale.scale && a.loss_scale.clean_steps == b.loss_scale.clean_steps &&
          a.replicated == b.replicated;
 }
@@ -38,11 +52,26 @@ bool same(const RankState& a, const RankState& b) {
 struct Ring {
   int world;
   int shift;
+  bool shared;  // each rank's snapshots in a segment its buddy may map
   std::shared_ptr<comm::LocalWorld> local;
   std::vector<MemorySnapshots> own, held;
+  std::vector<bool> maps;  // per rank: its link mapped the partner's segment
   int64_t generation = 0;
-  Ring(int n, int s)
-      : world(n), shift(s), local(comm::make_local_world(n)), own(size_t(n)), held(size_t(n)) {}
+  Ring(int n, int s, bool shared_)
+      : world(n),
+        shift(s),
+        shared(shared_),
+        local(comm::make_local_world(n)),
+        own(size_t(n)),
+        held(size_t(n)),
+        maps(size_t(n), false) {
+    if (shared)
+      for (auto& o : own) {
+        std::string why;
+        o.share(SnapshotSegment::create(4096, &why));
+        REQUIRE(o.shared() != nullptr);
+      }
+  }
 
   std::unique_ptr<BuddyLink> link(int r, bool corrupt = false) {
     comm::CommConfig c;
@@ -54,8 +83,10 @@ struct Ring {
     c.group = "buddy";
     comm::Options opt;
     opt.timeout = std::chrono::milliseconds(20000);
-    return std::make_unique<BuddyLink>(comm::make_communicator(c), BuddyRing{world, shift}, &held[size_t(r)],
-                                       opt, corrupt);
+    auto l = std::make_unique<BuddyLink>(comm::make_communicator(c), BuddyRing{world, shift},
+                                         &held[size_t(r)], opt, corrupt, own[size_t(r)].shared());
+    maps[size_t(r)] = l->maps_partner();
+    return l;
   }
   // Every rank takes its snapshots of steps from..to-1 and offers each to its buddy.
   void exchange(int64_t from, int64_t to, bool corrupt, std::vector<int64_t>* confirmed) {
@@ -68,7 +99,8 @@ struct Ring {
           for (int64_t k = from; k < to; ++k) {
             l->wait();
             RankState& slot = own[size_t(r)].begin();
-            slot = state_of(r, k);
+            fill(slot, r, k);
+            slot.checksum = state_checksum(slot);
             own[size_t(r)].commit(slot, k);
             l->offer(&slot);
           }
@@ -87,78 +119,100 @@ struct Ring {
 }  // namespace
 
 TEST_CASE("buddies: each snapshot is copied into the buddy's memory and confirmed", "[buddy]") {
-  for (int shift : {1, 2}) {
-    INFO("shift " << shift);
-    Ring ring(3, shift);
-    std::vector<int64_t> confirmed(3, -1);
-    ring.exchange(4, 7, false, &confirmed);
-    const BuddyRing br{3, shift};
-    for (int r = 0; r < 3; ++r) {
-      INFO("rank " << r);
-      CHECK(confirmed[size_t(r)] == 6);
-      // It holds its partner's two newest, as they were taken.
-      const int p = br.partner(r);
-      CHECK(ring.held[size_t(r)].rank() == p);
-      CHECK(ring.held[size_t(r)].held() == std::vector<int64_t>{6, 5});
-      for (int64_t k : {5, 6}) {
-        const RankState* c = ring.held[size_t(r)].find(k);
-        REQUIRE(c != nullptr);
-        CHECK(same(*c, state_of(p, k)));
-        CHECK(c->checksum == state_checksum(*c));
+  for (int shift : {1, 2})
+    for (bool shared : {false, true}) {
+      INFO("shift " << shift << (shared ? ", segments mapped" : ", copies sent"));
+      Ring ring(3, shift, shared);
+      std::vector<int64_t> confirmed(3, -1);
+      ring.exchange(4, 7, false, &confirmed);
+      const BuddyRing br{3, shift};
+      for (int r = 0; r < 3; ++r) {
+        INFO("rank " << r);
+        CHECK(confirmed[size_t(r)] == 6);
+        // It holds its partner's two newest, as they were taken.
+        const int p = br.partner(r);
+        CHECK(ring.held[size_t(r)].rank() == p);
+        CHECK(ring.held[size_t(r)].held() == std::vector<int64_t>{6, 5});
+        for (int64_t k : {5, 6}) {
+          const RankState* c = ring.held[size_t(r)].find(k);
+          REQUIRE(c != nullptr);
+          CHECK(same_as(*c, p, k));
+          CHECK(c->checksum == state_checksum(*c));
+          // Mapped: the partner's own pages, no copy in this rank's memory.
+          CHECK((c->segment() != nullptr) == shared);
+        }
+        CHECK(ring.maps[size_t(r)] == shared);
+        CHECK((ring.held[size_t(r)].bytes() == 0) == shared);
+      }
+      if (shared) {
+        // The partner begins its next snapshot in the slot of step 5: from then on the buddy no
+        // longer counts that copy, before a byte of it changes.
+        const int p = br.partner(0);
+        RankState& slot = ring.own[size_t(p)].begin();
+        CHECK(ring.held[0].held() == std::vector<int64_t>{6});
+        CHECK(ring.held[0].find(5) == nullptr);
+        fill(slot, p, 7);
+        ring.own[size_t(p)].commit(slot, 7);
+        CHECK(ring.held[0].held() == std::vector<int64_t>{6});
       }
     }
-  }
 }
 
 TEST_CASE("buddies: a rank started anew receives its state from its buddy, a damaged copy is refused",
           "[buddy]") {
-  for (bool corrupt : {false, true}) {
-    INFO((corrupt ? "copies damaged in memory" : "copies whole"));
-    Ring ring(2, 1);
-    std::vector<int64_t> confirmed(2, -1);
-    ring.exchange(0, 3, corrupt, &confirmed);
-    CHECK(confirmed[0] == 2);  // checked before the damage: confirmed all the same
-    // Rank 1 is started anew: nothing of its own. Rank 0 holds its copy of step 2.
-    ring.own[1].clear();
-    std::string errors[2];
-    std::thread ts[2];
-    for (int r = 0; r < 2; ++r)
-      ts[r] = std::thread([&, r] {
-        try {
-          auto l = ring.link(r);
-          l->heal(/*receive=*/r == 1, /*send=*/r == 0, 2, 1 << 20, ring.own[size_t(r)]);
-        } catch (const SnapshotCorrupt& e) {
-          errors[r] = std::string("corrupt: ") + e.what();
-        } catch (const std::exception& e) {
-          errors[r] = e.what();
-        }
-      });
-    for (auto& t : ts) t.join();
-    CHECK(errors[0] == "");
-    if (corrupt) {
-      CHECK(errors[1].find(
-                "corrupt: the in-memory snapshot of rank 1 of step 2 held by rank 0 fails its checksum") ==
-            0);
-      CHECK(ring.own[1].find(2) == nullptr);  // nothing restored
-    } else {
-      CHECK(errors[1] == "");
-      const RankState* s = ring.own[1].find(2);
-      REQUIRE(s != nullptr);
-      CHECK(same(*s, state_of(1, 2)));
+  for (bool shared : {false, true})
+    for (bool corrupt : {false, true}) {
+      INFO((corrupt ? "copies damaged in memory" : "copies whole") << (shared ? ", segments mapped" : ""));
+      Ring ring(2, 1, shared);
+      std::vector<int64_t> confirmed(2, -1);
+      ring.exchange(0, 3, corrupt, &confirmed);
+      CHECK(confirmed[0] == 2);  // checked before the damage: confirmed all the same
+      // Rank 1 dies and is started anew: nothing of its own (its segment unmapped and closed as
+      // its process would leave it). Rank 0 holds its copy of step 2: in shared memory, the pages
+      // rank 0 still maps.
+      ring.own[1] = MemorySnapshots{};
+      std::string errors[2];
+      std::thread ts[2];
+      for (int r = 0; r < 2; ++r)
+        ts[r] = std::thread([&, r] {
+          try {
+            auto l = ring.link(r);
+            l->heal(/*receive=*/r == 1, /*send=*/r == 0, 2, 1 << 20, ring.own[size_t(r)]);
+          } catch (const SnapshotCorrupt& e) {
+            errors[r] = std::string("corrupt: ") + e.what();
+          } catch (const std::exception& e) {
+            errors[r] = e.what();
+          }
+        });
+      for (auto& t : ts) t.join();
+      CHECK(errors[0] == "");
+      if (corrupt) {
+        CHECK(errors[1].find(
+                  "corrupt: the in-memory snapshot of rank 1 of step 2 held by rank 0 fails its checksum") ==
+              0);
+        CHECK(ring.own[1].find(2) == nullptr);  // nothing restored
+      } else {
+        CHECK(errors[1] == "");
+        const RankState* s = ring.own[1].find(2);
+        REQUIRE(s != nullptr);
+        CHECK(same_as(*s, 1, 2));
+      }
     }
-  }
 }
 
 TEST_CASE("buddies: a hostile copy header is refused before anything is allocated", "[buddy][hostile]") {
-  RankState s = state_of(3, 9);
+  RankState s;
+  fill(s, 3, 9);
   const std::string good = buddy_wire::encode_header(s, 77);
   RankState in;
-  CHECK(buddy_wire::decode_header(good, int64_t(1) << 20, &in) == 9);
+  const buddy_wire::Header h = buddy_wire::decode_header(good, int64_t(1) << 20, &in);
+  CHECK(h.step == 9);
+  CHECK(h.where == 0);
   CHECK(in.next_step == -1);  // marked empty until its bytes are checked
   CHECK(in.checksum == 77);
   CHECK(in.rank == 3);
-  REQUIRE(in.tensors.size() == 3);
-  CHECK(in.tensors[0].size() == 103);
+  CHECK(h.sizes == std::vector<size_t>{103, 0, 7});
+  CHECK(in.tensors.empty());  // nothing laid out yet
   // Every truncation, a bad magic, a size past the limit, trailing bytes.
   for (size_t n = 0; n < good.size(); ++n)
     CHECK_THROWS_AS(buddy_wire::decode_header(good.substr(0, n), 1 << 20, &in), Error);
@@ -167,11 +221,92 @@ TEST_CASE("buddies: a hostile copy header is refused before anything is allocate
   CHECK_THROWS_WITH(buddy_wire::decode_header(bad, 1 << 20, &in), Catch::Contains("not a snapshot header"));
   CHECK_THROWS_WITH(buddy_wire::decode_header(good, 100, &in), Catch::Contains("bytes of tensors"));
   CHECK_THROWS_WITH(buddy_wire::decode_header(good + "x", 1 << 20, &in), Catch::Contains("after the header"));
-  RankState huge = s;
-  huge.tensors.assign(1, {});
-  std::string h = buddy_wire::encode_header(huge, 0);
+  std::string where = buddy_wire::encode_header(s, 77, 3);  // no slot 2 in a segment
+  CHECK_THROWS_WITH(buddy_wire::decode_header(where, 1 << 20, &in), Catch::Contains("malformed header"));
+  RankState huge;
+  fill(huge, 3, 9);
+  huge.shape({1});
+  std::string hb = buddy_wire::encode_header(huge, 0);
   // The one size, rewritten to 2^62 floats.
   const uint64_t big = uint64_t(1) << 62;
-  std::memcpy(&h[h.size() - 8], &big, 8);
-  CHECK_THROWS_WITH(buddy_wire::decode_header(h, int64_t(1) << 40, &in), Catch::Contains("bytes of tensors"));
+  std::memcpy(&hb[hb.size() - 8], &big, 8);
+  CHECK_THROWS_WITH(buddy_wire::decode_header(hb, int64_t(1) << 40, &in),
+                    Catch::Contains("bytes of tensors"));
+}
+
+TEST_CASE("buddies: a segment is mapped only as announced, sealed, and never past its slots",
+          "[buddy][hostile]") {
+  std::string why;
+  auto seg = SnapshotSegment::create(10000, &why);
+  REQUIRE(seg != nullptr);
+  CHECK(seg->slot_bytes() >= 10000);
+  const int64_t pid = ::getpid();
+  // As announced: mapped, read-only, the same pages.
+  auto view = SnapshotSegment::map_peer(pid, seg->fd(), seg->bytes(), seg->token(), &why);
+  REQUIRE(view != nullptr);
+  CHECK(!view->owned());
+  seg->slot(1)[3] = 42.0f;
+  seg->set_step(1, 12);
+  CHECK(view->slot(1)[3] == 42.0f);
+  CHECK(view->step(1) == 12);
+  view->set_step(1, 99);  // a mapper cannot move the owner's step
+  CHECK(seg->step(1) == 12);
+  // Another token, another size, a descriptor that is not there, nonsense: refused by name.
+  CHECK(SnapshotSegment::map_peer(pid, seg->fd(), seg->bytes(), seg->token() ^ 1, &why) == nullptr);
+  CHECK(why.find("token") != std::string::npos);
+  CHECK(SnapshotSegment::map_peer(pid, seg->fd(), seg->bytes() + 8192, seg->token(), &why) == nullptr);
+  CHECK(why.find("not a sealed segment") != std::string::npos);
+  CHECK(SnapshotSegment::map_peer(pid, 1 << 19, seg->bytes(), seg->token(), &why) == nullptr);
+  CHECK(SnapshotSegment::map_peer(-3, seg->fd(), seg->bytes(), seg->token(), &why) == nullptr);
+  CHECK(why.find("malformed") != std::string::npos);
+  CHECK(SnapshotSegment::map_peer(pid, seg->fd(), 12345, seg->token(), &why) == nullptr);
+  // A memfd of the right size whose owner could still shrink it under the mapping (a read past
+  // its end would be SIGBUS): refused.
+  const int fd = ::memfd_create("unsealed", MFD_CLOEXEC);
+  REQUIRE(fd >= 0);
+  REQUIRE(::ftruncate(fd, off_t(seg->bytes())) == 0);
+  CHECK(SnapshotSegment::map_peer(pid, fd, seg->bytes(), seg->token(), &why) == nullptr);
+  CHECK(why.find("not a sealed segment") != std::string::npos);
+  ::close(fd);
+  // The pages outlive their owner while mapped.
+  seg.reset();
+  CHECK(view->slot(1)[3] == 42.0f);
+  CHECK(view->step(1) == 12);
+  // A state too large for a slot is laid out in a block of its own, and a view of it refused.
+  RankState big;
+  big.place(view, 0);
+  CHECK_FALSE(big.attach(view, 0, {view->slot_bytes() / sizeof(float) + 1}));
+  CHECK_FALSE(big.attach(view, 2, {4}));
+  CHECK(big.attach(view, 1, {4, 4}));
+}
+
+TEST_CASE("snapshots: a state copied and hashed in one pass has the checksum of the state it made",
+          "[buddy]") {
+  // Tensors longer than one hashing piece, one not a multiple of it, one empty.
+  const std::vector<size_t> sizes = {200000, 0, 65536 + 17, 3};
+  std::vector<std::vector<float>> src;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    src.emplace_back(sizes[i]);
+    for (size_t j = 0; j < sizes[i]; ++j) src[i][j] = float(i) * 0.25f + float(j % 1013) * 1e-3f;
+  }
+  std::vector<const float*> from;
+  for (const auto& v : src) from.push_back(v.data());
+  for (bool shared : {false, true}) {
+    INFO((shared ? "in a segment" : "in private memory"));
+    MemorySnapshots own;
+    std::string why;
+    if (shared) own.share(SnapshotSegment::create(4 << 20, &why));
+    RankState& s = own.begin();
+    s.fingerprint = "one pass";
+    s.rank = 5;
+    s.loss_scale.scale = 8.0;
+    s.shape(sizes);
+    CHECK((s.segment() != nullptr) == shared);
+    const uint64_t sum = copy_into(s, from, 41);
+    own.commit(s, 41);
+    CHECK(sum == state_checksum(s));
+    CHECK(values(s) == src);
+    s.tensors[3][1] += 1.0f;
+    CHECK(sum != state_checksum(s));
+  }
 }
