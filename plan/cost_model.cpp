@@ -23,6 +23,7 @@ Workload workload(const JobSpec& spec) {
   w.device = spec.resources.device;
   w.memory_snapshots = spec.checkpoint.memory_every > 0 && w.device == DeviceKind::cpu &&
                        spec.train.offload == Offload::none;  // (the engine takes none under offload)
+  w.spread = spec.resources.placement == troupe::Placement::spread;
   // troupe's engine trains on the CPU; a GPU job is priced as Megatron-LM runs it (16-bit
   // activations) with a fused flash-style attention, the design the GPU engine follows.
   w.engine = w.device == DeviceKind::cuda ? EngineKind::megatron : EngineKind::troupe;
@@ -202,8 +203,10 @@ Estimate estimate(const Workload& spec_work, const Candidate& c, const HardwareP
       // Two snapshots of its own and, with more than one rank, two copies of its buddy
       // partner's (counted as large as its own); none when data-parallel replicas hold the
       // same state (train.zero 0: the coordinator gives such a job no buddies), nor when the
-      // job fits one node (the buddy maps its partner's snapshots: worker/snapshot_segment.hpp).
-      const bool copies = L.world() > 1 && !(w.zero == 0 && L.dp > 1) && L.world() > place.per_node;
+      // job is packed onto one node (the buddy maps its partner's snapshots there:
+      // worker/snapshot_segment.hpp); spread, its buddies sit on other nodes.
+      const bool copies =
+          L.world() > 1 && !(w.zero == 0 && L.dp > 1) && (w.spread || L.world() > place.per_node);
       if (w.memory_snapshots) mem.snapshots = (copies ? 4 : 2) * (P * 4 + mem.optimizer);
     }
     double act = 0, act_one = 0;  // all in flight; one micro-batch through every chunk

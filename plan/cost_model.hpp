@@ -77,6 +77,8 @@ struct Workload {
   // checkpoint.memory_every > 0 on the CPU: two host copies of the fp32 weights and AdamW's
   // moments per rank (worker/memory_snapshot.hpp).
   bool memory_snapshots = false;
+  // resources.placement: spread puts buddies on other hosts, where their copies are copies.
+  bool spread = false;
 };
 Workload workload(const JobSpec& spec);
 
@@ -91,10 +93,11 @@ struct Candidate {
 };
 
 struct MemoryEstimate {
-  double params = 0;       // master weights (+ 16-bit copy); ZeRO 3: this rank's part + a gathered chunk
-  double grads = 0;        // what stays resident between buckets
-  double optimizer = 0;    // AdamW's moments (megatron: + the fp32 master)
-  double snapshots = 0;    // in-memory snapshots (checkpoint.memory_every), with the buddy's copies: host memory
+  double params = 0;     // master weights (+ 16-bit copy); ZeRO 3: this rank's part + a gathered chunk
+  double grads = 0;      // what stays resident between buckets
+  double optimizer = 0;  // AdamW's moments (megatron: + the fp32 master)
+  double snapshots =
+      0;  // in-memory snapshots (checkpoint.memory_every), with the buddy's copies: host memory
   double activations = 0;  // in-flight micro-batches, logits, scratch
   double other = 0;        // the process and the allocator's slack
   double total = 0;

@@ -138,6 +138,11 @@ void Engine::Impl::restore_memory(int64_t step) {
   TROUPE_CHECK(s->fingerprint == memory_fingerprint(), "the in-memory snapshot of step ", step,
                " was taken by \"", s->fingerprint, "\", this engine is \"", memory_fingerprint(), "\"");
   TROUPE_CHECK(s->tensors.size() == stage_ptrs.size() + 2 * refs.size(), "in-memory snapshot: tensor count");
+  // Its bytes as they were taken (the checksum was taken with the copy; a segment a buddy maps
+  // is read-only to any other open, not to a stray write of this process).
+  if (state_checksum(*s) != s->checksum)
+    throw SnapshotCorrupt("the in-memory snapshot of rank " + std::to_string(asg.rank) + " of step " +
+                          std::to_string(step) + " fails its checksum: not restored");
   size_t t = 0;
   auto put = [&](const Tensor& into) {
     const TensorView& in = s->tensors[t++];

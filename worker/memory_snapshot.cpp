@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
+#include <utility>
 
 namespace troupe {
 
@@ -24,7 +26,27 @@ size_t block_floats(const std::vector<size_t>& sizes, std::vector<size_t>* at) {
 
 }  // namespace
 
+RankState& RankState::operator=(RankState&& o) noexcept {
+  if (this == &o) return *this;
+  next_step = std::exchange(o.next_step, -1);
+  fingerprint = std::move(o.fingerprint);
+  tensors = std::move(o.tensors);  // the views follow the storage, which moves with them
+  loss_scale = o.loss_scale;
+  replicated = o.replicated;
+  rank = std::exchange(o.rank, -1);
+  checksum = std::exchange(o.checksum, 0);
+  own_ = std::move(o.own_);
+  seg_ = std::move(o.seg_);
+  slot_ = std::exchange(o.slot_, -1);
+  in_segment_ = std::exchange(o.in_segment_, false);
+  o.tensors.clear();
+  o.own_.clear();
+  o.seg_.reset();
+  return *this;
+}
+
 void RankState::place(std::shared_ptr<SnapshotSegment> seg, int slot) {
+  tensors.clear();  // no view outlives the storage it pointed into
   seg_ = std::move(seg);
   slot_ = seg_ ? slot : -1;
   in_segment_ = false;
@@ -61,15 +83,17 @@ bool RankState::attach(std::shared_ptr<SnapshotSegment> seg, int slot, const std
   return true;
 }
 
-bool RankState::stale() const { return in_segment_ && !seg_->owned() && seg_->step(slot_) != next_step; }
+bool RankState::stale() const {
+  return in_segment_ && seg_ && !seg_->owned() && seg_->step(slot_) != next_step;
+}
 
 void RankState::set_step(int64_t step) {
   next_step = step;
-  if (in_segment_ && seg_->owned()) seg_->set_step(slot_, step);
+  if (in_segment_ && seg_ && seg_->owned()) seg_->set_step(slot_, step);
 }
 
 int64_t RankState::bytes() const {
-  if (in_segment_) return seg_->owned() ? int64_t(seg_->slot_bytes()) : 0;
+  if (in_segment_ && seg_) return seg_->owned() ? int64_t(seg_->slot_bytes()) : 0;
   return int64_t(own_.capacity() * sizeof(float));
 }
 
@@ -111,6 +135,9 @@ uint64_t state_checksum(const RankState& s) {
 uint64_t copy_into(RankState& s, const std::vector<const float*>& from, int64_t next_step) {
   // Pieces small enough to be hashed from the cache they were just written to.
   constexpr size_t kPiece = (size_t(256) << 10) / sizeof(float);
+  if (from.size() != s.tensors.size())
+    throw std::invalid_argument("copy_into: " + std::to_string(from.size()) + " sources for " +
+                                std::to_string(s.tensors.size()) + " tensors");
   XXH3_state_t* st = hash_head(s, next_step);
   for (size_t i = 0; i < s.tensors.size(); ++i) {
     const TensorView& t = s.tensors[i];

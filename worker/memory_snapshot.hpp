@@ -42,9 +42,9 @@ struct RankState {
   uint64_t checksum = 0;
 
   RankState() = default;
-  RankState(RankState&&) = default;
-  RankState& operator=(RankState&&) = default;
-  RankState(const RankState&) = delete;  // views into its own storage
+  RankState(RankState&& o) noexcept { *this = std::move(o); }
+  RankState& operator=(RankState&& o) noexcept;  // `o` is left empty, its views cleared
+  RankState(const RankState&) = delete;          // views into its own storage
   RankState& operator=(const RankState&) = delete;
 
   // Lays out tensors of `sizes` floats one after another (each at a 64-byte boundary): in the
@@ -81,6 +81,13 @@ uint64_t copy_into(RankState& s, const std::vector<const float*>& from, int64_t 
 
 class MemorySnapshots {
  public:
+  MemorySnapshots() = default;
+  // Destroyed, its shared slots are left as a process that ends leaves them (a buddy mapping
+  // them still counts them); clear() and keep_only() mark them empty first.
+  ~MemorySnapshots() = default;
+  MemorySnapshots(const MemorySnapshots&) = delete;
+  MemorySnapshots& operator=(const MemorySnapshots&) = delete;
+
   // The slot the snapshot of a newer step goes into (the older one, or an empty one), marked
   // empty until commit(): a snapshot interrupted half-way is never restored. With a shared
   // segment (share()), the slot lays its tensors out in the segment's slot of the same index.

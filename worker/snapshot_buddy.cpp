@@ -196,6 +196,7 @@ void BuddyLink::share_segments() {
   const int to = ring_.buddy(rank_), from = ring_.partner(rank_);
   const std::string id = comm::host_identity();
   Offer mine, theirs;
+  theirs.magic = 0;  // stays so unless an offer arrives
   mine.host = XXH3_64bits(id.data(), id.size());
   if (own_seg_) {
     mine.pid = own_seg_->pid();

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <new>
 #include <random>
@@ -56,7 +57,14 @@ float* SnapshotSegment::slot(int i) const {
 int64_t SnapshotSegment::step(int i) const { return header()->step[i].load(std::memory_order_acquire); }
 
 void SnapshotSegment::set_step(int i, int64_t step) {
-  if (owned_) header()->step[i].store(step, std::memory_order_release);
+  if (!owned_) return;
+  if (step < 0) {
+    // Marked empty before any byte of the slot changes (the writes that follow stay after it).
+    header()->step[i].store(step, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  } else {
+    header()->step[i].store(step, std::memory_order_release);  // after every byte of it
+  }
 }
 
 std::shared_ptr<SnapshotSegment> SnapshotSegment::create(size_t slot_bytes, std::string* why) {
@@ -71,8 +79,12 @@ std::shared_ptr<SnapshotSegment> SnapshotSegment::create(size_t slot_bytes, std:
     *why = sys_error("memfd_create");
     return nullptr;
   }
-  if (::ftruncate(fd, off_t(bytes)) != 0 || ::fcntl(fd, F_ADD_SEALS, kSeals | F_SEAL_SEAL) != 0) {
-    *why = sys_error("sizing and sealing the snapshot segment");
+  // Sized and its pages reserved now (a write fault in a segment that cannot grow would be
+  // SIGBUS, not an error); read-only to any later open (a reopen through /proc checks the
+  // mode; this descriptor keeps writing); sealed against resizing.
+  if (::ftruncate(fd, off_t(bytes)) != 0 || ::fallocate(fd, 0, 0, off_t(bytes)) != 0 ||
+      ::fchmod(fd, S_IRUSR) != 0 || ::fcntl(fd, F_ADD_SEALS, kSeals | F_SEAL_SEAL) != 0) {
+    *why = sys_error("sizing, reserving and sealing the snapshot segment");
     ::close(fd);
     return nullptr;
   }
@@ -83,8 +95,14 @@ std::shared_ptr<SnapshotSegment> SnapshotSegment::create(size_t slot_bytes, std:
     return nullptr;
   }
   std::shared_ptr<SnapshotSegment> s(new SnapshotSegment(fd, base, bytes, true));
-  std::random_device rd;
-  s->token_ = (uint64_t(rd()) << 32) ^ uint64_t(rd()) ^ (uint64_t(::getpid()) << 16);
+  uint64_t token = uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
+  try {
+    std::random_device rd;
+    token ^= (uint64_t(rd()) << 32) ^ uint64_t(rd());
+  } catch (const std::exception&) {
+    // The clock alone: the token tells segments apart, it is not a secret.
+  }
+  s->token_ = token ^ (uint64_t(::getpid()) << 16);
   s->pid_ = ::getpid();
   Header* h = new (base) Header;
   h->magic = kMagic;
@@ -103,26 +121,41 @@ std::shared_ptr<SnapshotSegment> SnapshotSegment::map_peer(int64_t pid, int64_t 
     return nullptr;
   }
   const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
-  const int f = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // What the descriptor is, before anything opens it for reading (a FIFO would block the
+  // open, a device would act on it): a path handle first, then a regular file only.
+  const int handle = ::open(path.c_str(), O_PATH | O_CLOEXEC);
+  if (handle < 0) {
+    *why = sys_error(("open " + path).c_str());
+    return nullptr;
+  }
+  struct stat first {};
+  if (::fstat(handle, &first) != 0 || !S_ISREG(first.st_mode) || uint64_t(first.st_size) != bytes) {
+    *why = path + " is not a sealed segment of " + std::to_string(bytes) + " bytes";
+    ::close(handle);
+    return nullptr;
+  }
+  const std::string again = "/proc/self/fd/" + std::to_string(handle);
+  const int f = ::open(again.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  ::close(handle);
   if (f < 0) {
     *why = sys_error(("open " + path).c_str());
     return nullptr;
   }
   struct stat st {};
   const int seals = ::fcntl(f, F_GET_SEALS);
-  if (::fstat(f, &st) != 0 || !S_ISREG(st.st_mode) || uint64_t(st.st_size) != bytes || seals < 0 ||
-      (unsigned(seals) & kSeals) != kSeals) {
+  if (::fstat(f, &st) != 0 || st.st_ino != first.st_ino || st.st_dev != first.st_dev ||
+      uint64_t(st.st_size) != bytes || seals < 0 || (unsigned(seals) & kSeals) != kSeals) {
     *why = path + " is not a sealed segment of " + std::to_string(bytes) + " bytes";
     ::close(f);
     return nullptr;
   }
   void* base = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, f, 0);
+  ::close(f);  // the mapping keeps the pages; no descriptor stays open to them here
   if (base == MAP_FAILED) {
     *why = sys_error(("mmap " + path).c_str());
-    ::close(f);
     return nullptr;
   }
-  std::shared_ptr<SnapshotSegment> s(new SnapshotSegment(f, base, bytes, false));
+  std::shared_ptr<SnapshotSegment> s(new SnapshotSegment(-1, base, bytes, false));
   const Header* h = s->header();
   if (h->magic != kMagic || h->token != token) {
     *why = path + " does not carry the token announced";

@@ -13,10 +13,15 @@
 // while the slot still carries its step, and the checksum the owner took travels in the
 // per-step header over the buddy link (worker/snapshot_buddy.hpp), checked when a copy heals.
 //
-// A peer's announcement is not trusted: the descriptor must be a memfd whose size is sealed, of
-// the size announced, carrying the random token announced, or nothing is mapped (the copy then
-// travels over the link as between hosts). The seals keep the owner from truncating the
-// pages under the buddy's mapping (a read past the end of a shrunk file is SIGBUS).
+// A peer's announcement is not trusted: the descriptor must be a regular file (looked at through
+// an O_PATH handle before it is opened for reading: a FIFO would block, a device act), a memfd
+// whose size is sealed, of the size announced, carrying the random token announced, or nothing
+// is mapped (the copy then travels over the link as between hosts). The seals keep the owner
+// from truncating the pages under the buddy's mapping (a read past the end of a shrunk file is
+// SIGBUS). The owner reserves the pages when it creates the segment (fallocate) and makes the
+// file read-only to later opens (mode 0400: the owner's descriptor still writes), so another
+// process of the same user may read the segment, as it may read /proc/PID/mem, but not write
+// it; the buddy keeps no descriptor, only the mapping.
 #pragma once
 
 #include <cstddef>

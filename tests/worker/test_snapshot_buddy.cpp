@@ -5,11 +5,13 @@
 // anything is allocated or mapped.
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 
 #include "comm/communicator.hpp"
@@ -54,7 +56,8 @@ struct Ring {
   int shift;
   bool shared;  // each rank's snapshots in a segment its buddy may map
   std::shared_ptr<comm::LocalWorld> local;
-  std::vector<MemorySnapshots> own, held;
+  std::vector<std::unique_ptr<MemorySnapshots>> own;  // each rank process's own
+  std::vector<MemorySnapshots> held;
   std::vector<bool> maps;  // per rank: its link mapped the partner's segment
   int64_t generation = 0;
   Ring(int n, int s, bool shared_)
@@ -62,15 +65,15 @@ struct Ring {
         shift(s),
         shared(shared_),
         local(comm::make_local_world(n)),
-        own(size_t(n)),
         held(size_t(n)),
         maps(size_t(n), false) {
-    if (shared)
-      for (auto& o : own) {
-        std::string why;
-        o.share(SnapshotSegment::create(4096, &why));
-        REQUIRE(o.shared() != nullptr);
-      }
+    for (int r = 0; r < n; ++r) {
+      own.push_back(std::make_unique<MemorySnapshots>());
+      if (!shared) continue;
+      std::string why;
+      own.back()->share(SnapshotSegment::create(4096, &why));
+      REQUIRE(own.back()->shared() != nullptr);
+    }
   }
 
   std::unique_ptr<BuddyLink> link(int r, bool corrupt = false) {
@@ -84,7 +87,7 @@ struct Ring {
     comm::Options opt;
     opt.timeout = std::chrono::milliseconds(20000);
     auto l = std::make_unique<BuddyLink>(comm::make_communicator(c), BuddyRing{world, shift},
-                                         &held[size_t(r)], opt, corrupt, own[size_t(r)].shared());
+                                         &held[size_t(r)], opt, corrupt, own[size_t(r)]->shared());
     maps[size_t(r)] = l->maps_partner();
     return l;
   }
@@ -98,10 +101,10 @@ struct Ring {
           auto l = link(r, corrupt);
           for (int64_t k = from; k < to; ++k) {
             l->wait();
-            RankState& slot = own[size_t(r)].begin();
+            RankState& slot = own[size_t(r)]->begin();
             fill(slot, r, k);
             slot.checksum = state_checksum(slot);
-            own[size_t(r)].commit(slot, k);
+            own[size_t(r)]->commit(slot, k);
             l->offer(&slot);
           }
           l->wait();
@@ -148,11 +151,11 @@ TEST_CASE("buddies: each snapshot is copied into the buddy's memory and confirme
         // The partner begins its next snapshot in the slot of step 5: from then on the buddy no
         // longer counts that copy, before a byte of it changes.
         const int p = br.partner(0);
-        RankState& slot = ring.own[size_t(p)].begin();
+        RankState& slot = ring.own[size_t(p)]->begin();
         CHECK(ring.held[0].held() == std::vector<int64_t>{6});
         CHECK(ring.held[0].find(5) == nullptr);
         fill(slot, p, 7);
-        ring.own[size_t(p)].commit(slot, 7);
+        ring.own[size_t(p)]->commit(slot, 7);
         CHECK(ring.held[0].held() == std::vector<int64_t>{6});
       }
     }
@@ -170,14 +173,14 @@ TEST_CASE("buddies: a rank started anew receives its state from its buddy, a dam
       // Rank 1 dies and is started anew: nothing of its own (its segment unmapped and closed as
       // its process would leave it). Rank 0 holds its copy of step 2: in shared memory, the pages
       // rank 0 still maps.
-      ring.own[1] = MemorySnapshots{};
+      ring.own[1] = std::make_unique<MemorySnapshots>();
       std::string errors[2];
       std::thread ts[2];
       for (int r = 0; r < 2; ++r)
         ts[r] = std::thread([&, r] {
           try {
             auto l = ring.link(r);
-            l->heal(/*receive=*/r == 1, /*send=*/r == 0, 2, 1 << 20, ring.own[size_t(r)]);
+            l->heal(/*receive=*/r == 1, /*send=*/r == 0, 2, 1 << 20, *ring.own[size_t(r)]);
           } catch (const SnapshotCorrupt& e) {
             errors[r] = std::string("corrupt: ") + e.what();
           } catch (const std::exception& e) {
@@ -190,10 +193,10 @@ TEST_CASE("buddies: a rank started anew receives its state from its buddy, a dam
         CHECK(errors[1].find(
                   "corrupt: the in-memory snapshot of rank 1 of step 2 held by rank 0 fails its checksum") ==
               0);
-        CHECK(ring.own[1].find(2) == nullptr);  // nothing restored
+        CHECK(ring.own[1]->find(2) == nullptr);  // nothing restored
       } else {
         CHECK(errors[1] == "");
-        const RankState* s = ring.own[1].find(2);
+        const RankState* s = ring.own[1]->find(2);
         REQUIRE(s != nullptr);
         CHECK(same_as(*s, 1, 2));
       }
@@ -268,6 +271,21 @@ TEST_CASE("buddies: a segment is mapped only as announced, sealed, and never pas
   CHECK(SnapshotSegment::map_peer(pid, fd, seg->bytes(), seg->token(), &why) == nullptr);
   CHECK(why.find("not a sealed segment") != std::string::npos);
   ::close(fd);
+  // A FIFO without a writer (opening it to read would block): refused, at once.
+  const std::string fifo =
+      std::filesystem::temp_directory_path().string() + "/troupe-test-fifo-" + std::to_string(pid);
+  ::unlink(fifo.c_str());
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  const int ff = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
+  REQUIRE(ff >= 0);
+  CHECK(SnapshotSegment::map_peer(pid, ff, seg->bytes(), seg->token(), &why) == nullptr);
+  CHECK(why.find("not a sealed segment") != std::string::npos);
+  ::close(ff);
+  ::unlink(fifo.c_str());
+  // Read-only to any later open; the owner's own descriptor writes.
+  struct stat st {};
+  REQUIRE(::fstat(int(seg->fd()), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0400);
   // The pages outlive their owner while mapped.
   seg.reset();
   CHECK(view->slot(1)[3] == 42.0f);
@@ -308,5 +326,29 @@ TEST_CASE("snapshots: a state copied and hashed in one pass has the checksum of 
     CHECK(values(s) == src);
     s.tensors[3][1] += 1.0f;
     CHECK(sum != state_checksum(s));
+  }
+}
+
+TEST_CASE("snapshots: a state moved leaves the old one empty, its views with the new one", "[buddy]") {
+  for (bool shared : {false, true}) {
+    INFO((shared ? "in a segment" : "in private memory"));
+    std::string why;
+    auto seg = shared ? SnapshotSegment::create(1 << 16, &why) : nullptr;
+    RankState a;
+    a.place(seg, 0);
+    fill(a, 2, 7);
+    CHECK((a.segment() != nullptr) == shared);
+    RankState b = std::move(a);
+    CHECK(same_as(b, 2, 7));
+    CHECK(a.tensors.empty());
+    CHECK(a.segment() == nullptr);
+    CHECK(a.next_step == -1);
+    CHECK_FALSE(a.stale());
+    a.set_step(-1);  // nothing of b's slot changes
+    CHECK(a.bytes() == 0);
+    RankState c;
+    c = std::move(b);
+    CHECK(same_as(c, 2, 7));
+    CHECK(b.tensors.empty());
   }
 }
