@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <unordered_set>
 
 #include "core/dtype_convert.hpp"
 
@@ -88,14 +89,15 @@ std::string commit(const std::string& root, const Manifest& manifest, int keep) 
     f.close();
     if (!f) throw Error("cannot write " + tmp + "/" + kManifest);
   }
-  // Files no rank reported (left by a crashed earlier attempt at this step) stay out.
+  // Files no rank reported (left by a crashed earlier attempt at this step) stay out: each
+  // name looked up, not compared with every listed one (N^2 at thousands of shards).
+  std::unordered_set<std::string> listed;
+  listed.reserve(manifest.files.size() + 1);
+  listed.insert(kManifest);
+  for (const auto& f : manifest.files) listed.insert(f.name);
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(tmp, ec)) {
-    const std::string n = e.path().filename().string();
-    bool listed = n == kManifest;
-    for (const auto& f : manifest.files) listed |= f.name == n;
-    if (!listed) fs::remove_all(e.path(), ec);
-  }
+  for (const auto& e : fs::directory_iterator(tmp, ec))
+    if (!listed.count(e.path().filename().string())) fs::remove_all(e.path(), ec);
   fsync_path(tmp + "/" + kManifest, false);
   fsync_path(tmp, true);
   fault_point("commit", manifest.step);

@@ -19,6 +19,44 @@
 #include "core/text.hpp"
 #include "plan/plan.hpp"
 
+namespace troupe::coord::actor {
+
+// One commit handed to the committer actor and back.
+struct CommitJob {
+  std::string job;
+  checkpoint::ReadyCommit ready;
+  std::string dir;    // committed
+  std::string error;  // or why not
+};
+using CommitJobPtr = std::shared_ptr<CommitJob>;
+
+}  // namespace troupe::coord::actor
+
+// A pointer between two actors of this process: never serialized.
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::coord::actor::CommitJobPtr)
+
+namespace troupe::coord::actor {
+
+void CommitsInFlight::begin(const std::string& job) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++running_[job];
+}
+
+void CommitsInFlight::end(const std::string& job) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--running_[job] <= 0) running_.erase(job);
+  }
+  cv_.notify_all();
+}
+
+bool CommitsInFlight::wait(const std::string& job, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, timeout, [&] { return running_.count(job) == 0; });
+}
+
+}  // namespace troupe::coord::actor
+
 namespace troupe::coord {
 
 namespace {
@@ -44,9 +82,25 @@ void drop_checkpoints(self_ptr self, const std::string& job, int32_t generation,
   }
 }
 
+// The committer: checkpoint::commit, one at a time, on a thread of its own (detached). It
+// ends the commit's count itself: a relaunch may be waiting for it on the coordinator's thread,
+// which reads the reply only after.
+caf::behavior committer_fn(caf::event_based_actor*, std::shared_ptr<CommitsInFlight> commits) {
+  return {[commits](const CommitJobPtr& j) -> CommitJobPtr {
+    try {
+      j->dir = checkpoint::commit(j->ready.root, j->ready.manifest, j->ready.keep);
+    } catch (const std::exception& e) {
+      j->error = e.what();
+    }
+    commits->end(j->job);
+    return j;
+  }};
+}
+
 // The commit point of a checkpoint (checkpoint/commit.hpp): manifest.json is written and
 // step_N.tmp renamed only after every rank of (job, generation, step) reported its files;
-// then every rank's request is answered with the committed directory.
+// then every rank's request is answered with the committed directory. The reports are
+// collected here; the commit itself runs in the committer.
 void take_shard(self_ptr self, const CkptShard& r, caf::typed_response_promise<CkptCommitted> rp) {
   auto& s = self->state;
   if (!s.st->current(r.job_id, r.generation)) {
@@ -64,23 +118,49 @@ void take_shard(self_ptr self, const CkptShard& r, caf::typed_response_promise<C
   for (const auto& f : r.files) rep.files.push_back({f.name, f.size, f.xxh64});
   const auto key = std::make_tuple(r.job_id, r.generation, r.step);
   s.ckpt_waiting[key].push_back(rp);
-  CkptCommitted out;
+  // The ranks waiting on this step hear the outcome; a generation that ended meanwhile was
+  // told already (drop_checkpoints).
+  auto answer = [self, key](const CkptCommitted& out) {
+    auto& s = self->state;
+    auto it = s.ckpt_waiting.find(key);
+    if (it == s.ckpt_waiting.end()) return;
+    for (auto& p : it->second) p.deliver(out);
+    s.ckpt_waiting.erase(it);
+  };
+  auto job = std::make_shared<CommitJob>();
+  job->job = r.job_id;
   try {
     auto ready = s.ckpt.add(r.job_id + "/" + std::to_string(r.generation), rep);
     if (!ready) return;
-    out.dir = checkpoint::commit(ready->root, ready->manifest, ready->keep);
-    out.ok = true;
-    s.st->checkpoint_committed(out.dir);
-    record_event(self, {{"event", "checkpoint"},
-                        {"job", r.job_id},
-                        {"generation", r.generation},
-                        {"step", r.step},
-                        {"dir", out.dir}});
+    job->ready = std::move(*ready);
   } catch (const std::exception& e) {
-    out.error = e.what();
+    answer(CkptCommitted{false, "", e.what()});
+    return;
   }
-  for (auto& p : s.ckpt_waiting[key]) p.deliver(out);
-  s.ckpt_waiting.erase(key);
+  const std::string id = r.job_id;
+  const int32_t generation = r.generation;
+  const int64_t step = r.step;
+  s.commits->begin(id);
+  self->request(s.committer, caf::infinite, job)
+      .then(
+          [self, answer, id, generation, step](const CommitJobPtr& done) {
+            CkptCommitted out;
+            out.ok = done->error.empty();
+            out.dir = done->dir;
+            out.error = done->error;
+            if (out.ok) {
+              self->state.st->checkpoint_committed(out.dir);
+              record_event(self, {{"event", "checkpoint"},
+                                  {"job", id},
+                                  {"generation", generation},
+                                  {"step", step},
+                                  {"dir", out.dir}});
+            }
+            answer(out);
+          },
+          [self, answer](caf::error& e) {
+            answer(CkptCommitted{false, "", "the checkpoint committer failed: " + self->system().render(e)});
+          });
 }
 
 // What rank `rank` of the job's current generation runs: its place in the generation's plan
@@ -246,6 +326,13 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
   self->state.opt = opt;
   self->state.st = std::make_unique<CoordinatorState>(opt.runs_dir, opt.protocol);
   self->state.st->set_default_hardware(opt.default_hardware);
+  self->state.committer = self->spawn<caf::detached + caf::linked>(committer_fn, self->state.commits);
+  self->state.st->set_before_checkpoint_pick([commits = self->state.commits](const std::string& job) {
+    if (!commits->wait(job, std::chrono::seconds(120)))
+      std::cerr << "troupe coordinator: job " << job
+                << ": a checkpoint commit still runs after 120 s; picking a checkpoint without it"
+                << std::endl;
+  });
   if (!opt.state_dir.empty()) {
     auto table = load_table_file(opt.state_dir);
     if (!table.is_null()) {

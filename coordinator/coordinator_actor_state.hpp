@@ -4,8 +4,11 @@
 // coordinator actor's sources include this.
 #pragma once
 
+#include <chrono>
+#include <condition_variable>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <tuple>
@@ -28,6 +31,24 @@ struct WorkerRef {
 };
 
 using RankKey = std::tuple<std::string, int32_t, int32_t>;  // (job, generation, rank)
+
+// Checkpoint commits (the manifest of every shard written and fsynced, the directory renamed,
+// old checkpoints pruned) run in the committer actor, on a thread of its own, so that a commit
+// of many shards never holds the coordinator's actor. A relaunch waits for its job's commits
+// before it picks a checkpoint: one in flight may rename or prune what it would pick, or the
+// directory the next generation writes into.
+class CommitsInFlight {
+ public:
+  void begin(const std::string& job);
+  void end(const std::string& job);
+  // False when the job's commits did not end within `timeout`.
+  bool wait(const std::string& job, std::chrono::milliseconds timeout);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, int> running_;
+};
 
 struct CoordActorState {
   std::unique_ptr<CoordinatorState> st;
@@ -56,6 +77,8 @@ struct CoordActorState {
   std::map<std::tuple<std::string, int32_t, int32_t>, std::string> lost_reasons;
   // Checkpoint reports per (job generation, step) until every rank has reported.
   checkpoint::CommitTracker ckpt;
+  caf::actor committer;  // runs checkpoint::commit (CommitsInFlight)
+  std::shared_ptr<CommitsInFlight> commits = std::make_shared<CommitsInFlight>();
   std::map<std::tuple<std::string, int32_t, int64_t>, std::vector<caf::typed_response_promise<CkptCommitted>>>
       ckpt_waiting;
   uint64_t ticks = 0;

@@ -376,6 +376,11 @@ class CoordinatorState {
       std::function<std::string(const std::string& root, std::vector<std::string>* skipped)> f) {
     find_checkpoint_ = std::move(f);
   }
+  // Called with a job's id before a relaunch picks its checkpoint: the coordinator actor waits
+  // there for the job's checkpoint commits still running off its thread.
+  void set_before_checkpoint_pick(std::function<void(const std::string& job)> f) {
+    before_checkpoint_pick_ = std::move(f);
+  }
 
   // ---- queries (the JSON views: coordinator/state_views.cpp)
   const Job* job(const std::string& job_id) const;
@@ -491,6 +496,7 @@ class CoordinatorState {
   // The checkpoints verified (each committed one on its own thread); the default finder's.
   std::shared_ptr<checkpoint::VerifiedCheckpoints> verified_;
   std::function<std::string(const std::string&, std::vector<std::string>*)> find_checkpoint_;
+  std::function<void(const std::string&)> before_checkpoint_pick_;
 };
 
 // The job table file under a state directory: written to a temporary file,

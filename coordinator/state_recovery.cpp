@@ -393,6 +393,7 @@ void CoordinatorState::choose_buddies(Job& job) {
 void CoordinatorState::relaunch_from_checkpoint(Job& job, const Layout& from,
                                                 const std::vector<DeviceRef>& devices, Actions* out) {
   std::vector<std::string> skipped;
+  if (before_checkpoint_pick_) before_checkpoint_pick_(job.id);
   std::string ckpt = find_checkpoint_(checkpoint_root(job), &skipped);
   for (const auto& s : skipped)
     out->events.push_back({{"event", "log"}, {"job", job.id}, {"message", "checkpoint skipped: " + s}});
