@@ -163,7 +163,8 @@ struct Engine::Impl {
   bool memory_snapshots() const;
   std::string memory_fingerprint() const;
   void take_memory_snapshot();
-  void restore_memory(int64_t step);
+  // `checked`: its checksum was just checked (a copy received from the buddy), not again.
+  void restore_memory(int64_t step, bool checked = false);
   void heal_from_replica(int root);
   // What a snapshot holds: every chunk's f32 parameters, and AdamW's m and v (its ZeRO part).
   int64_t state_bytes() const;

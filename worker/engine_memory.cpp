@@ -98,7 +98,7 @@ void Engine::Impl::resume_from_memory() {
                         std::to_string(BuddyRing{world_size(), asg.buddy_shift}.buddy(asg.rank))
                   : "sending a copy of a rank's state");
     buddy->heal(asg.heal_from_buddy, asg.heal_to_partner, step, state_bytes(), *asg.snapshots);
-    if (asg.heal_from_buddy) restore_memory(step);
+    if (asg.heal_from_buddy) restore_memory(step, /*checked=*/true);
   }
   if (asg.heal_root >= 0) heal_from_replica(asg.heal_root);
   TROUPE_CHECK(next_step == step, "no in-memory snapshot of step ", step, " here and none to receive");
@@ -132,7 +132,7 @@ void Engine::Impl::take_memory_snapshot() {
   if (buddy) buddy->offer(&s);
 }
 
-void Engine::Impl::restore_memory(int64_t step) {
+void Engine::Impl::restore_memory(int64_t step, bool checked) {
   const RankState* s = asg.snapshots ? asg.snapshots->find(step) : nullptr;
   TROUPE_CHECK(s != nullptr, "no in-memory snapshot of step ", step);
   TROUPE_CHECK(s->fingerprint == memory_fingerprint(), "the in-memory snapshot of step ", step,
@@ -140,7 +140,7 @@ void Engine::Impl::restore_memory(int64_t step) {
   TROUPE_CHECK(s->tensors.size() == stage_ptrs.size() + 2 * refs.size(), "in-memory snapshot: tensor count");
   // Its bytes as they were taken (the checksum was taken with the copy; a segment a buddy maps
   // is read-only to any other open, not to a stray write of this process).
-  if (state_checksum(*s) != s->checksum)
+  if (!checked && state_checksum(*s) != s->checksum)
     throw SnapshotCorrupt("the in-memory snapshot of rank " + std::to_string(asg.rank) + " of step " +
                           std::to_string(step) + " fails its checksum: not restored");
   size_t t = 0;

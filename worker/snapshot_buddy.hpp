@@ -70,9 +70,7 @@ class BuddyLink {
   int64_t confirmed() const { return confirmed_.load(); }
   // Any thread: an exchange in flight fails at once.
   void abort();
-  // Whether the buddy maps this rank's segment (its snapshots are not copied), and whether this
-  // rank maps its partner's (it holds no copy of its own); why not, when not.
-  bool shares_to_buddy() const { return to_shared_; }
+  // Whether this rank maps its partner's segment (it holds no copy of its own); why not, when not.
   bool maps_partner() const { return from_seg_ != nullptr; }
   const std::string& why_not_mapped() const { return map_why_; }
 
