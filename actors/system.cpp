@@ -1,36 +1,10 @@
 #include "actors/system.hpp"
 
-#include <dlfcn.h>
-#include <openssl/err.h>
-#include <openssl/ssl.h>
 #include <unistd.h>
 
 #include "actors/protocol.hpp"
+#include "actors/tls.hpp"
 #include "core/error.hpp"
-
-// CAF's OpenSSL session (0.17.6) reads SSL_get_error() after each SSL call
-// without clearing the thread's OpenSSL error queue first, and one multiplexer
-// thread serves every connection: an error left by one peer (a closed
-// connection, a stranger's failed handshake) made the next call on another,
-// healthy connection look failed, and CAF closed it. Measured: a worker that
-// exited after its abort took its agent's connection with it. OpenSSL requires
-// an empty queue before each I/O call; these definitions in the executable
-// take precedence over libssl's for libcaf_openssl and clear it, then call
-// libssl.
-extern "C" {
-#define TROUPE_SSL_CLEAN_CALL(ret, name, params, args)              \
-  ret name params {                                                 \
-    ERR_clear_error();                                              \
-    using Fn = ret(*) params;                                       \
-    static Fn real = reinterpret_cast<Fn>(dlsym(RTLD_NEXT, #name)); \
-    return real args;                                               \
-  }
-TROUPE_SSL_CLEAN_CALL(int, SSL_read, (SSL * s, void* buf, int n), (s, buf, n))
-TROUPE_SSL_CLEAN_CALL(int, SSL_write, (SSL * s, const void* buf, int n), (s, buf, n))
-TROUPE_SSL_CLEAN_CALL(int, SSL_connect, (SSL * s), (s))
-TROUPE_SSL_CLEAN_CALL(int, SSL_accept, (SSL * s), (s))
-#undef TROUPE_SSL_CLEAN_CALL
-}
 
 namespace troupe::actors {
 
@@ -52,11 +26,8 @@ NodeConfig::NodeConfig(const std::string& secret_file) {
   add_message_type<CkptCommitted>("troupe::CkptCommitted");
   add_message_type<std::vector<std::string>>("std::vector<std::string>");
   load<caf::io::middleman>();
-  load<caf::openssl::manager>();
   // One file is this node's certificate, its key and the only authority it trusts.
-  openssl_certificate = secret_file;
-  openssl_key = secret_file;
-  openssl_cafile = secret_file;
+  use_cluster_secret(*this, secret_file);
   set("middleman.heartbeat-interval", caf::timespan{kHeartbeatInterval});
   set("middleman.connection-timeout", caf::timespan{kConnectionTimeout});
   // Control traffic is light; two scheduler threads leave the cores to the engine.

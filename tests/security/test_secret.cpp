@@ -1,6 +1,8 @@
 // The cluster secret as a user meets it: `troupe secret init`, the checks every
 // node makes before it starts, and an agent that starts before its coordinator.
 #include <netinet/in.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 
@@ -51,6 +53,62 @@ TEST_CASE("secret: init writes a private secret and never overwrites one", "[sec
   // Two secrets differ.
   run_troupe("secret init " + dir + "/other.pem");
   CHECK(read_file(dir + "/other.pem") != first);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE(
+    "secret: a process parses its secret once for all its TLS connections and again when the file changes",
+    "[security]") {
+  const std::string dir = troupe::testing::temp_dir("secret_shared");
+  const std::string f = dir + "/cluster.pem";
+  actors::write_secret(f);
+  // The calls libcaf_openssl makes for each connection's context (actors/tls.hpp).
+  auto context = [](const std::string& cert, const std::string& key) {
+    SSL_CTX* ctx = SSL_CTX_new(TLS_method());
+    REQUIRE(ctx != nullptr);
+    const bool ok = SSL_CTX_use_certificate_chain_file(ctx, cert.c_str()) == 1 &&
+                    SSL_CTX_use_PrivateKey_file(ctx, key.c_str(), SSL_FILETYPE_PEM) == 1 &&
+                    SSL_CTX_load_verify_locations(ctx, cert.c_str(), nullptr) == 1;
+    return std::make_pair(std::unique_ptr<SSL_CTX, void (*)(SSL_CTX*)>(ctx, SSL_CTX_free), ok);
+  };
+  auto trusts = [](SSL_CTX* ctx, X509* cert) {
+    std::unique_ptr<X509_STORE_CTX, void (*)(X509_STORE_CTX*)> check(X509_STORE_CTX_new(),
+                                                                     X509_STORE_CTX_free);
+    return X509_STORE_CTX_init(check.get(), SSL_CTX_get_cert_store(ctx), cert, nullptr) == 1 &&
+           X509_verify_cert(check.get()) == 1;
+  };
+  auto [a, a_ok] = context(f, f);
+  auto [b, b_ok] = context(f, f);
+  REQUIRE(a_ok);
+  REQUIRE(b_ok);
+  CHECK(SSL_CTX_get0_certificate(a.get()) == SSL_CTX_get0_certificate(b.get()));
+  CHECK(SSL_CTX_get0_privatekey(a.get()) == SSL_CTX_get0_privatekey(b.get()));
+  CHECK(SSL_CTX_get_cert_store(a.get()) == SSL_CTX_get_cert_store(b.get()));
+  CHECK(SSL_CTX_check_private_key(b.get()) == 1);
+  CHECK(trusts(b.get(), SSL_CTX_get0_certificate(a.get())));
+  // A connection holds no buffers while it has nothing buffered.
+  std::unique_ptr<SSL, void (*)(SSL*)> conn(SSL_new(b.get()), SSL_free);
+  REQUIRE(conn != nullptr);
+  CHECK((SSL_get_mode(conn.get()) & SSL_MODE_RELEASE_BUFFERS) != 0);
+
+  // A new secret in the same file is read again, and the old one is no longer trusted.
+  std::filesystem::remove(f);
+  actors::write_secret(f);
+  auto [c, c_ok] = context(f, f);
+  REQUIRE(c_ok);
+  CHECK(X509_cmp(SSL_CTX_get0_certificate(c.get()), SSL_CTX_get0_certificate(a.get())) != 0);
+  CHECK(!trusts(c.get(), SSL_CTX_get0_certificate(a.get())));
+  CHECK(trusts(c.get(), SSL_CTX_get0_certificate(c.get())));
+  // The contexts made before keep what they were made with.
+  CHECK(SSL_CTX_check_private_key(a.get()) == 1);
+
+  // Refused as libssl refuses: a key that is not the certificate's, a file that is not there.
+  const std::string other = dir + "/other.pem";
+  actors::write_secret(other);
+  auto [d, d_ok] = context(f, other);
+  CHECK(!d_ok);
+  auto [e, e_ok] = context(dir + "/absent.pem", dir + "/absent.pem");
+  CHECK(!e_ok);
   std::filesystem::remove_all(dir);
 }
 

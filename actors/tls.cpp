@@ -1,0 +1,215 @@
+#include "actors/tls.hpp"
+
+#include <dlfcn.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+#include <sys/stat.h>
+
+#include <caf/actor_system_config.hpp>
+#include <caf/openssl/manager.hpp>
+#include <map>
+#include <mutex>
+#include <utility>
+
+// Definitions in the executable take precedence over libssl's for libcaf_openssl (and for
+// any other caller in this process); each does what libssl's does, then calls it or hands
+// the context objects libssl would have made from the same bytes.
+namespace {
+
+template <class Fn>
+Fn libssl(const char* name) {
+  return reinterpret_cast<Fn>(dlsym(RTLD_NEXT, name));
+}
+
+// What identifies a file's contents without reading it: a file rewritten or replaced (a new
+// secret) is parsed again.
+struct FileId {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  off_t size = 0;
+  timespec mtime{}, ctime{};
+
+  bool operator==(const FileId& o) const {
+    return dev == o.dev && ino == o.ino && size == o.size && mtime.tv_sec == o.mtime.tv_sec &&
+           mtime.tv_nsec == o.mtime.tv_nsec && ctime.tv_sec == o.ctime.tv_sec &&
+           ctime.tv_nsec == o.ctime.tv_nsec;
+  }
+};
+
+bool identify(const char* path, FileId* id) {
+  struct stat st {};
+  if (::stat(path, &st) != 0 || !S_ISREG(st.st_mode)) return false;
+  *id = {st.st_dev, st.st_ino, st.st_size, st.st_mtim, st.st_ctim};
+  return true;
+}
+
+enum class Kind { chain, key, trust };
+
+// One file's parsed objects, each holding a reference of its own; contexts take more.
+struct Parsed {
+  FileId id;
+  X509* cert = nullptr;
+  STACK_OF(X509) * chain = nullptr;
+  EVP_PKEY* key = nullptr;
+  X509_STORE* store = nullptr;
+
+  Parsed() = default;
+  Parsed(const Parsed&) = delete;
+  Parsed& operator=(const Parsed&) = delete;
+  ~Parsed() {
+    X509_free(cert);
+    sk_X509_pop_free(chain, X509_free);
+    EVP_PKEY_free(key);
+    X509_STORE_free(store);
+  }
+};
+
+// A process names one or two secret files; more than kMaxFiles entries means files keep
+// changing, and the oldest are forgotten (contexts keep the references they took).
+constexpr size_t kMaxFiles = 16;
+std::mutex cache_mutex;
+std::map<std::pair<Kind, std::string>, std::shared_ptr<const Parsed>>& cache() {
+  static auto* files = new std::map<std::pair<Kind, std::string>, std::shared_ptr<const Parsed>>;
+  return *files;
+}
+
+// The parsed objects of `path` for `kind`: from the cache while the file is unchanged, else
+// loaded by libssl's own `load` into a scratch context and taken from it. Null when the file
+// cannot be identified or loaded, or changed while it was read: the caller then lets libssl
+// load it into the caller's context, errors and all.
+template <class Load, class Take>
+std::shared_ptr<const Parsed> parsed(Kind kind, const char* path, Load load, Take take) {
+  FileId before;
+  if (path == nullptr || !identify(path, &before)) return nullptr;
+  const auto key = std::make_pair(kind, std::string(path));
+  {
+    std::lock_guard<std::mutex> lock(cache_mutex);
+    auto it = cache().find(key);
+    if (it != cache().end() && it->second->id == before) return it->second;
+  }
+  SSL_CTX* scratch = SSL_CTX_new(TLS_method());
+  if (scratch == nullptr) return nullptr;
+  auto fresh = std::make_shared<Parsed>();
+  fresh->id = before;
+  const bool ok = load(scratch, path) == 1 && take(scratch, fresh.get());
+  SSL_CTX_free(scratch);
+  FileId after;
+  if (!ok || !identify(path, &after) || !(after == before)) {
+    ERR_clear_error();
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lock(cache_mutex);
+  if (cache().size() >= kMaxFiles) cache().clear();
+  cache()[key] = fresh;
+  return fresh;
+}
+
+// A context whose key is protected by a passphrase reads it through its callback: loaded by
+// libssl every time, as asked.
+bool has_passphrase(SSL_CTX* ctx) { return SSL_CTX_get_default_passwd_cb(ctx) != nullptr; }
+
+}  // namespace
+
+extern "C" {
+
+// OpenSSL requires an empty error queue before each I/O call; CAF 0.17.6 reads
+// SSL_get_error() after each without clearing it first, and one multiplexer thread serves
+// every connection: an error left by one peer (a closed connection, a stranger's failed
+// handshake) made the next call on another, healthy connection look failed, and CAF closed
+// it. Measured: a worker that exited after its abort took its agent's connection with it.
+#define TROUPE_SSL_CLEAN_CALL(ret, name, params, args) \
+  ret name params {                                    \
+    ERR_clear_error();                                 \
+    using Fn = ret(*) params;                          \
+    static Fn real = libssl<Fn>(#name);                \
+    return real args;                                  \
+  }
+TROUPE_SSL_CLEAN_CALL(int, SSL_read, (SSL * s, void* buf, int n), (s, buf, n))
+TROUPE_SSL_CLEAN_CALL(int, SSL_write, (SSL * s, const void* buf, int n), (s, buf, n))
+TROUPE_SSL_CLEAN_CALL(int, SSL_connect, (SSL * s), (s))
+TROUPE_SSL_CLEAN_CALL(int, SSL_accept, (SSL * s), (s))
+#undef TROUPE_SSL_CLEAN_CALL
+
+SSL* SSL_new(SSL_CTX* ctx) {
+  static auto real = libssl<SSL* (*)(SSL_CTX*)>("SSL_new");
+  SSL* s = real(ctx);
+  if (s != nullptr) SSL_set_mode(s, SSL_MODE_RELEASE_BUFFERS);
+  return s;
+}
+
+int SSL_CTX_use_certificate_chain_file(SSL_CTX* ctx, const char* file) {
+  using Fn = int (*)(SSL_CTX*, const char*);
+  static auto real = libssl<Fn>("SSL_CTX_use_certificate_chain_file");
+  if (ctx == nullptr || has_passphrase(ctx)) return real(ctx, file);
+  auto p = parsed(Kind::chain, file, real, [](SSL_CTX* scratch, Parsed* out) {
+    X509* cert = SSL_CTX_get0_certificate(scratch);
+    if (cert == nullptr || X509_up_ref(cert) != 1) return false;
+    out->cert = cert;
+    STACK_OF(X509)* chain = nullptr;
+    SSL_CTX_get0_chain_certs(scratch, &chain);
+    if (chain != nullptr && sk_X509_num(chain) > 0) {
+      out->chain = X509_chain_up_ref(chain);
+      if (out->chain == nullptr) return false;
+    }
+    return true;
+  });
+  if (p == nullptr) return real(ctx, file);
+  // As libssl does: the certificate, then this chain in place of any other.
+  if (SSL_CTX_use_certificate(ctx, p->cert) != 1) return 0;
+  return p->chain != nullptr ? static_cast<int>(SSL_CTX_set1_chain(ctx, p->chain))
+                             : static_cast<int>(SSL_CTX_clear_chain_certs(ctx));
+}
+
+int SSL_CTX_use_PrivateKey_file(SSL_CTX* ctx, const char* file, int type) {
+  using Fn = int (*)(SSL_CTX*, const char*, int);
+  static auto real = libssl<Fn>("SSL_CTX_use_PrivateKey_file");
+  if (ctx == nullptr || type != SSL_FILETYPE_PEM || has_passphrase(ctx)) return real(ctx, file, type);
+  auto p = parsed(
+      Kind::key, file,
+      [](SSL_CTX* scratch, const char* path) { return real(scratch, path, SSL_FILETYPE_PEM); },
+      [](SSL_CTX* scratch, Parsed* out) {
+        EVP_PKEY* key = SSL_CTX_get0_privatekey(scratch);
+        if (key == nullptr || EVP_PKEY_up_ref(key) != 1) return false;
+        out->key = key;
+        return true;
+      });
+  if (p == nullptr) return real(ctx, file, type);
+  // Checked against the context's certificate as libssl checks it.
+  return SSL_CTX_use_PrivateKey(ctx, p->key);
+}
+
+int SSL_CTX_load_verify_locations(SSL_CTX* ctx, const char* cafile, const char* capath) {
+  using Fn = int (*)(SSL_CTX*, const char*, const char*);
+  static auto real = libssl<Fn>("SSL_CTX_load_verify_locations");
+  // libssl adds to the context's store; the shared store stands in only for an empty one,
+  // and a directory (looked up lazily, per certificate) is always libssl's.
+  X509_STORE* current = ctx != nullptr ? SSL_CTX_get_cert_store(ctx) : nullptr;
+  if (current == nullptr || cafile == nullptr || capath != nullptr ||
+      sk_X509_OBJECT_num(X509_STORE_get0_objects(current)) != 0)
+    return real(ctx, cafile, capath);
+  auto p = parsed(
+      Kind::trust, cafile, [](SSL_CTX* scratch, const char* path) { return real(scratch, path, nullptr); },
+      [](SSL_CTX* scratch, Parsed* out) {
+        X509_STORE* store = SSL_CTX_get_cert_store(scratch);
+        if (store == nullptr || X509_STORE_up_ref(store) != 1) return false;
+        out->store = store;
+        return true;
+      });
+  if (p == nullptr) return real(ctx, cafile, capath);
+  SSL_CTX_set1_cert_store(ctx, p->store);
+  return 1;
+}
+
+}  // extern "C"
+
+namespace troupe::actors {
+
+void use_cluster_secret(caf::actor_system_config& cfg, const std::string& secret_file) {
+  cfg.load<caf::openssl::manager>();
+  cfg.openssl_certificate = secret_file;
+  cfg.openssl_key = secret_file;
+  cfg.openssl_cafile = secret_file;
+}
+
+}  // namespace troupe::actors
