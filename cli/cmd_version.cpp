@@ -11,6 +11,7 @@
 #include "kernels/cpu/gemm_dispatch.hpp"
 #include "kernels/cpu/gemm_half.hpp"
 #include "kernels/cpu/kernels.hpp"
+#include "kernels/cuda_backend.hpp"
 
 namespace troupe::cli {
 
@@ -56,6 +57,16 @@ void print_bench() {
               file.empty() ? "(nowhere: TROUPE_GEMM_CACHE)" : file.c_str());
 }
 
+// Whether the CUDA backend is built and loads here (kernels/cuda_backend.hpp), and its devices.
+std::string cuda_line() {
+  if (!kHaveCuda) return "not built";
+  std::string why;
+  const kernels::CudaBackend* cuda = kernels::cuda_backend(&why);
+  if (cuda == nullptr) return "built, but it does not load: " + why;
+  const int n = cuda->device_count(&why);
+  return "built, loads; " + std::to_string(n) + " device" + (n == 1 ? "" : "s") + (n == 0 ? ": " + why : "");
+}
+
 }  // namespace
 
 void add_version_command(CLI::App& app, int* exit_code) {
@@ -74,7 +85,7 @@ void add_version_command(CLI::App& app, int* exit_code) {
     }
     std::cout << "troupe " << kVersion << "\n"
               << "  cpu:       " << cpu << "\n"
-              << "  cuda/nccl: " << (kHaveCuda ? "built" : "not built") << "\n"
+              << "  cuda/nccl: " << cuda_line() << "\n"
               << "  cpu gemm:  " << kc::gemm_backend() << "\n"
               << "  bf16 gemm: " << kc::half_gemm_description(DType::bf16) << "\n"
               << "  fp16 gemm: " << kc::half_gemm_description(DType::f16) << "\n"

@@ -8,9 +8,7 @@
 
 #include "comm/gloo/gloo_comm.hpp"
 #include "comm/local/local_comm.hpp"
-#if TROUPE_HAVE_NCCL
-#include "comm/nccl/nccl_comm.hpp"
-#endif
+#include "kernels/cuda_backend.hpp"
 
 namespace troupe::comm {
 
@@ -231,10 +229,7 @@ std::unique_ptr<Communicator> Communicator::new_group(const std::vector<int>& ra
 
 bool backend_available(const std::string& backend) {
   if (backend == "local" || backend == "gloo") return true;
-#if TROUPE_HAVE_NCCL
-  if (backend == "nccl") return true;
-#endif
-  return false;
+  return backend == "nccl" && kernels::cuda_built();
 }
 
 std::unique_ptr<Communicator> make_communicator(const CommConfig& cfg) {
@@ -243,15 +238,15 @@ std::unique_ptr<Communicator> make_communicator(const CommConfig& cfg) {
                                                     " outside a group of size " + std::to_string(cfg.size));
   if (cfg.backend == "local") return make_local_communicator(cfg);
   if (cfg.backend == "gloo") return make_gloo_communicator(cfg);
-#if TROUPE_HAVE_NCCL
-  if (cfg.backend == "nccl") return make_nccl_communicator(cfg);
-#endif
+  if (cfg.backend == "nccl" && kernels::cuda_built()) {
+    std::string why;
+    const kernels::CudaBackend* cuda = kernels::cuda_backend(&why);
+    if (cuda == nullptr) throw CommError(CommErrc::invalid_argument, "make_communicator: nccl: " + why);
+    return cuda->make_nccl_communicator(cfg);
+  }
   throw CommError(CommErrc::invalid_argument, "make_communicator: backend '" + cfg.backend +
                                                   "' is unknown or not built in (local, gloo" +
-#if TROUPE_HAVE_NCCL
-                                                  ", nccl" +
-#endif
-                                                  std::string(")"));
+                                                  std::string(kernels::cuda_built() ? ", nccl" : "") + ")");
 }
 
 }  // namespace troupe::comm

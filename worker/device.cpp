@@ -3,83 +3,84 @@
 #include <filesystem>
 
 #include "core/error.hpp"
-
-#ifdef TROUPE_HAVE_CUDA_KERNELS
-#include "kernels/cuda/cuda.hpp"
-#endif
+#include "kernels/cuda_backend.hpp"
 
 namespace troupe::worker {
 
-bool have_cuda_kernels() {
-#ifdef TROUPE_HAVE_CUDA_KERNELS
-  return true;
-#else
-  return false;
-#endif
-}
+namespace {
 
-int local_gpu_count(std::string* why) {
-#ifdef TROUPE_HAVE_CUDA_KERNELS
-  return kernels::cuda::device_count(why);
-#else
+// GPUs the NVIDIA driver has, from /proc: no library loaded to know that there are none.
+int driver_gpu_count() {
   int n = 0;
   std::error_code ec;
   for (auto it = std::filesystem::directory_iterator("/proc/driver/nvidia/gpus", ec);
        !ec && it != std::filesystem::directory_iterator(); ++it)
     ++n;
-  if (n == 0 && why != nullptr) *why = "no NVIDIA GPU in /proc/driver/nvidia/gpus";
   return n;
-#endif
+}
+
+// The backend a resources.device: cuda job runs on; throws with the reason there is none.
+const kernels::CudaBackend& backend() {
+  std::string why;
+  const kernels::CudaBackend* b = kernels::cuda_backend(&why);
+  if (b == nullptr) throw Error("resources.device: cuda: " + why);
+  return *b;
+}
+
+}  // namespace
+
+bool have_cuda_kernels() { return kernels::cuda_built(); }
+
+int local_gpu_count(std::string* why) {
+  // Without a GPU in the driver's list, or without the CUDA backend, that list is the answer:
+  // the CUDA libraries are not loaded to say that there is none.
+  const int in_driver = driver_gpu_count();
+  if (in_driver == 0 || !kernels::cuda_built()) {
+    if (in_driver == 0 && why != nullptr) *why = "no NVIDIA GPU in /proc/driver/nvidia/gpus";
+    return in_driver;
+  }
+  std::string load_why;
+  const kernels::CudaBackend* b = kernels::cuda_backend(&load_why);
+  if (b == nullptr) {
+    if (why != nullptr) *why = load_why;
+    return 0;
+  }
+  return b->device_count(why);
 }
 
 model::DeviceContext device_context(DeviceKind kind, int index, DType compute_dtype) {
   model::DeviceContext ctx = model::DeviceContext::cpu();
   ctx.compute_dtype = compute_dtype;
   if (kind == DeviceKind::cpu) return ctx;
-#ifdef TROUPE_HAVE_CUDA_KERNELS
+  if (!kernels::cuda_built())
+    throw Error(
+        "resources.device: cuda: this build has no CUDA kernels (it was configured without nvcc and NCCL; "
+        "docs/gpu.md says how to build them)");
+  const kernels::CudaBackend& cuda = backend();
   std::string why;
-  const int n = kernels::cuda::device_count(&why);
+  const int n = cuda.device_count(&why);
   require(index >= 0 && index < n, "resources.device: cuda: no CUDA device ", index, " in this process (", n,
           " visible", n == 0 ? ": " + why : std::string(), ")");
-  kernels::cuda::set_device(index);
-  kernels::cuda::install();
+  cuda.set_device(index);
+  cuda.install();
   ctx.device = Device::cuda;
-  ctx.kernels = &kernels::cuda_kernels();
-  ctx.alloc = &kernels::cuda::allocator();
-  ctx.stream = kernels::cuda::current_stream();
+  ctx.kernels = &cuda.kernels();
+  ctx.alloc = &cuda.allocator();
+  ctx.stream = cuda.current_stream();
   ctx.validate();
   return ctx;
-#else
-  (void)index;
-  throw Error(
-      "resources.device: cuda: this build has no CUDA kernels (it was configured without nvcc and NCCL; "
-      "docs/gpu.md says how to build them)");
-#endif
 }
 
 void use_device(DeviceKind kind, int index) {
-#ifdef TROUPE_HAVE_CUDA_KERNELS
-  if (kind == DeviceKind::cuda) kernels::cuda::set_device(index);
-#else
-  (void)kind;
-  (void)index;
-#endif
+  if (kind == DeviceKind::cuda) backend().set_device(index);
 }
 
 void synchronize(DeviceKind kind) {
-#ifdef TROUPE_HAVE_CUDA_KERNELS
-  if (kind == DeviceKind::cuda) kernels::cuda::synchronize();
-#else
-  (void)kind;
-#endif
+  if (kind == DeviceKind::cuda) backend().synchronize();
 }
 
 Allocator& staging_allocator(DeviceKind kind) {
-#ifdef TROUPE_HAVE_CUDA_KERNELS
-  if (kind == DeviceKind::cuda) return kernels::cuda::pinned_allocator();
-#else
-  (void)kind;
-#endif
+  if (kind == DeviceKind::cuda) return backend().pinned_allocator();
   return cpu_allocator();
 }
 

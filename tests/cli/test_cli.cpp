@@ -188,6 +188,36 @@ TEST_CASE("cli: a model no known device can hold is refused by validate and run,
   fs::remove_all(dir);
 }
 
+TEST_CASE("cli: the CUDA backend is a library loaded on first use, and one that does not load is named",
+          "[cli]") {
+  const Result v = cli("version");
+  REQUIRE(v.code == 0);
+  if (!troupe::build_has_cuda()) {
+    CHECK(v.out.find("cuda/nccl: not built") != std::string::npos);
+    return;
+  }
+  // The executable maps no CUDA library when it starts (ldd: what the loader maps then).
+  const auto ldd = troupe::testing::run_command(std::string("ldd ") + TROUPE_BINARY_DIR + "/troupe");
+  REQUIRE(ldd.code == 0);
+  for (const char* lib : {"libcudart", "libcublas", "libnccl"}) {
+    INFO(lib);
+    CHECK(ldd.out.find(lib) == std::string::npos);
+  }
+  // It loads the library built next to it, which finds the rest of troupe in the executable ...
+  CHECK(v.out.find("cuda/nccl: built, loads; ") != std::string::npos);
+  // ... and names one that is missing or is not a troupe backend.
+  const auto missing =
+      troupe::testing::run_troupe("version", "TROUPE_CUDA_LIBRARY=/nonexistent/libtroupe_cuda.so");
+  CHECK(missing.code == 0);
+  CHECK(missing.out.find("does not load: cannot load the CUDA backend /nonexistent/libtroupe_cuda.so") !=
+        std::string::npos);
+  const std::string foreign = "/lib/x86_64-linux-gnu/libz.so.1";
+  if (std::filesystem::exists(foreign)) {
+    const auto other = troupe::testing::run_troupe("version", "TROUPE_CUDA_LIBRARY=" + foreign);
+    CHECK(other.out.find(foreign + " is not a troupe CUDA backend") != std::string::npos);
+  }
+}
+
 TEST_CASE("cli: cuda with a tensor group, or on a host without a GPU, is refused and starts nothing",
           "[cli]") {
   const std::string dir = temp_dir("unrunnable");
