@@ -12,7 +12,8 @@
 #                                          $OUT/gpu-check.log when $OUT is set, else
 #                                          gpu-check.log); exit 0 only when all passed
 #
-# Each binary runs under a timeout (120 + 60 + 120 s of tests, 150 + 200 s of benchmark: under
+# `troupe version` checks that the executable loads its CUDA backend (libtroupe_cuda.so, carried
+# beside it) and sees the GPU. Each binary runs under a timeout (120 + 60 + 120 s of tests, 150 + 200 s of benchmark: under
 # 11 minutes at the very worst; the tests take well under their limits, so a run fits 8). The CUDA libraries are not carried
 # (libcublasLt and libnccl are hundreds of MB): the run looks for them in /usr/local/cuda and
 # in the site-packages of python3 (nvidia/*/lib, torch/lib), and says which it took.
@@ -22,7 +23,7 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 bundle_dir="$root/build-gpu"
 bundle="$bundle_dir/troupe-gpu.tar.xz"
-binaries=(tests/kernels/test_kernels_cuda tests/comm/test_comm tests/engine/test_engine_cuda bench/gpu_throughput)
+binaries=(tests/kernels/test_kernels_cuda tests/comm/test_comm tests/engine/test_engine_cuda bench/gpu_throughput troupe)
 
 # Libraries the GPU machine has, of its own and newer: never carried.
 system_lib='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libcuda\.so|libcudart\.so|libcublas\.so|libcublasLt\.so|libnccl\.so|libnvidia)'
@@ -32,13 +33,14 @@ do_bundle() {
   [ -f "$build/CMakeCache.txt" ] || { echo "gpu-check: configure first (bash scripts/setup.sh)" >&2; exit 2; }
   grep -q '^TROUPE_CUDA:STRING=OFF' "$build/CMakeCache.txt" &&
     { echo "gpu-check: build/ is configured with TROUPE_CUDA=OFF" >&2; exit 2; }
-  cmake --build "$build" -j "$(nproc)" --target test_kernels_cuda test_comm test_engine_cuda gpu_throughput
+  cmake --build "$build" -j "$(nproc)" --target test_kernels_cuda test_comm test_engine_cuda gpu_throughput troupe
   local stage
   stage=$(mktemp -d)
   trap 'rm -rf "$stage"' RETURN
   mkdir -p "$stage/bin" "$stage/lib"
-  for b in "${binaries[@]}"; do
-    [ -x "$build/$b" ] || { echo "gpu-check: $build/$b was not built (does this build have CUDA?)" >&2; exit 2; }
+  # The troupe executable loads its CUDA backend from beside itself (kernels/cuda_backend.hpp).
+  for b in "${binaries[@]}" libtroupe_cuda.so; do
+    [ -e "$build/$b" ] || { echo "gpu-check: $build/$b was not built (does this build have CUDA?)" >&2; exit 2; }
     cp "$build/$b" "$stage/bin/"
     # Each resolved dependency that is not the GPU machine's own: copied, links followed.
     ldd "$build/$b" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | while read -r name path; do
@@ -95,6 +97,15 @@ do_run() {
     fi
     case "$(basename "$b")" in
       gpu_throughput) continue ;;  # after the tests
+      libtroupe_cuda.so) continue ;;
+      troupe)
+        # The executable links no CUDA library; it loads its backend and counts the GPUs.
+        echo "== troupe version (its CUDA backend loaded from beside it)"
+        local version
+        version=$(timeout 60 "$b" version 2>&1) || failed=1
+        echo "$version"
+        echo "$version" | grep -q 'cuda/nccl: built, loads; [1-9]' || { echo "== troupe: no GPU through its backend"; failed=1; }
+        continue ;;
       test_kernels_cuda) limit=120 ;;
       test_comm) limit=60 ;;
       *) limit=120 ;;
