@@ -9,7 +9,7 @@ namespace troupe::worker {
 
 namespace {
 
-// GPUs the NVIDIA driver has, from /proc: no library loaded to know that there are none.
+// GPUs the NVIDIA driver lists in /proc: no library loaded to know that there are none.
 int driver_gpu_count() {
   int n = 0;
   std::error_code ec;
@@ -17,6 +17,13 @@ int driver_gpu_count() {
        !ec && it != std::filesystem::directory_iterator(); ++it)
     ++n;
   return n;
+}
+
+// Whether this host may have an NVIDIA GPU that /proc does not list (a container's device
+// nodes, WSL's /dev/dxg): then only the CUDA runtime can say.
+bool gpu_device_nodes() {
+  std::error_code ec;
+  return std::filesystem::exists("/dev/nvidiactl", ec) || std::filesystem::exists("/dev/dxg", ec);
 }
 
 // The backend a resources.device: cuda job runs on; throws with the reason there is none.
@@ -32,11 +39,13 @@ const kernels::CudaBackend& backend() {
 bool have_cuda_kernels() { return kernels::cuda_built(); }
 
 int local_gpu_count(std::string* why) {
-  // Without a GPU in the driver's list, or without the CUDA backend, that list is the answer:
-  // the CUDA libraries are not loaded to say that there is none.
+  // Without the CUDA backend the driver's list is the answer; with it, the CUDA runtime is,
+  // unless there is no sign of an NVIDIA GPU at all: the CUDA libraries are not loaded to
+  // say that there is none.
   const int in_driver = driver_gpu_count();
-  if (in_driver == 0 || !kernels::cuda_built()) {
-    if (in_driver == 0 && why != nullptr) *why = "no NVIDIA GPU in /proc/driver/nvidia/gpus";
+  if (!kernels::cuda_built() || (in_driver == 0 && !gpu_device_nodes())) {
+    if (in_driver == 0 && why != nullptr)
+      *why = "no NVIDIA GPU here (none in /proc/driver/nvidia/gpus, no /dev/nvidiactl)";
     return in_driver;
   }
   std::string load_why;
