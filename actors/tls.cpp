@@ -1,15 +1,20 @@
 #include "actors/tls.hpp"
 
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <caf/actor_system_config.hpp>
 #include <caf/openssl/manager.hpp>
+#include <cerrno>
 #include <map>
 #include <mutex>
+#include <set>
+#include <string>
 #include <utility>
 
 // Definitions in the executable take precedence over libssl's for libcaf_openssl (and for
@@ -22,33 +27,36 @@ Fn libssl(const char* name) {
   return reinterpret_cast<Fn>(dlsym(RTLD_NEXT, name));
 }
 
-// What identifies a file's contents without reading it: a file rewritten or replaced (a new
-// secret) is parsed again.
-struct FileId {
-  dev_t dev = 0;
-  ino_t ino = 0;
-  off_t size = 0;
-  timespec mtime{}, ctime{};
-
-  bool operator==(const FileId& o) const {
-    return dev == o.dev && ino == o.ino && size == o.size && mtime.tv_sec == o.mtime.tv_sec &&
-           mtime.tv_nsec == o.mtime.tv_nsec && ctime.tv_sec == o.ctime.tv_sec &&
-           ctime.tv_nsec == o.ctime.tv_nsec;
-  }
-};
-
-bool identify(const char* path, FileId* id) {
+// A file's bytes, read without blocking (a FIFO or a device is not a file to parse) and
+// bounded: a secret is a few KiB. False when it cannot be read, is not a regular file or is
+// larger: the caller then leaves it to libssl.
+constexpr off_t kMaxFileBytes = 1 << 20;
+bool read_bytes(const char* path, std::string* out) {
+  const int fd = ::open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  if (fd < 0) return false;
   struct stat st {};
-  if (::stat(path, &st) != 0 || !S_ISREG(st.st_mode)) return false;
-  *id = {st.st_dev, st.st_ino, st.st_size, st.st_mtim, st.st_ctim};
-  return true;
+  bool ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size <= kMaxFileBytes;
+  out->clear();
+  char buf[4096];
+  while (ok) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ok = n == 0;
+      break;
+    }
+    out->append(buf, static_cast<size_t>(n));
+    ok = out->size() <= static_cast<size_t>(kMaxFileBytes);
+  }
+  ::close(fd);
+  return ok;
 }
 
 enum class Kind { chain, key, trust };
 
 // One file's parsed objects, each holding a reference of its own; contexts take more.
 struct Parsed {
-  FileId id;
+  std::string bytes;  // what they were parsed from
   X509* cert = nullptr;
   STACK_OF(X509) * chain = nullptr;
   EVP_PKEY* key = nullptr;
@@ -74,40 +82,48 @@ std::map<std::pair<Kind, std::string>, std::shared_ptr<const Parsed>>& cache() {
   return *files;
 }
 
-// The parsed objects of `path` for `kind`: from the cache while the file is unchanged, else
-// loaded by libssl's own `load` into a scratch context and taken from it. Null when the file
-// cannot be identified or loaded, or changed while it was read: the caller then lets libssl
-// load it into the caller's context, errors and all.
+// The trust stores handed out: shared by every context configured from their file.
+std::set<const X509_STORE*>& shared_stores() {
+  static auto* stores = new std::set<const X509_STORE*>;
+  return *stores;
+}
+
+// The parsed objects of `path` for `kind`: from the cache while the file holds the same bytes,
+// else loaded by libssl's own `load` into a scratch context and taken from it. Null when the
+// file cannot be read or loaded, or changed while it was: the caller then lets libssl load it
+// into the caller's context, errors and all. The error queue is as it was on return.
 template <class Load, class Take>
 std::shared_ptr<const Parsed> parsed(Kind kind, const char* path, Load load, Take take) {
-  FileId before;
-  if (path == nullptr || !identify(path, &before)) return nullptr;
+  std::string before;
+  if (path == nullptr || !read_bytes(path, &before)) return nullptr;
   const auto key = std::make_pair(kind, std::string(path));
   {
     std::lock_guard<std::mutex> lock(cache_mutex);
     auto it = cache().find(key);
-    if (it != cache().end() && it->second->id == before) return it->second;
+    if (it != cache().end() && it->second->bytes == before) return it->second;
   }
+  ERR_set_mark();
   SSL_CTX* scratch = SSL_CTX_new(TLS_method());
-  if (scratch == nullptr) return nullptr;
   auto fresh = std::make_shared<Parsed>();
-  fresh->id = before;
-  const bool ok = load(scratch, path) == 1 && take(scratch, fresh.get());
+  const bool ok = scratch != nullptr && load(scratch, path) == 1 && take(scratch, fresh.get());
   SSL_CTX_free(scratch);
-  FileId after;
-  if (!ok || !identify(path, &after) || !(after == before)) {
-    ERR_clear_error();
-    return nullptr;
-  }
+  ERR_pop_to_mark();
+  std::string after;
+  if (!ok || !read_bytes(path, &after) || after != before) return nullptr;
+  fresh->bytes = std::move(before);
   std::lock_guard<std::mutex> lock(cache_mutex);
   if (cache().size() >= kMaxFiles) cache().clear();
+  if (fresh->store != nullptr) shared_stores().insert(fresh->store);
   cache()[key] = fresh;
   return fresh;
 }
 
-// A context whose key is protected by a passphrase reads it through its callback: loaded by
-// libssl every time, as asked.
-bool has_passphrase(SSL_CTX* ctx) { return SSL_CTX_get_default_passwd_cb(ctx) != nullptr; }
+// A context whose key is protected by a passphrase reads it through its callback, or the
+// default callback reads the userdata as the passphrase: loaded by libssl every time, as asked.
+bool has_passphrase(SSL_CTX* ctx) {
+  return SSL_CTX_get_default_passwd_cb(ctx) != nullptr ||
+         SSL_CTX_get_default_passwd_cb_userdata(ctx) != nullptr;
+}
 
 }  // namespace
 
@@ -183,8 +199,25 @@ int SSL_CTX_load_verify_locations(SSL_CTX* ctx, const char* cafile, const char* 
   using Fn = int (*)(SSL_CTX*, const char*, const char*);
   static auto real = libssl<Fn>("SSL_CTX_load_verify_locations");
   // libssl adds to the context's store; the shared store stands in only for an empty one,
-  // and a directory (looked up lazily, per certificate) is always libssl's.
+  // and a directory (looked up lazily, per certificate) is always libssl's. A context that
+  // holds a shared store and is given more authorities gets a copy of its own first: what
+  // one context trusts is never added to another's.
   X509_STORE* current = ctx != nullptr ? SSL_CTX_get_cert_store(ctx) : nullptr;
+  bool shared = false;
+  if (current != nullptr) {
+    std::lock_guard<std::mutex> lock(cache_mutex);
+    shared = shared_stores().count(current) != 0;
+  }
+  if (shared) {
+    X509_STORE* own = X509_STORE_new();
+    if (own == nullptr) return 0;
+    STACK_OF(X509)* certs = X509_STORE_get1_all_certs(current);
+    for (int i = 0; certs != nullptr && i < sk_X509_num(certs); ++i)
+      X509_STORE_add_cert(own, sk_X509_value(certs, i));
+    sk_X509_pop_free(certs, X509_free);
+    SSL_CTX_set_cert_store(ctx, own);  // takes `own`, lets go of the shared one
+    return real(ctx, cafile, capath);
+  }
   if (current == nullptr || cafile == nullptr || capath != nullptr ||
       sk_X509_OBJECT_num(X509_STORE_get0_objects(current)) != 0)
     return real(ctx, cafile, capath);

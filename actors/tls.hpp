@@ -6,8 +6,10 @@
 // * CAF builds a new SSL_CTX for every connection and loads the certificate, the key and
 //   the trust store into it from the files: about 2 ms of CPU and 25 KiB per connection on
 //   either side, paid again at every launch and by every stranger's handshake. The files
-//   are parsed once per process instead (again when a file changes on disk) and each
-//   connection's context shares the parsed objects.
+//   are parsed once per process instead (again when a file's bytes change) and each
+//   connection's context shares the parsed objects. A context that is given more
+//   authorities gets a trust store of its own first; one changed through
+//   SSL_CTX_get_cert_store() would change the shared one (CAF never does).
 // * Each TLS connection releases its read and write buffers (about 34 KiB) when it has
 //   nothing buffered (SSL_MODE_RELEASE_BUFFERS): a control connection is idle between
 //   small records almost all the time.

@@ -45,7 +45,9 @@ int local_gpu_count(std::string* why) {
   const int in_driver = driver_gpu_count();
   if (!kernels::cuda_built() || (in_driver == 0 && !gpu_device_nodes())) {
     if (in_driver == 0 && why != nullptr)
-      *why = "no NVIDIA GPU here (none in /proc/driver/nvidia/gpus, no /dev/nvidiactl)";
+      *why = kernels::cuda_built()
+                 ? "no NVIDIA GPU here (none in /proc/driver/nvidia/gpus, no /dev/nvidiactl)"
+                 : "no NVIDIA GPU in /proc/driver/nvidia/gpus";
     return in_driver;
   }
   std::string load_why;

@@ -109,6 +109,17 @@ TEST_CASE(
   CHECK(!d_ok);
   auto [e, e_ok] = context(dir + "/absent.pem", dir + "/absent.pem");
   CHECK(!e_ok);
+
+  // Authorities added to one context are its own: the store it shared gains nothing.
+  auto held = [](SSL_CTX* ctx) {
+    return sk_X509_OBJECT_num(X509_STORE_get0_objects(SSL_CTX_get_cert_store(ctx)));
+  };
+  const int before = held(a.get());
+  REQUIRE(SSL_CTX_load_verify_locations(b.get(), other.c_str(), nullptr) == 1);
+  CHECK(SSL_CTX_get_cert_store(b.get()) != SSL_CTX_get_cert_store(a.get()));
+  CHECK(held(a.get()) == before);
+  CHECK(held(b.get()) == before + 1);
+  CHECK(trusts(b.get(), SSL_CTX_get0_certificate(a.get())));
   std::filesystem::remove_all(dir);
 }
 
