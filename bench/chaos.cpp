@@ -4,12 +4,13 @@
 // against an uninterrupted one-host run of the same spec.
 //
 //   chaos [--minutes M] [--seed S] [--checkpoint-every N] [--layout FILE] [--interval Q] [--spares K]
-//         [--spread] [--calibrate C]
+//         [--spread] [--calibrate C] [--faults K1,K2,...]
 //         (as root; M = 2, S = time of day, N = 5 steps, FILE = tiny_dp2_pp1_tp1 of
 //          configs/layouts, Q: the quiet spell before each fault in seconds, else 2-6 s at random,
 //          K: the job's hot spares, resources.spares, 0 by default; --spread: resources.placement:
 //          spread, the job's ranks on both hosts; C: seconds of the fault-free spell before the
-//          faults, 30 by default)
+//          faults, 30 by default; K: the fault kinds to draw from, of worker_kill, worker_stop,
+//          agent_kill, link_cut and coordinator_restart, all five by default)
 //
 // ETTR (effective training time ratio): the steps trained once x the clean step time / the
 // wall time of the faults' period. The clean step time is the job's own wall time per step in
@@ -222,6 +223,22 @@ class ChaosCluster {
 enum class Kind { worker_kill, worker_stop, agent_kill, link_cut, coordinator_restart };
 constexpr Kind kKinds[] = {Kind::worker_kill, Kind::worker_stop, Kind::agent_kill, Kind::link_cut,
                            Kind::coordinator_restart};
+// The command-line names of the kinds (--faults).
+const char* flag_name(Kind k) {
+  switch (k) {
+    case Kind::worker_kill:
+      return "worker_kill";
+    case Kind::worker_stop:
+      return "worker_stop";
+    case Kind::agent_kill:
+      return "agent_kill";
+    case Kind::link_cut:
+      return "link_cut";
+    case Kind::coordinator_restart:
+      return "coordinator_restart";
+  }
+  return "?";
+}
 const char* name(Kind k) {
   switch (k) {
     case Kind::worker_kill:
@@ -316,7 +333,24 @@ struct Options {
   int spares = 0;
   bool spread = false;
   double calibrate_s = 30;  // the fault-free spell that times a clean step on this cluster
+  std::vector<Kind> kinds{std::begin(kKinds), std::end(kKinds)};
 };
+
+// "link_cut,worker_kill" -> the kinds named; empty when a name is not a kind.
+std::vector<Kind> parse_kinds(const std::string& list) {
+  std::vector<Kind> out;
+  size_t at = 0;
+  while (at <= list.size()) {
+    const size_t end = std::min(list.find(',', at), list.size());
+    const std::string item = list.substr(at, end - at);
+    const auto k =
+        std::find_if(std::begin(kKinds), std::end(kKinds), [&](Kind c) { return item == flag_name(c); });
+    if (k == std::end(kKinds)) return {};
+    if (std::find(out.begin(), out.end(), *k) == out.end()) out.push_back(*k);
+    at = end + 1;
+  }
+  return out;
+}
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -339,11 +373,14 @@ Options parse(int argc, char** argv) {
       o.spread = true;
     } else if (a == "--calibrate" && i + 1 < argc && std::atof(argv[i + 1]) > 0) {
       o.calibrate_s = std::atof(argv[++i]);
+    } else if (a == "--faults" && i + 1 < argc && !parse_kinds(argv[i + 1]).empty()) {
+      o.kinds = parse_kinds(argv[++i]);
     } else {
       std::fprintf(
           stderr,
           "usage: chaos [--minutes M] [--seed S] [--checkpoint-every N] [--layout FILE] [--interval Q] "
-          "[--spares K] [--spread] [--calibrate C]\n");
+          "[--spares K] [--spread] [--calibrate C] [--faults K1,K2,...]\n"
+          "  fault kinds: worker_kill, worker_stop, agent_kill, link_cut, coordinator_restart\n");
       std::exit(2);
     }
   }
@@ -437,10 +474,10 @@ int main(int argc, char** argv) {
     if (Clock::now() >= end) break;
 
     Record r;
-    // Kinds in rounds of all five, each round in a seeded random order: every kind
+    // Kinds in rounds of all those asked for, each round in a seeded random order: every kind
     // comes up in a short run.
     if (round.empty()) {
-      round.assign(std::begin(kKinds), std::end(kKinds));
+      round = opt.kinds;
       std::shuffle(round.begin(), round.end(), rng);
     }
     r.kind = round.back();

@@ -21,6 +21,7 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "comm/gloo/shm_group.hpp"
@@ -47,62 +48,128 @@ CommErrc classify(const std::string& what) {
   return CommErrc::peer_lost;
 }
 
+class AbortableContext;
+
+// gloo's TCP buffer, whose waits its context can fail: gloo's own collectives make their
+// buffers (their scratch and the caller's data) through the context, out of reach otherwise.
+class LiveBuffer final : public UnboundBuffer {
+ public:
+  LiveBuffer(std::unique_ptr<UnboundBuffer> inner, std::shared_ptr<AbortableContext> owner);
+  ~LiveBuffer() override;
+
+  bool waitRecv(int* rank, std::chrono::milliseconds timeout) override {
+    return check(inner_->waitRecv(rank, timeout));
+  }
+  bool waitSend(int* rank, std::chrono::milliseconds timeout) override {
+    return check(inner_->waitSend(rank, timeout));
+  }
+  void abortWaitRecv() override { inner_->abortWaitRecv(); }
+  void abortWaitSend() override { inner_->abortWaitSend(); }
+  void send(int dst, uint64_t slot, size_t offset, size_t nbytes) override {
+    inner_->send(dst, slot, offset, nbytes);
+  }
+  void recv(int src, uint64_t slot, size_t offset, size_t nbytes) override {
+    inner_->recv(src, slot, offset, nbytes);
+  }
+  void recv(std::vector<int> srcs, uint64_t slot, size_t offset, size_t nbytes) override {
+    inner_->recv(std::move(srcs), slot, offset, nbytes);
+  }
+
+  // Any thread: the wait in progress and every later one throw.
+  void fail() {
+    failed_ = true;
+    inner_->abortWaitRecv();
+    inner_->abortWaitSend();
+  }
+
+ private:
+  bool check(bool ok) const {
+    if (!ok && failed_) throw gloo::IoException("communicator aborted");
+    return ok;
+  }
+  std::shared_ptr<AbortableContext> owner_;  // outlives inner_
+  std::unique_ptr<UnboundBuffer> inner_;
+  std::atomic<bool> failed_{false};
+};
+
+// gloo's TCP context, with an abort() that ends every operation in flight. gloo fails the waits
+// of a pair that closes on an error only while their receive is still pending: a receive whose
+// payload has begun to arrive (the peer's host cut off mid-message) is listed nowhere, and its
+// wait would last the whole operation timeout.
+class AbortableContext final : public gloo::transport::Context,
+                               public std::enable_shared_from_this<AbortableContext> {
+ public:
+  explicit AbortableContext(std::shared_ptr<gloo::transport::Context> inner)
+      : gloo::transport::Context(inner->rank, inner->size), inner_(std::move(inner)) {}
+
+  std::unique_ptr<gloo::transport::Pair>& getPair(int r) override { return inner_->getPair(r); }
+  std::unique_ptr<gloo::transport::Pair>& createPair(int r) override { return inner_->createPair(r); }
+  std::unique_ptr<UnboundBuffer> createUnboundBuffer(void* ptr, size_t size) override {
+    return std::make_unique<LiveBuffer>(inner_->createUnboundBuffer(ptr, size), shared_from_this());
+  }
+  gloo::transport::Context& inner() { return *inner_; }
+
+  // Every buffer of the context that exists: its wait in progress, or its next, throws.
+  void fail_all() {
+    std::lock_guard<std::mutex> lock(live_m_);
+    for (LiveBuffer* b : live_) b->fail();
+  }
+
+ private:
+  friend class LiveBuffer;
+  std::shared_ptr<gloo::transport::Context> inner_;
+  std::mutex live_m_;
+  std::set<LiveBuffer*> live_;
+};
+
+LiveBuffer::LiveBuffer(std::unique_ptr<UnboundBuffer> inner, std::shared_ptr<AbortableContext> owner)
+    : UnboundBuffer(inner->ptr, inner->size), owner_(std::move(owner)), inner_(std::move(inner)) {
+  std::lock_guard<std::mutex> lock(owner_->live_m_);
+  owner_->live_.insert(this);
+}
+
+LiveBuffer::~LiveBuffer() {
+  std::lock_guard<std::mutex> lock(owner_->live_m_);
+  owner_->live_.erase(this);
+}
+
 // The context and what abort() needs to reach the operation in flight.
 struct GlooState {
   std::shared_ptr<gloo::Context> ctx;
+  std::shared_ptr<AbortableContext> transport;  // ctx's
   std::atomic<bool> aborted{false};
-  // Unbound buffers of ours with a wait in progress: abort() interrupts them.
-  std::mutex pending_m;
-  std::vector<UnboundBuffer*> pending;
 
   void wait(UnboundBuffer* b, Clock::time_point deadline, bool recv) {
-    {
-      std::lock_guard<std::mutex> lock(pending_m);
-      if (aborted) throw CommError(CommErrc::aborted, "aborted");
-      pending.push_back(b);
-    }
-    bool ok = false;
-    std::exception_ptr err;
+    if (aborted) throw CommError(CommErrc::aborted, "aborted");
     const auto left =
         std::max(std::chrono::milliseconds(1),
                  std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
-    try {
-      ok = recv ? b->waitRecv(nullptr, left) : b->waitSend(nullptr, left);
-    } catch (...) {
-      err = std::current_exception();
-    }
-    {
-      std::lock_guard<std::mutex> lock(pending_m);
-      pending.erase(std::find(pending.begin(), pending.end(), b));
-    }
-    if (err) std::rethrow_exception(err);
-    if (!ok) throw CommError(CommErrc::aborted, "wait interrupted by abort");
+    if (!(recv ? b->waitRecv(nullptr, left) : b->waitSend(nullptr, left)))
+      throw CommError(CommErrc::aborted, "wait interrupted by abort");
   }
 
+  // Every wait of the context, gloo's collectives' included, throws, and every connection
+  // closes, so that the peers fail too. `peer`: a connected rank (-1: none).
   void abort(int peer) {
     aborted = true;
-    {
-      std::lock_guard<std::mutex> lock(pending_m);
-      for (auto* b : pending) {
-        b->abortWaitRecv();
-        b->abortWaitSend();
+    if (peer >= 0) {
+      // A receive that times out makes gloo fail every pair of the context ("Application
+      // timeout caused pair closure"): the waits it lists throw and every connection closes.
+      // A 1 ms receive on a slot nobody sends to triggers exactly that.
+      char byte = 0;
+      auto probe = ctx->createUnboundBuffer(&byte, 1);
+      try {
+        probe->recv(peer, gloo::Slot::build(kAbortSlotPrefix, 0), 0, 1);
+        probe->waitRecv(nullptr, std::chrono::milliseconds(1));
+      } catch (const std::exception&) {
+        // Expected: the timeout (or an already closed pair) is the point.
       }
     }
-    // The waits inside a gloo collective (its scratch buffers) are out of
-    // reach, and closeConnections() wakes the peers but not them. A receive
-    // that times out, though, makes gloo signal every pair of the context
-    // ("Application timeout caused pair closure"): all pending waits throw and
-    // every connection closes, so the peers fail too. A 1 ms receive on a
-    // slot nobody sends to triggers exactly that.
-    if (peer < 0) return;
-    char byte = 0;
-    auto probe = ctx->createUnboundBuffer(&byte, 1);
-    try {
-      probe->recv(peer, gloo::Slot::build(kAbortSlotPrefix, 0), 0, 1);
-      probe->waitRecv(nullptr, std::chrono::milliseconds(1));
-    } catch (const std::exception&) {
-      // Expected: the timeout (or an already closed pair) is the point.
-    }
+    // Pairs the probe did not reach (its own closed before) close too: once closed, none is
+    // read into or written from again; then every buffer's wait fails, those gloo lists
+    // nowhere included.
+    ctx->closeConnections();
+    transport->fail_all();
   }
 };
 
@@ -116,9 +183,13 @@ struct GlooState {
 class PeerContext : public gloo::Context {
  public:
   using gloo::Context::Context;
-  void connect(Store& store, const std::shared_ptr<gloo::transport::Device>& device,
-               const std::vector<int>& peers, std::chrono::milliseconds timeout) {
-    auto tc = device->createContext(rank, size);
+  // Returns the transport context it made (also this context's).
+  std::shared_ptr<AbortableContext> connect(Store& store,
+                                            const std::shared_ptr<gloo::transport::Device>& device,
+                                            const std::vector<int>& peers,
+                                            std::chrono::milliseconds timeout) {
+    auto tc = std::make_shared<AbortableContext>(device->createContext(rank, size));
+    tc->inner().setTimeout(getTimeout());
     tc->setTimeout(getTimeout());
     const auto key = [](int from, int to) {
       return "pair/" + std::to_string(from) + "/" + std::to_string(to);
@@ -132,7 +203,8 @@ class PeerContext : public gloo::Context {
       tc->getPair(p)->connect(std::vector<char>(a.begin(), a.end()));
     }
     device_ = device;
-    transportContext_ = std::move(tc);
+    transportContext_ = tc;
+    return tc;
   }
 };
 
@@ -178,7 +250,7 @@ class GlooCommunicator : public Communicator {
     ctx->setTimeout(timeout);
     auto prefixed = std::make_shared<PrefixStore>(prefix, shared_->store);
     try {
-      ctx->connect(*prefixed, shared_->device, peers_, timeout);
+      st_->transport = ctx->connect(*prefixed, shared_->device, peers_, timeout);
       if (shared_->shm && full_) shm_ = ShmGroup::create(*prefixed, rank, size, timeout);
     } catch (const CommError& e) {
       throw CommError(e.code(), describe("connect", -1, e.what()));
@@ -342,7 +414,7 @@ class GlooCommunicator : public Communicator {
 
  private:
   // Runs fn on the calling thread; gloo enforces the op's timeout, abort()
-  // interrupts it (see GlooState::abort). Maps every failure to a CommError.
+  // interrupts it (see AbortableContext). Maps every failure to a CommError.
   template <class F>
   void run(const char* op, const Options& /*opt*/, F&& fn) {
     CommErrc code = CommErrc::internal;

@@ -2,9 +2,12 @@
 //   comm_test_rank <scenario> <store dir> <rank> <size> [timeout ms]
 // Exit status: 0 passed; 1 a check failed (stderr says which); 2 bad usage;
 // 10 + CommErrc for a CommError (the test asserts on the name).
+#include <atomic>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <string>
+#include <thread>
 
 #include "comm/communicator.hpp"
 #include "comm_checks.hpp"
@@ -42,6 +45,31 @@ int run(std::string scenario, const std::string& dir, int rank, int size, std::c
     for (int64_t it = 0;; ++it) {
       c->allreduce(x.data(), x.size(), ReduceOp::avg, opt);
       if (it == 0) std::ofstream(dir + "/ready." + std::to_string(rank)) << "1";
+    }
+  } else if (scenario == "silent") {
+    // Large broadcasts from the last rank (each one payload, received whole by one wait)
+    // until "abort.<rank>" appears in the store dir, then abort from another thread: the test
+    // stops the root first, which goes silent mid-message as behind a cut link. Only the
+    // abort may end the loop.
+    Options opt;
+    opt.timeout = timeout;
+    std::vector<float> x(size_t(1) << 24, 1.f);
+    std::atomic<bool> done{false};
+    std::thread watcher([&] {
+      const std::string flag = dir + "/abort." + std::to_string(rank);
+      while (!done && !std::filesystem::exists(flag))
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      if (!done) c->abort();
+    });
+    try {
+      for (int64_t it = 0;; ++it) {
+        c->broadcast(x.data(), x.size(), size - 1, opt);
+        if (it == 0) std::ofstream(dir + "/ready." + std::to_string(rank)) << "1";
+      }
+    } catch (...) {
+      done = true;
+      watcher.join();
+      throw;
     }
   } else {
     std::cerr << "unknown scenario " << scenario << "\n";

@@ -92,6 +92,10 @@ class Ranks {
     for (size_t r = 0; r < pids_.size(); ++r) kill_rank(static_cast<int>(r));
   }
 
+  void signal(int r, int sig) {
+    if (status_[r] == -1) ::kill(pids_[r], sig);
+  }
+
   void kill_rank(int r) {
     if (status_[r] != -1) return;
     ::kill(pids_[r], SIGKILL);
@@ -569,6 +573,29 @@ TEST_CASE("gloo processes: SIGKILL of one rank mid-allreduce fails every survivo
       CHECK((st[r] == exit_code(CommErrc::peer_lost) || st[r] == exit_code(CommErrc::timed_out)));
     }
   }
+}
+
+TEST_CASE("gloo processes: abort ends a collective whose peer went silent mid-message, as behind a cut link",
+          "[gloo][proc][abort]") {
+  // Rank 1 is stopped while it broadcasts large payloads to rank 0: rank 0's receive stops
+  // part-way through one, with no error on its socket (as when a link is cut and the peer's
+  // host is gone), and gloo lists that receive nowhere once its bytes began to arrive. The
+  // operation timeout is far beyond this test's bound: only the abort can end it, and it must
+  // end with the name "aborted".
+  TempDir dir;
+  Ranks ranks("silent-tcp", 2, dir.path, 600000);
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  for (int r = 0; r < 2; ++r)
+    while (!fs::exists(dir.path + "/ready." + std::to_string(r))) {
+      REQUIRE(std::chrono::steady_clock::now() < deadline);
+      std::this_thread::sleep_for(5ms);
+    }
+  ranks.signal(1, SIGSTOP);
+  std::this_thread::sleep_for(100ms);  // whatever was in flight drains into the sockets
+  std::ofstream(dir.path + "/abort.0") << "1";
+  const int st = ranks.wait(0, std::chrono::steady_clock::now() + 60s);
+  ranks.signal(1, SIGCONT);
+  CHECK(st == exit_code(CommErrc::aborted));
 }
 
 // ---------------------------------------------------------------- nccl

@@ -138,6 +138,7 @@ TEST_CASE("a host whose link goes down mid-job: the job recovers on the other ho
         std::filesystem::exists(started) ? started : run_dir + "/workers/" + w["rank"].dump() + ".log";
     CHECK(read_file(log).find("data plane: " + Netns::address(1) + "\n") != std::string::npos);
   }
+  INFO(run_dir << "/events.log:\n" << read_file(run_dir + "/events.log"));
   CHECK(read_file(run_dir + "/events.log").find("1 rank(s) kept their process") != std::string::npos);
 
   REQUIRE(c.call({{"op", "cancel"}, {"job", job}})["ok"] == true);
