@@ -5,12 +5,16 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <caf/actor_system_config.hpp>
 #include <caf/openssl/manager.hpp>
 #include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <set>
@@ -125,9 +129,130 @@ bool has_passphrase(SSL_CTX* ctx) {
          SSL_CTX_get_default_passwd_cb_userdata(ctx) != nullptr;
 }
 
+// ---- SIGPIPE around CAF's TLS calls
+//
+// CAF 0.17.6 wraps every SSL_read, SSL_write, SSL_connect and SSL_accept in three system
+// calls: pthread_sigmask(SIG_BLOCK, {SIGPIPE}, &saved), then after the call
+// sigtimedwait({SIGPIPE}, zero timeout) to swallow a SIGPIPE the call raised, then
+// pthread_sigmask(SIG_SETMASK, &saved). About 13 % of a coordinator's CPU at 256 ranks went
+// to them. A thread that runs this pattern (the multiplexer) keeps SIGPIPE blocked instead of
+// unblocking it after each call ("holds" it): its later blocks and restores of the same mask
+// and its swallowing waits answer without a system call, a SIGPIPE raised meanwhile stays
+// pending and blocked. Any other signal-mask call of that thread first swallows a pending
+// SIGPIPE and puts the mask back as the thread believes it is, then runs as asked: every
+// caller sees the mask it set. A thread only holds SIGPIPE while it has not blocked it itself.
+// TROUPE_SIGPIPE_HOLD=0 turns this off (every call goes to libc).
+struct SigpipeHold {
+  bool held = false;         // SIGPIPE is blocked for this thread by us, not by its code
+  sigset_t believed;         // the mask its code set (held: SIGPIPE not in it)
+  bool restore_due = false;  // the last call was a block of {SIGPIPE} that returned `before`
+  sigset_t before;
+};
+thread_local SigpipeHold t_pipe;
+
+using MaskFn = int (*)(int, const sigset_t*, sigset_t*);
+using WaitFn = int (*)(const sigset_t*, siginfo_t*, const struct timespec*);
+// libc's. Resolved by the executable's static initialisation, so that a child between fork
+// and exec resolves nothing; a library's initialiser that runs before it resolves them itself.
+template <class Fn>
+Fn libc(std::atomic<Fn>& slot, const char* name) {
+  Fn f = slot.load(std::memory_order_acquire);
+  if (f == nullptr) {
+    f = reinterpret_cast<Fn>(dlsym(RTLD_NEXT, name));
+    slot.store(f, std::memory_order_release);
+  }
+  return f;
+}
+std::atomic<MaskFn> g_pthread_sigmask{nullptr}, g_sigprocmask{nullptr};
+std::atomic<WaitFn> g_sigtimedwait{nullptr};
+MaskFn real_pthread_sigmask() { return libc(g_pthread_sigmask, "pthread_sigmask"); }
+MaskFn real_sigprocmask() { return libc(g_sigprocmask, "sigprocmask"); }
+WaitFn real_sigtimedwait() { return libc(g_sigtimedwait, "sigtimedwait"); }
+std::atomic<bool> g_hold_sigpipe{true};
+[[maybe_unused]] const bool g_sigpipe_resolved = [] {
+  real_pthread_sigmask();
+  real_sigprocmask();
+  real_sigtimedwait();
+  const char* env = std::getenv("TROUPE_SIGPIPE_HOLD");
+  if (env != nullptr && std::strcmp(env, "0") == 0) g_hold_sigpipe = false;
+  return true;
+}();
+
+bool same_signals(const sigset_t* a, const sigset_t* b) {
+  for (int s = 1; s < NSIG; ++s)
+    if (sigismember(a, s) != sigismember(b, s)) return false;
+  return true;
+}
+bool only_sigpipe(const sigset_t* set) {
+  for (int s = 1; s < NSIG; ++s)
+    if (sigismember(set, s) != (s == SIGPIPE ? 1 : 0)) return false;
+  return true;
+}
+bool zero_timeout(const struct timespec* t) { return t != nullptr && t->tv_sec == 0 && t->tv_nsec == 0; }
+
+// The thread's mask back to what its code set, a pending SIGPIPE swallowed first.
+void release_sigpipe(MaskFn real) {
+  t_pipe.restore_due = false;
+  if (!t_pipe.held) return;
+  t_pipe.held = false;
+  sigset_t pipe;
+  sigemptyset(&pipe);
+  sigaddset(&pipe, SIGPIPE);
+  const struct timespec zero {};
+  while (real_sigtimedwait()(&pipe, nullptr, &zero) == SIGPIPE) {
+  }
+  real(SIG_SETMASK, &t_pipe.believed, nullptr);
+}
+
+int mask_call(MaskFn real, int how, const sigset_t* set, sigset_t* old) {
+  if (!g_hold_sigpipe.load(std::memory_order_relaxed)) {
+    release_sigpipe(real);
+    return real(how, set, old);
+  }
+  if (set != nullptr && how == SIG_BLOCK && only_sigpipe(set)) {
+    if (t_pipe.held) {  // blocked already; the thread's code believes its own mask
+      if (old != nullptr) *old = t_pipe.believed;
+      return 0;
+    }
+    const int rc = real(how, set, old);
+    t_pipe.restore_due = rc == 0 && old != nullptr && sigismember(old, SIGPIPE) == 0;
+    if (t_pipe.restore_due) t_pipe.before = *old;
+    return rc;
+  }
+  if (set != nullptr && how == SIG_SETMASK && old == nullptr && sigismember(set, SIGPIPE) == 0) {
+    if (t_pipe.held && same_signals(set, &t_pipe.believed)) return 0;
+    if (!t_pipe.held && t_pipe.restore_due && same_signals(set, &t_pipe.before)) {
+      // The restore after the block: the thread's mask is `set` plus SIGPIPE, and stays so.
+      t_pipe.restore_due = false;
+      t_pipe.held = true;
+      t_pipe.believed = *set;
+      return 0;
+    }
+  }
+  release_sigpipe(real);
+  return real(how, set, old);
+}
+
 }  // namespace
 
 extern "C" {
+
+int pthread_sigmask(int how, const sigset_t* set, sigset_t* old) {
+  return mask_call(real_pthread_sigmask(), how, set, old);
+}
+
+int sigprocmask(int how, const sigset_t* set, sigset_t* old) {
+  return mask_call(real_sigprocmask(), how, set, old);
+}
+
+int sigtimedwait(const sigset_t* set, siginfo_t* info, const struct timespec* timeout) {
+  // Held: a SIGPIPE is swallowed when the thread lets SIGPIPE through again.
+  if (t_pipe.held && only_sigpipe(set) && zero_timeout(timeout)) {
+    errno = EAGAIN;
+    return -1;
+  }
+  return real_sigtimedwait()(set, info, timeout);
+}
 
 // OpenSSL requires an empty error queue before each I/O call; CAF 0.17.6 reads
 // SSL_get_error() after each without clearing it first, and one multiplexer thread serves
@@ -237,6 +362,8 @@ int SSL_CTX_load_verify_locations(SSL_CTX* ctx, const char* cafile, const char* 
 }  // extern "C"
 
 namespace troupe::actors {
+
+void hold_sigpipe(bool on) { g_hold_sigpipe = on; }
 
 void use_cluster_secret(caf::actor_system_config& cfg, const std::string& secret_file) {
   cfg.load<caf::openssl::manager>();

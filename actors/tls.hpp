@@ -15,6 +15,9 @@
 //   small records almost all the time.
 // * Each I/O call starts from an empty OpenSSL error queue (one multiplexer thread serves
 //   every connection; a stale error made a healthy connection look failed).
+// * CAF blocks SIGPIPE around each of those calls and unblocks it after, three system calls
+//   per call; the thread that makes them keeps SIGPIPE blocked instead, and every signal-mask
+//   call of its code still sees the mask it set (TROUPE_SIGPIPE_HOLD=0: off).
 #pragma once
 
 #include <string>
@@ -28,5 +31,9 @@ namespace troupe::actors {
 // Loads CAF's OpenSSL manager into `cfg` and makes `secret_file` this node's certificate,
 // key and trusted authority.
 void use_cluster_secret(caf::actor_system_config& cfg, const std::string& secret_file);
+
+// Whether a thread that blocks SIGPIPE around its TLS calls keeps it blocked between them
+// (on unless TROUPE_SIGPIPE_HOLD=0); off, every signal-mask call goes to libc as made.
+void hold_sigpipe(bool on);
 
 }  // namespace troupe::actors

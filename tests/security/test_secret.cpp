@@ -3,13 +3,21 @@
 #include <netinet/in.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <map>
 #include <memory>
+#include <sstream>
+#include <thread>
 
 #include "actors/secret.hpp"
+#include "actors/tls.hpp"
 #include "tests/control/cluster.hpp"
 #include "tests/support/support.hpp"
 
@@ -121,6 +129,123 @@ TEST_CASE(
   CHECK(held(b.get()) == before + 1);
   CHECK(trusts(b.get(), SSL_CTX_get0_certificate(a.get())));
   std::filesystem::remove_all(dir);
+}
+
+namespace {
+
+// Signal `sig`'s bit in this thread's line `field` (SigBlk, SigPnd) of /proc: what the kernel
+// holds, whatever the process's own calls answer. -1: no such line.
+int kernel_bit(const char* field, int sig) {
+  const std::string path = "/proc/self/task/" + std::to_string(::syscall(SYS_gettid)) + "/status";
+  std::istringstream in(read_file(path));
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(std::string(field) + ":", 0) == 0)
+      return int((std::stoull(line.substr(line.find(':') + 1), nullptr, 16) >> (sig - 1)) & 1);
+  return -1;
+}
+
+// What libcaf_openssl wraps around each TLS call; `raise_pipe`: the call raises a SIGPIPE.
+bool caf_tls_call(bool raise_pipe) {
+  sigset_t pipe, saved;
+  sigemptyset(&pipe);
+  sigaddset(&pipe, SIGPIPE);
+  if (pthread_sigmask(SIG_BLOCK, &pipe, &saved) != 0) return false;
+  if (raise_pipe) pthread_kill(pthread_self(), SIGPIPE);
+  struct timespec zero {};
+  sigtimedwait(&pipe, nullptr, &zero);
+  return pthread_sigmask(SIG_SETMASK, &saved, nullptr) == 0;
+}
+
+int blocked_as_seen(int sig) {
+  sigset_t now;
+  if (pthread_sigmask(SIG_BLOCK, nullptr, &now) != 0) return -1;
+  return sigismember(&now, sig);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "tls: a thread that blocks SIGPIPE around each TLS call keeps it blocked, and its code sees its own mask",
+    "[security]") {
+  // A SIGPIPE that got through would end this process (default action): it must not.
+  struct sigaction dfl {
+  }, old{};
+  dfl.sa_handler = SIG_DFL;
+  REQUIRE(sigaction(SIGPIPE, &dfl, &old) == 0);
+  // Observed on a thread of its own (a fresh mask state), checked here: Catch2 asserts on
+  // the test's thread only.
+  std::vector<std::pair<std::string, int>> seen;  // what, and 1 / 0 (-1: could not tell)
+  std::thread([&seen] {
+    auto note = [&](const char* what, int v) { seen.emplace_back(what, v); };
+    sigset_t pipe, usr;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    sigemptyset(&usr);
+    sigaddset(&usr, SIGUSR1);
+    note("a fresh thread: SIGPIPE blocked", kernel_bit("SigBlk", SIGPIPE));
+    note("calls made", caf_tls_call(false));
+    // Held: blocked in the kernel, not as the thread's code sees it.
+    note("after a call: SIGPIPE blocked in the kernel", kernel_bit("SigBlk", SIGPIPE));
+    note("calls made", caf_tls_call(true) && caf_tls_call(false));
+    note("after a call that raised one: SIGPIPE blocked in the kernel", kernel_bit("SigBlk", SIGPIPE));
+    note("after a call that raised one: SIGPIPE pending", kernel_bit("SigPnd", SIGPIPE));
+    note("SIGPIPE blocked as the code sees it", blocked_as_seen(SIGPIPE));
+    // That call put the mask back as the code set it, the pending SIGPIPE swallowed first.
+    note("after the code asked: SIGPIPE blocked in the kernel", kernel_bit("SigBlk", SIGPIPE));
+    note("after the code asked: SIGPIPE pending", kernel_bit("SigPnd", SIGPIPE));
+
+    // A signal the code blocks meanwhile stays blocked through the calls.
+    note("calls made", caf_tls_call(false));
+    note("SIGUSR1 blocked by the code", pthread_sigmask(SIG_BLOCK, &usr, nullptr) == 0);
+    note("SIGUSR1 blocked in the kernel", kernel_bit("SigBlk", SIGUSR1));
+    note("calls made", caf_tls_call(true));
+    note("SIGUSR1 blocked in the kernel after a call", kernel_bit("SigBlk", SIGUSR1));
+    note("SIGUSR1 blocked as the code sees it", blocked_as_seen(SIGUSR1));
+    note("SIGPIPE blocked as the code sees it", blocked_as_seen(SIGPIPE));
+    note("SIGUSR1 unblocked by the code", pthread_sigmask(SIG_UNBLOCK, &usr, nullptr) == 0);
+
+    // Code that blocks SIGPIPE itself keeps it blocked through the calls.
+    note("SIGPIPE blocked by the code", pthread_sigmask(SIG_BLOCK, &pipe, nullptr) == 0);
+    note("calls made", caf_tls_call(false));
+    note("SIGPIPE blocked by the code, as it sees it", blocked_as_seen(SIGPIPE));
+    note("SIGPIPE blocked by the code, in the kernel", kernel_bit("SigBlk", SIGPIPE));
+    note("SIGPIPE unblocked by the code", pthread_sigmask(SIG_UNBLOCK, &pipe, nullptr) == 0);
+    note("SIGPIPE unblocked by the code, in the kernel", kernel_bit("SigBlk", SIGPIPE));
+
+    // Off: every call goes to libc, SIGPIPE unblocked after each.
+    actors::hold_sigpipe(false);
+    note("calls made", caf_tls_call(true));
+    note("off: after a call, SIGPIPE blocked in the kernel", kernel_bit("SigBlk", SIGPIPE));
+    actors::hold_sigpipe(true);
+  }).join();
+  REQUIRE(sigaction(SIGPIPE, &old, nullptr) == 0);
+  const std::map<std::string, int> expected = {
+      {"a fresh thread: SIGPIPE blocked", 0},
+      {"calls made", 1},
+      {"after a call: SIGPIPE blocked in the kernel", 1},
+      {"after a call that raised one: SIGPIPE blocked in the kernel", 1},
+      {"after a call that raised one: SIGPIPE pending", 1},
+      {"SIGPIPE blocked as the code sees it", 0},
+      {"after the code asked: SIGPIPE blocked in the kernel", 0},
+      {"after the code asked: SIGPIPE pending", 0},
+      {"SIGUSR1 blocked by the code", 1},
+      {"SIGUSR1 blocked in the kernel", 1},
+      {"SIGUSR1 blocked in the kernel after a call", 1},
+      {"SIGUSR1 blocked as the code sees it", 1},
+      {"SIGUSR1 unblocked by the code", 1},
+      {"SIGPIPE blocked by the code", 1},
+      {"SIGPIPE blocked by the code, as it sees it", 1},
+      {"SIGPIPE blocked by the code, in the kernel", 1},
+      {"SIGPIPE unblocked by the code", 1},
+      {"SIGPIPE unblocked by the code, in the kernel", 0},
+      {"off: after a call, SIGPIPE blocked in the kernel", 0},
+  };
+  REQUIRE(seen.size() == 25);
+  for (const auto& [what, v] : seen) {
+    INFO(what);
+    REQUIRE(expected.count(what) == 1);
+    CHECK(v == expected.at(what));
+  }
 }
 
 TEST_CASE("secret: a coordinator or agent without a good secret refuses to start, saying how to fix it",
