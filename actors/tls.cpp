@@ -26,8 +26,9 @@
 // the context objects libssl would have made from the same bytes.
 namespace {
 
+// The definition this executable's replaces (libssl's, libc's).
 template <class Fn>
-Fn libssl(const char* name) {
+Fn next_definition(const char* name) {
   return reinterpret_cast<Fn>(dlsym(RTLD_NEXT, name));
 }
 
@@ -134,14 +135,12 @@ bool has_passphrase(SSL_CTX* ctx) {
 // CAF 0.17.6 wraps every SSL_read, SSL_write, SSL_connect and SSL_accept in three system
 // calls: pthread_sigmask(SIG_BLOCK, {SIGPIPE}, &saved), then after the call
 // sigtimedwait({SIGPIPE}, zero timeout) to swallow a SIGPIPE the call raised, then
-// pthread_sigmask(SIG_SETMASK, &saved). About 13 % of a coordinator's CPU at 256 ranks went
-// to them. A thread that runs this pattern (the multiplexer) keeps SIGPIPE blocked instead of
-// unblocking it after each call ("holds" it): its later blocks and restores of the same mask
-// and its swallowing waits answer without a system call, a SIGPIPE raised meanwhile stays
-// pending and blocked. Any other signal-mask call of that thread first swallows a pending
-// SIGPIPE and puts the mask back as the thread believes it is, then runs as asked: every
-// caller sees the mask it set. A thread only holds SIGPIPE while it has not blocked it itself.
-// TROUPE_SIGPIPE_HOLD=0 turns this off (every call goes to libc).
+// pthread_sigmask(SIG_SETMASK, &saved). A thread that runs this pattern (the multiplexer) keeps SIGPIPE
+// blocked instead of unblocking it after each call ("holds" it): its later blocks and restores of the same
+// mask and its swallowing waits answer without a system call, a SIGPIPE raised meanwhile stays pending and
+// blocked. Any other signal-mask call of that thread first swallows a pending SIGPIPE and puts the mask back
+// as the thread believes it is, then runs as asked: every caller sees the mask it set. A thread only holds
+// SIGPIPE while it has not blocked it itself. TROUPE_SIGPIPE_HOLD=0 turns this off (every call goes to libc).
 struct SigpipeHold {
   bool held = false;         // SIGPIPE is blocked for this thread by us, not by its code
   sigset_t believed;         // the mask its code set (held: SIGPIPE not in it)
@@ -152,22 +151,20 @@ thread_local SigpipeHold t_pipe;
 
 using MaskFn = int (*)(int, const sigset_t*, sigset_t*);
 using WaitFn = int (*)(const sigset_t*, siginfo_t*, const struct timespec*);
-// libc's. Resolved by the executable's static initialisation, so that a child between fork
-// and exec resolves nothing; a library's initialiser that runs before it resolves them itself.
-template <class Fn>
-Fn libc(std::atomic<Fn>& slot, const char* name) {
-  Fn f = slot.load(std::memory_order_acquire);
-  if (f == nullptr) {
-    f = reinterpret_cast<Fn>(dlsym(RTLD_NEXT, name));
-    slot.store(f, std::memory_order_release);
-  }
+// libc's, resolved on first use: by the executable's static initialisation below at the
+// latest, so that a child between fork and exec resolves nothing.
+MaskFn real_pthread_sigmask() {
+  static const auto f = next_definition<MaskFn>("pthread_sigmask");
   return f;
 }
-std::atomic<MaskFn> g_pthread_sigmask{nullptr}, g_sigprocmask{nullptr};
-std::atomic<WaitFn> g_sigtimedwait{nullptr};
-MaskFn real_pthread_sigmask() { return libc(g_pthread_sigmask, "pthread_sigmask"); }
-MaskFn real_sigprocmask() { return libc(g_sigprocmask, "sigprocmask"); }
-WaitFn real_sigtimedwait() { return libc(g_sigtimedwait, "sigtimedwait"); }
+MaskFn real_sigprocmask() {
+  static const auto f = next_definition<MaskFn>("sigprocmask");
+  return f;
+}
+WaitFn real_sigtimedwait() {
+  static const auto f = next_definition<WaitFn>("sigtimedwait");
+  return f;
+}
 std::atomic<bool> g_hold_sigpipe{true};
 [[maybe_unused]] const bool g_sigpipe_resolved = [] {
   real_pthread_sigmask();
@@ -263,7 +260,7 @@ int sigtimedwait(const sigset_t* set, siginfo_t* info, const struct timespec* ti
   ret name params {                                    \
     ERR_clear_error();                                 \
     using Fn = ret(*) params;                          \
-    static Fn real = libssl<Fn>(#name);                \
+    static Fn real = next_definition<Fn>(#name);       \
     return real args;                                  \
   }
 TROUPE_SSL_CLEAN_CALL(int, SSL_read, (SSL * s, void* buf, int n), (s, buf, n))
@@ -273,7 +270,7 @@ TROUPE_SSL_CLEAN_CALL(int, SSL_accept, (SSL * s), (s))
 #undef TROUPE_SSL_CLEAN_CALL
 
 SSL* SSL_new(SSL_CTX* ctx) {
-  static auto real = libssl<SSL* (*)(SSL_CTX*)>("SSL_new");
+  static auto real = next_definition<SSL* (*)(SSL_CTX*)>("SSL_new");
   SSL* s = real(ctx);
   if (s != nullptr) SSL_set_mode(s, SSL_MODE_RELEASE_BUFFERS);
   return s;
@@ -281,7 +278,7 @@ SSL* SSL_new(SSL_CTX* ctx) {
 
 int SSL_CTX_use_certificate_chain_file(SSL_CTX* ctx, const char* file) {
   using Fn = int (*)(SSL_CTX*, const char*);
-  static auto real = libssl<Fn>("SSL_CTX_use_certificate_chain_file");
+  static auto real = next_definition<Fn>("SSL_CTX_use_certificate_chain_file");
   if (ctx == nullptr || has_passphrase(ctx)) return real(ctx, file);
   auto p = parsed(Kind::chain, file, real, [](SSL_CTX* scratch, Parsed* out) {
     X509* cert = SSL_CTX_get0_certificate(scratch);
@@ -304,7 +301,7 @@ int SSL_CTX_use_certificate_chain_file(SSL_CTX* ctx, const char* file) {
 
 int SSL_CTX_use_PrivateKey_file(SSL_CTX* ctx, const char* file, int type) {
   using Fn = int (*)(SSL_CTX*, const char*, int);
-  static auto real = libssl<Fn>("SSL_CTX_use_PrivateKey_file");
+  static auto real = next_definition<Fn>("SSL_CTX_use_PrivateKey_file");
   if (ctx == nullptr || type != SSL_FILETYPE_PEM || has_passphrase(ctx)) return real(ctx, file, type);
   auto p = parsed(
       Kind::key, file,
@@ -322,7 +319,7 @@ int SSL_CTX_use_PrivateKey_file(SSL_CTX* ctx, const char* file, int type) {
 
 int SSL_CTX_load_verify_locations(SSL_CTX* ctx, const char* cafile, const char* capath) {
   using Fn = int (*)(SSL_CTX*, const char*, const char*);
-  static auto real = libssl<Fn>("SSL_CTX_load_verify_locations");
+  static auto real = next_definition<Fn>("SSL_CTX_load_verify_locations");
   // libssl adds to the context's store; the shared store stands in only for an empty one,
   // and a directory (looked up lazily, per certificate) is always libssl's. A context that
   // holds a shared store and is given more authorities gets a copy of its own first: what

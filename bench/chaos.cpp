@@ -221,39 +221,20 @@ class ChaosCluster {
 };
 
 enum class Kind { worker_kill, worker_stop, agent_kill, link_cut, coordinator_restart };
-constexpr Kind kKinds[] = {Kind::worker_kill, Kind::worker_stop, Kind::agent_kill, Kind::link_cut,
-                           Kind::coordinator_restart};
-// The command-line names of the kinds (--faults).
-const char* flag_name(Kind k) {
-  switch (k) {
-    case Kind::worker_kill:
-      return "worker_kill";
-    case Kind::worker_stop:
-      return "worker_stop";
-    case Kind::agent_kill:
-      return "agent_kill";
-    case Kind::link_cut:
-      return "link_cut";
-    case Kind::coordinator_restart:
-      return "coordinator_restart";
-  }
-  return "?";
-}
-const char* name(Kind k) {
-  switch (k) {
-    case Kind::worker_kill:
-      return "worker SIGKILL";
-    case Kind::worker_stop:
-      return "worker SIGSTOP/SIGCONT";
-    case Kind::agent_kill:
-      return "agent SIGKILL + restart";
-    case Kind::link_cut:
-      return "link cut h1/h2 + restore";
-    case Kind::coordinator_restart:
-      return "coordinator restart";
-  }
-  return "?";
-}
+// Each kind, its name on the command line (--faults) and in the table.
+struct KindInfo {
+  Kind kind;
+  const char* flag;
+  const char* title;
+};
+constexpr KindInfo kKindInfo[] = {
+    {Kind::worker_kill, "worker_kill", "worker SIGKILL"},
+    {Kind::worker_stop, "worker_stop", "worker SIGSTOP/SIGCONT"},
+    {Kind::agent_kill, "agent_kill", "agent SIGKILL + restart"},
+    {Kind::link_cut, "link_cut", "link cut h1/h2 + restore"},
+    {Kind::coordinator_restart, "coordinator_restart", "coordinator restart"},
+};
+const char* name(Kind k) { return kKindInfo[static_cast<int>(k)].title; }
 
 struct Record {
   Kind kind = Kind::worker_kill;
@@ -333,7 +314,7 @@ struct Options {
   int spares = 0;
   bool spread = false;
   double calibrate_s = 30;  // the fault-free spell that times a clean step on this cluster
-  std::vector<Kind> kinds{std::begin(kKinds), std::end(kKinds)};
+  std::vector<Kind> kinds;  // empty: every kind
 };
 
 // "link_cut,worker_kill" -> the kinds named; empty when a name is not a kind.
@@ -343,10 +324,10 @@ std::vector<Kind> parse_kinds(const std::string& list) {
   while (at <= list.size()) {
     const size_t end = std::min(list.find(',', at), list.size());
     const std::string item = list.substr(at, end - at);
-    const auto k =
-        std::find_if(std::begin(kKinds), std::end(kKinds), [&](Kind c) { return item == flag_name(c); });
-    if (k == std::end(kKinds)) return {};
-    if (std::find(out.begin(), out.end(), *k) == out.end()) out.push_back(*k);
+    const auto k = std::find_if(std::begin(kKindInfo), std::end(kKindInfo),
+                                [&](const KindInfo& c) { return item == c.flag; });
+    if (k == std::end(kKindInfo)) return {};
+    if (std::find(out.begin(), out.end(), k->kind) == out.end()) out.push_back(k->kind);
     at = end + 1;
   }
   return out;
@@ -373,8 +354,8 @@ Options parse(int argc, char** argv) {
       o.spread = true;
     } else if (a == "--calibrate" && i + 1 < argc && std::atof(argv[i + 1]) > 0) {
       o.calibrate_s = std::atof(argv[++i]);
-    } else if (a == "--faults" && i + 1 < argc && !parse_kinds(argv[i + 1]).empty()) {
-      o.kinds = parse_kinds(argv[++i]);
+    } else if (a == "--faults" && i + 1 < argc && !(o.kinds = parse_kinds(argv[i + 1])).empty()) {
+      ++i;
     } else {
       std::fprintf(
           stderr,
@@ -478,6 +459,8 @@ int main(int argc, char** argv) {
     // comes up in a short run.
     if (round.empty()) {
       round = opt.kinds;
+      if (round.empty())
+        for (const auto& info : kKindInfo) round.push_back(info.kind);
       std::shuffle(round.begin(), round.end(), rng);
     }
     r.kind = round.back();
@@ -631,7 +614,7 @@ int main(int argc, char** argv) {
       "job) | steps recomputed "
       "|\n");
   std::printf("|---|---|---|---|---|---|---|---|\n");
-  for (Kind k : kKinds) {
+  for (const auto& [k, flag, title] : kKindInfo) {
     std::vector<double> t;
     int n = 0, ok = 0, hit = 0;
     int64_t recomputed = 0;
