@@ -21,6 +21,14 @@
 //   coord  --drain(generation, step)-----> worker          (checkpoint after `step`, then stop: a resize)
 //   coord  --assign(Assignment)----------> worker          (a survivor's next generation, or refused: exit)
 //   coord  --kill(KillRequest)-----------> agent           (SIGKILL the named launches of a job)
+//   worker --relay-----------------------> agent's hub   => coordinator_actor (its relay)
+//
+// A worker started by an agent speaks to the coordinator through its agent (worker/relay.hpp):
+// it connects to the hub the agent published on its host's loopback and asks for a relay,
+// an actor of the agent's node that it uses as the coordinator. The relay forwards what the
+// worker sends (only for the rank it registered as) and what the coordinator sends it, so the
+// coordinator keeps one connection per host, not one per rank, and knows each rank by its
+// relay. A worker started without an agent's hub connects to the coordinator itself.
 //
 // A worker's life may span generations: a rank whose generation was aborted under it
 // reports a WorkerResult with `stays` and waits; the coordinator either pushes it the
@@ -65,6 +73,7 @@ using lost_atom = caf::atom_constant<caf::atom("lost")>;
 using ckpt_shard_atom = caf::atom_constant<caf::atom("ckpt_shard")>;
 using drain_atom = caf::atom_constant<caf::atom("drain")>;
 using assign_atom = caf::atom_constant<caf::atom("assign")>;
+using relay_atom = caf::atom_constant<caf::atom("relay")>;
 
 // ---------------------------------------------------------------- messages
 
@@ -357,5 +366,9 @@ using worker_actor =
     caf::typed_actor<caf::reacts_to<abort_atom, int32_t, std::string>,
                      caf::replies_to<where_atom>::with<std::string>,
                      caf::reacts_to<drain_atom, int32_t, int64_t>, caf::reacts_to<assign_atom, Assignment>>;
+
+// An agent's relay hub (worker/relay.hpp): a worker of its host asks it for the relay it
+// then uses as its coordinator.
+using relay_hub_actor = caf::typed_actor<caf::replies_to<relay_atom>::with<coordinator_actor>>;
 
 }  // namespace troupe::actors

@@ -25,6 +25,7 @@ NodeConfig::NodeConfig(const std::string& secret_file) {
   add_message_type<CkptShard>("troupe::CkptShard");
   add_message_type<CkptCommitted>("troupe::CkptCommitted");
   add_message_type<std::vector<std::string>>("std::vector<std::string>");
+  add_message_type<coordinator_actor>("troupe::coordinator_actor");  // an agent's relay (worker/relay.hpp)
   load<caf::io::middleman>();
   // One file is this node's certificate, its key and the only authority it trusts.
   use_cluster_secret(*this, secret_file);

@@ -20,6 +20,9 @@ void add_agent_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--data-interface", o.data_interface,
                   "Interface name or IPv4 address of this host that the workers' data plane listens on "
                   "(default: the source address of the route toward the coordinator)");
+  cmd->add_flag("--no-relay{false}", o.relay,
+                "Each worker connects to the coordinator itself (default: through this agent, one "
+                "connection per host)");
   cmd->add_option("--protocol-version-override", o.protocol_override)->group("");
   cmd->add_option("--worker-protocol-version-override", o.worker_protocol_override)->group("");
   cmd->callback([exit_code] { *exit_code = worker::run_agent(o); });
@@ -38,6 +41,7 @@ void add_worker_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--secret-file", o.secret_file)->required();
   cmd->add_option("--protocol-version-override", o.protocol_override);
   cmd->add_option("--data-interface", o.data_interface);
+  cmd->add_option("--relay", o.relay);
   cmd->callback([exit_code] { *exit_code = worker::run_worker(o); });
 }
 

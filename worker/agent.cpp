@@ -12,11 +12,13 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <iostream>
 #include <map>
 #include <set>
 
 #include "actors/system.hpp"
 #include "actors/validate.hpp"
+#include "worker/relay.hpp"
 
 namespace troupe::worker {
 
@@ -34,6 +36,7 @@ struct AgentState {
   AgentActorOptions opt;
   coordinator_actor coordinator;
   std::shared_ptr<WorkerLauncher> launcher;
+  std::string relay_address;  // the relay hub's, "" = none
   std::map<pid_t, Child> children;
   std::set<pid_t> reported_stops;  // stopped children already reported, until continued
   bool stopped = false;
@@ -49,7 +52,7 @@ class ProcessLauncher : public WorkerLauncher {
  public:
   explicit ProcessLauncher(const AgentActorOptions& o) : o_(o) {}
 
-  int32_t start(const LaunchRequest& r) override {
+  int32_t start(const LaunchRequest& r, const std::string& relay) override {
     std::vector<std::string> args = {o_.worker_binary, "worker",
                                      "--coordinator",  o_.coordinator_address,
                                      "--job",          r.job_id,
@@ -57,6 +60,10 @@ class ProcessLauncher : public WorkerLauncher {
                                      "--rank",         std::to_string(r.rank),
                                      "--device",       r.device,
                                      "--secret-file",  o_.secret_file};
+    if (!relay.empty()) {
+      args.push_back("--relay");
+      args.push_back(relay);
+    }
     if (!o_.data_interface.empty()) {
       args.push_back("--data-interface");
       args.push_back(o_.data_interface);
@@ -172,7 +179,7 @@ int32_t start_worker(self_ptr self, const LaunchRequest& r) {
       r.generation < 0 || r.rank < 0 || r.log_path.size() > 4096 ||
       r.log_path.find('\0') != std::string::npos)
     return -EINVAL;
-  const int32_t pid = self->state.launcher->start(r);
+  const int32_t pid = self->state.launcher->start(r, self->state.relay_address);
   if (pid > 0) self->state.children[pid] = Child{r.job_id, r.generation, r.rank};
   return pid;
 }
@@ -226,7 +233,9 @@ std::shared_ptr<WorkerLauncher> make_process_launcher(const AgentActorOptions& o
 
 namespace {
 
-agent_actor::behavior_type agent_fn(self_ptr self, coordinator_actor coordinator, AgentActorOptions opt) {
+agent_actor::behavior_type agent_fn(self_ptr self, coordinator_actor coordinator, AgentActorOptions opt,
+                                    std::string relay_address) {
+  self->state.relay_address = std::move(relay_address);
   self->state.launcher = opt.launcher ? opt.launcher : make_process_launcher(opt);
   self->state.opt = std::move(opt);
   self->state.coordinator = coordinator;
@@ -272,7 +281,24 @@ agent_actor::behavior_type agent_fn(self_ptr self, coordinator_actor coordinator
 
 actors::agent_actor spawn_agent(caf::actor_system& sys, actors::coordinator_actor coordinator,
                                 AgentActorOptions options) {
-  return sys.spawn(agent_fn, std::move(coordinator), std::move(options));
+  relay_hub_actor hub;
+  std::string relay_address;
+  if (options.relay) {
+    hub = start_relay_hub(sys, coordinator, &relay_address);
+    if (!hub) {
+      std::cerr << "troupe agent: cannot publish the relay hub on 127.0.0.1 (" << relay_address
+                << "): its workers connect to the coordinator themselves" << std::endl;
+      relay_address.clear();
+    } else {
+      std::cerr << "troupe agent: workers reach the coordinator through the relay hub at " << relay_address
+                << std::endl;
+    }
+  }
+  auto agent = sys.spawn(agent_fn, std::move(coordinator), std::move(options), std::move(relay_address));
+  if (hub)
+    agent->attach_functor(
+        [hub](const caf::error&) { caf::anon_send_exit(hub, caf::exit_reason::user_shutdown); });
+  return agent;
 }
 
 }  // namespace troupe::worker

@@ -29,8 +29,10 @@ constexpr const char* kLaunchTokenEnv = "TROUPE_LAUNCH_TOKEN";
 class WorkerLauncher {
  public:
   virtual ~WorkerLauncher() = default;
-  // Starts the worker of a checked request; its pid (> 0) or -errno.
-  virtual int32_t start(const actors::LaunchRequest& r) = 0;
+  // Starts the worker of a checked request; its pid (> 0) or -errno. `relay`: the address of
+  // the agent's relay hub the worker reaches the coordinator through (worker/relay.hpp); ""
+  // = none: it connects to the coordinator itself.
+  virtual int32_t start(const actors::LaunchRequest& r, const std::string& relay) = 0;
   // Kills a started worker (SIGKILL); it is reported by reap() once it is gone.
   virtual void kill(int32_t pid) = 0;
   struct Ended {
@@ -57,6 +59,9 @@ struct AgentActorOptions {
   std::string worker_binary = "/proc/self/exe";
   std::string secret_file;     // the cluster secret, handed to every worker it starts
   std::string data_interface;  // handed to every worker it starts ("" = none given)
+  // Its workers reach the coordinator through a relay hub on this host's loopback
+  // (worker/relay.hpp): one connection per host. false: each connects to the coordinator.
+  bool relay = true;
   int protocol = actors::kProtocolVersion;
   int worker_protocol_override = 0;  // tests: start workers that claim another version
   // Called once when the agent stops: a code (0 shut down, 1 refused, kAgentLostCoordinator) and why.
@@ -76,6 +81,8 @@ struct AgentActorOptions {
 // launch token in the environment; waitpid.
 std::shared_ptr<WorkerLauncher> make_process_launcher(const AgentActorOptions& options);
 
+// With options.relay, also starts the agent's relay hub (ended with the agent); where the hub
+// cannot be published the workers connect to the coordinator themselves (said on stderr).
 actors::agent_actor spawn_agent(caf::actor_system& sys, actors::coordinator_actor coordinator,
                                 AgentActorOptions options);
 

@@ -104,6 +104,7 @@ Session serve(const AgentOptions& o, const std::vector<std::string>& devices,
   aopt.worker_binary = o.worker_binary;
   aopt.secret_file = o.secret_file;
   aopt.data_interface = o.data_interface;
+  aopt.relay = o.relay;
   if (o.protocol_override) aopt.protocol = o.protocol_override;
   aopt.worker_protocol_override = o.worker_protocol_override;
   aopt.on_stop = [&](int c, const std::string& w) {

@@ -18,6 +18,9 @@ struct AgentOptions {
   // The data plane's interface name or IPv4 address, handed to every worker; "" = the
   // source address of the route toward the coordinator (worker/data_address.hpp).
   std::string data_interface;
+  // The workers reach the coordinator through this agent (one connection per host); false:
+  // each connects to it itself.
+  bool relay = true;
 };
 
 // "cpu:4" -> cpu:0..cpu:3; "cuda:all" -> every GPU this process sees (worker/device.hpp); "cuda:0,2" ->
@@ -48,6 +51,7 @@ struct WorkerOptions {
   std::string secret_file;
   int protocol_override = 0;
   std::string data_interface;  // as AgentOptions::data_interface
+  std::string relay;  // "host:port" of the agent's relay hub (worker/relay.hpp); "" = connect directly
 };
 
 // Connects, asks for its assignment, trains on an engine thread while the

@@ -31,6 +31,7 @@
 #include "worker/failure.hpp"
 #include "worker/memory_snapshot.hpp"
 #include "worker/node.hpp"
+#include "worker/relay.hpp"
 #include "worker/train_loop.hpp"
 
 namespace troupe::worker {
@@ -331,20 +332,33 @@ int run_worker(const WorkerOptions& o) {
   }
   NodeConfig cfg(o.secret_file);
   caf::actor_system sys{cfg};
-  // A loaded host can take longer than the connection timeout to finish the TLS and
-  // CAF handshakes; a few tries with backoff keep that from failing the generation.
-  auto coord = connect<coordinator_actor>(sys, addr.first, addr.second);
-  for (auto backoff = std::chrono::milliseconds(250); !coord && backoff <= std::chrono::seconds(4);
-       backoff *= 2) {
-    std::cerr << "troupe worker: cannot reach the coordinator at " << o.coordinator << " ("
-              << sys.render(coord.error()) << "); retrying in " << backoff.count() << " ms" << std::endl;
-    std::this_thread::sleep_for(backoff);
+  // Through the agent's relay (worker/relay.hpp) when it has one, else directly. A loaded
+  // host can take longer than the connection timeout to finish the TLS and CAF handshakes;
+  // a few tries with backoff keep that from failing the generation.
+  caf::expected<coordinator_actor> coord{caf::sec::invalid_argument};
+  if (!o.relay.empty()) {
+    coord = connect_relay(sys, o.relay);
+    if (!coord) {
+      std::cerr << "troupe worker: cannot reach the coordinator through the agent's relay at " << o.relay
+                << ": " << sys.render(coord.error()) << "\n";
+      return 1;
+    }
+    std::cout << "troupe worker: reached the coordinator through its agent's relay at " << o.relay
+              << std::endl;
+  } else {
     coord = connect<coordinator_actor>(sys, addr.first, addr.second);
-  }
-  if (!coord) {
-    std::cerr << "troupe worker: cannot reach the coordinator at " << o.coordinator << ": "
-              << sys.render(coord.error()) << "\n";
-    return 1;
+    for (auto backoff = std::chrono::milliseconds(250); !coord && backoff <= std::chrono::seconds(4);
+         backoff *= 2) {
+      std::cerr << "troupe worker: cannot reach the coordinator at " << o.coordinator << " ("
+                << sys.render(coord.error()) << "); retrying in " << backoff.count() << " ms" << std::endl;
+      std::this_thread::sleep_for(backoff);
+      coord = connect<coordinator_actor>(sys, addr.first, addr.second);
+    }
+    if (!coord) {
+      std::cerr << "troupe worker: cannot reach the coordinator at " << o.coordinator << ": "
+                << sys.render(coord.error()) << "\n";
+      return 1;
+    }
   }
   auto control = std::make_shared<Control>();
   WorkerHello hello{o.protocol_override ? o.protocol_override : kProtocolVersion,

@@ -18,6 +18,9 @@ struct DriverOptions {
   int ckpt_every = 10;  // steps between checkpoints
   int gloo_max = 0;     // the gloo pattern in groups of at most this many ranks (0 = not run)
   bool faults = true;   // a rank killed, a rank hung, an agent lost
+  // Workers reach the coordinator through their agent's relay (worker/relay.hpp), as
+  // deployed; false: each holds its own connection to the coordinator (troupe agent --no-relay).
+  bool relay = true;
   double patience = 1;  // multiplies every wait's limit
   // The coordinator's niceness. On a cluster it has a machine of its own; here thousands of
   // simulated nodes' threads share two cores with it, and at equal priority they starve the

@@ -30,6 +30,8 @@ int main(int argc, char** argv) {
                  "the coordinator's niceness (negative needs CAP_SYS_NICE; else 0)");
   app.add_option("--connects", d.connects, "connections opened at once over all simulated processes");
   app.add_option("--json", d.json_out, "write the figures and checks as JSON here");
+  app.add_flag("--no-relay{false}", d.relay,
+               "each simulated worker connects to the coordinator itself (default: through its agent)");
   app.add_option("--dir", d.dir, "working directory, kept (default: a new one under /tmp, removed)");
   app.add_option("--troupe", d.troupe_binary, "the troupe binary whose coordinator is measured");
   app.add_flag("--no-faults", no_faults, "skip the killed rank, the hung rank and the lost agent");
@@ -47,6 +49,7 @@ int main(int argc, char** argv) {
   sim->add_option("--gloo-max", s.gloo_max);
   sim->add_option("--launch-threads", s.launch_threads);
   sim->add_option("--reap-ms", s.reap_ms);
+  sim->add_flag("--no-relay{false}", s.relay);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

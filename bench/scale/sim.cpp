@@ -18,6 +18,7 @@
 #include "actors/system.hpp"
 #include "bench/scale/sim_worker.hpp"
 #include "worker/agent.hpp"
+#include "worker/relay.hpp"
 
 namespace troupe::scale {
 
@@ -80,7 +81,7 @@ class Sim;
 class SimLauncher : public worker::WorkerLauncher {
  public:
   SimLauncher(Sim& sim, int agent) : sim_(sim), agent_(agent) {}
-  int32_t start(const LaunchRequest& r) override;
+  int32_t start(const LaunchRequest& r, const std::string& relay) override;
   void kill(int32_t pid) override;
   std::vector<Ended> reap(bool) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -208,7 +209,7 @@ class Sim : public SimSink {
   }
 
   // ---- the agents' launchers (their actor threads)
-  int32_t start_worker(int agent, const LaunchRequest& r) {
+  int32_t start_worker(int agent, const LaunchRequest& r, const std::string& relay) {
     auto n = std::make_shared<WorkerNode>();
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -235,6 +236,7 @@ class Sim : public SimSink {
     c.ckpt_every = o_.ckpt_every;
     c.ckpt_bytes = o_.ckpt_bytes;
     c.gloo_max = o_.gloo_max;
+    c.relay = relay;
     pool_.submit([this, n, c] { build_worker(n, c); });
     return n->pid;
   }
@@ -273,6 +275,7 @@ class Sim : public SimSink {
     ao.host = a->host;
     ao.secret_file = o_.secret_file;
     ao.launcher = a->launcher;
+    ao.relay = o_.relay;
     ao.reap_every = std::chrono::milliseconds(o_.reap_ms);
     const int index = a->index;
     ao.on_registered = [this, index] {
@@ -290,9 +293,12 @@ class Sim : public SimSink {
     n->cfg = std::make_unique<NodeConfig>(o_.secret_file);
     n->cfg->set("scheduler.max-threads", size_t{1});
     n->sys = std::make_unique<caf::actor_system>(*n->cfg);
-    // As a worker process: a few tries with backoff while a loaded coordinator handshakes.
-    auto coord = connect_with_retry<coordinator_actor>(*n->sys, addr_, std::chrono::milliseconds(250),
-                                                       std::chrono::milliseconds(4000));
+    // As a worker process: through its agent's relay, or to the coordinator itself; a few
+    // tries with backoff while a loaded peer handshakes.
+    auto coord = c.relay.empty()
+                     ? connect_with_retry<coordinator_actor>(*n->sys, addr_, std::chrono::milliseconds(250),
+                                                             std::chrono::milliseconds(4000))
+                     : worker::connect_relay(*n->sys, c.relay);
     if (!coord) {
       emit("connect_failed " + std::to_string(c.generation) + " " + std::to_string(c.rank) + " " +
            std::to_string(now_ns()) + " " + n->sys->render(coord.error()));
@@ -475,7 +481,9 @@ class Sim : public SimSink {
   Pool pool_;  // last: its threads stop (finishing what is queued) before the rest goes
 };
 
-int32_t SimLauncher::start(const LaunchRequest& r) { return sim_.start_worker(agent_, r); }
+int32_t SimLauncher::start(const LaunchRequest& r, const std::string& relay) {
+  return sim_.start_worker(agent_, r, relay);
+}
 void SimLauncher::kill(int32_t pid) { sim_.kill_pid(pid); }
 
 }  // namespace

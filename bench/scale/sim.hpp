@@ -28,6 +28,7 @@ struct SimOptions {
   int gloo_max = 0;        // the gloo pattern runs in groups of at most this many ranks (0 = none)
   int launch_threads = 8;  // threads that start and stop simulated nodes
   int reap_ms = 50;        // the agents' reaping period
+  bool relay = true;       // workers through their agent's relay (DriverOptions::relay)
 };
 
 int run_sim(const SimOptions& o);

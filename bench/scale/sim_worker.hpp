@@ -37,6 +37,7 @@ struct SimWorkerConfig {
   int ckpt_every = 0;
   int ckpt_bytes = 4096;
   int gloo_max = 0;
+  std::string relay;  // its agent's relay hub ("" = connect to the coordinator)
 };
 
 caf::actor spawn_sim_worker(caf::actor_system& sys, actors::coordinator_actor coordinator,

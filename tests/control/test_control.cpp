@@ -307,3 +307,69 @@ TEST_CASE("the Python example of docs/api.md runs against a live coordinator", "
   CHECK(out.find("succeeded") != std::string::npos);
   CHECK(out.find("step 3") != std::string::npos);
 }
+
+namespace {
+
+// Established TCP connections whose local port is `port`, as /proc/net/tcp lists them: the
+// accepted ends of a listener's connections (every process of a test shares one network).
+int established_to(uint16_t port) {
+  std::ifstream in("/proc/net/tcp");
+  std::string line;
+  std::getline(in, line);  // the header
+  int n = 0;
+  while (std::getline(in, line)) {
+    std::istringstream f(line);
+    std::string slot, local, remote, state;
+    f >> slot >> local >> remote >> state;
+    auto colon = local.find(':');
+    if (colon != std::string::npos && state == "01" &&
+        std::stoul(local.substr(colon + 1), nullptr, 16) == port)
+      ++n;
+  }
+  return n;
+}
+
+// The losses of a job's first `steps` steps (metrics.jsonl).
+std::vector<double> first_losses(const std::string& run_dir, size_t steps) {
+  std::vector<double> out;
+  std::ifstream metrics(run_dir + "/metrics.jsonl");
+  for (std::string line; out.size() < steps && std::getline(metrics, line);)
+    out.push_back(json::parse(line)["loss"].get<double>());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "workers reach the coordinator through their agent (one connection per host), or with --no-relay "
+    "each by itself, and train the same numbers",
+    "[control][multiprocess]") {
+  std::vector<double> losses[2];
+  for (bool relay : {true, false}) {
+    INFO((relay ? "through the agent's relay" : "--no-relay"));
+    Cluster c;
+    REQUIRE(c.ready());
+    Proc& agent = relay ? c.add_agent("cpu:2") : c.add_agent("cpu:2", {"--no-relay"});
+    REQUIRE(c.wait_devices(2));
+    std::string spec = read_file(std::string(TROUPE_SOURCE_DIR) + "/configs/layouts/tiny_dp2_pp1_tp1.yaml");
+    spec.replace(spec.find("steps: 10"), 9, "steps: " + std::to_string(kEndlessSteps));
+    std::string job = c.call({{"op", "submit"}, {"spec", spec}})["job"];
+    REQUIRE(!job.empty());
+    REQUIRE(c.wait_state(job, [](const json& s) { return s["state"] == "running" && s["steps_done"] >= 6; }));
+    const std::string listen = c.listen();
+    const auto port = static_cast<uint16_t>(std::stoul(listen.substr(listen.rfind(':') + 1)));
+    // The agent's connection, and with --no-relay each worker's.
+    CHECK(established_to(port) == (relay ? 1 : 3));
+    CHECK((agent.output().find("workers reach the coordinator through the relay hub at 127.0.0.1:") !=
+           std::string::npos) == relay);
+    const std::string run_dir = c.status(job)["run_dir"];
+    for (int r = 0; r < 2; ++r)
+      CHECK(
+          (read_file(run_dir + "/workers/" + std::to_string(r) + ".log").find("through its agent's relay") !=
+           std::string::npos) == relay);
+    losses[relay ? 0 : 1] = first_losses(run_dir, 6);
+    c.call({{"op", "cancel"}, {"job", job}});
+  }
+  REQUIRE(losses[0].size() == 6);
+  CHECK(losses[0] == losses[1]);
+}

@@ -1,0 +1,189 @@
+// An agent's relay (worker/relay.hpp) against a real coordinator process: the agent is the real
+// agent actor in this process, with a launcher that starts no process but keeps each launch's
+// request (its token), so that this test can be each worker: it registers ranks through their
+// relays as a worker process would, then tries to make one rank's relay speak for another.
+#include <unistd.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <mutex>
+#include <optional>
+
+#include "actors/system.hpp"
+#include "tests/control/cluster.hpp"
+#include "tests/support/support.hpp"
+#include "worker/agent.hpp"
+#include "worker/relay.hpp"
+
+// Every actor system of this process is a node of its own, as each process is: CAF 0.17.6
+// builds a node id from the host id and caf::detail::get_process_id(), which libcaf_core calls
+// through its PLT, so this definition takes its place (bench/scale/node_ids.cpp does the same).
+namespace caf::detail {
+unsigned get_process_id() {
+  static std::atomic<uint32_t> next{0};
+  return 0x80000000u | (next.fetch_add(1) & 0xfffffu);
+}
+}  // namespace caf::detail
+
+using namespace troupe;
+using namespace troupe::actors;
+using namespace troupe::test;
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+namespace {
+
+// Starts nothing: keeps the requests and the relay address the agent handed over.
+class KeepingLauncher : public worker::WorkerLauncher {
+ public:
+  int32_t start(const LaunchRequest& r, const std::string& relay) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    requests_.push_back(r);
+    relay_ = relay;
+    return 4000000 + static_cast<int32_t>(requests_.size());
+  }
+  void kill(int32_t) override {}
+  std::vector<Ended> reap(bool) override { return {}; }
+  std::vector<LaunchRequest> requests() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return requests_;
+  }
+  std::string relay() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return relay_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<LaunchRequest> requests_;
+  std::string relay_;
+};
+
+// A worker's node: its own actor system, its relay, and the one actor that registers and
+// asks (the relay serves the actor that registered while it lives: it is the worker).
+struct WorkerNode {
+  NodeConfig cfg;
+  caf::actor_system sys;
+  caf::scoped_actor me;
+  coordinator_actor relay;
+  explicit WorkerNode(const std::string& secret, const std::string& hub) : cfg(secret), sys(cfg), me(sys) {
+    auto r = worker::connect_relay(sys, hub);
+    REQUIRE(r);
+    relay = *r;
+  }
+  template <class R, class... Ts>
+  std::optional<R> ask(Ts&&... xs) {
+    std::optional<R> out;
+    me->request(relay, 30s, std::forward<Ts>(xs)...)
+        .receive([&](R& r) { out = std::move(r); }, [&](caf::error&) {});
+    return out;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("relay: a worker's relay speaks for the rank the coordinator assigned it and no other",
+          "[worker][relay][multiprocess]") {
+  Cluster c;
+  REQUIRE(c.ready());
+  NodeConfig agent_cfg(c.secret());
+  caf::actor_system agent_sys{agent_cfg};
+  const std::string listen = c.listen();
+  auto coord =
+      connect<coordinator_actor>(agent_sys, parse_host_port(listen).first, parse_host_port(listen).second);
+  REQUIRE(coord);
+  auto launcher = std::make_shared<KeepingLauncher>();
+  worker::AgentActorOptions ao;
+  ao.devices = {"cpu:0", "cpu:1"};
+  ao.secret_file = c.secret();
+  ao.launcher = launcher;
+  auto agent = worker::spawn_agent(agent_sys, *coord, ao);
+  // However the test ends, the agent (and with it its hub and relays) goes before its system.
+  struct Stop {
+    agent_actor a;
+    ~Stop() { caf::anon_send_exit(a, caf::exit_reason::user_shutdown); }
+  } stop{agent};
+  REQUIRE(c.wait_devices(2));
+
+  std::string spec = read_file(std::string(TROUPE_SOURCE_DIR) + "/configs/layouts/tiny_dp2_pp1_tp1.yaml");
+  const std::string job = c.call({{"op", "submit"}, {"spec", spec}})["job"];
+  REQUIRE(!job.empty());
+  REQUIRE(wait_until([&] { return launcher->requests().size() == 2; }, 30s));
+  const std::string hub = launcher->relay();
+  REQUIRE(hub.rfind("127.0.0.1:", 0) == 0);
+
+  // Each rank registers through a relay of its own, with its launch's token.
+  std::unique_ptr<WorkerNode> node[2];
+  for (const auto& r : launcher->requests()) {
+    REQUIRE((r.rank == 0 || r.rank == 1));
+    node[r.rank] = std::make_unique<WorkerNode>(c.secret(), hub);
+    WorkerHello h{kProtocolVersion, r.job_id, r.generation, r.rank, 4242, "relay-test", r.token};
+    auto a = node[r.rank]->ask<Assignment>(reg_worker_atom::value, h);
+    REQUIRE(a);
+    CHECK(a->refused == "");
+    CHECK(a->rank == r.rank);
+  }
+  // A relay registers one worker, once.
+  WorkerHello again{kProtocolVersion, job, 0, 0, 4242, "relay-test", "00112233445566778899aabbccddeeff"};
+  auto twice = node[0]->ask<Assignment>(reg_worker_atom::value, again);
+  REQUIRE(twice);
+  CHECK(twice->refused.find("registered once") != std::string::npos);
+
+  // Rank 0's relay does not carry rank 1's failure: the coordinator would take it (both ranks
+  // speak from the agent's node), the relay does not pass it on.
+  WorkerResult failed;
+  failed.job_id = job;
+  failed.rank = 1;
+  failed.ok = false;
+  failed.error_name = "engine_error";
+  failed.message = "said by rank 0";
+  auto done = node[0]->ask<bool>(worker_done_atom::value, failed);
+  REQUIRE(done);
+  CHECK(*done == false);
+  // Nor a store request of another generation, nor rank 1's checkpoint report.
+  auto sv = node[0]->ask<StoreValue>(store_set_atom::value, StoreKey{job, 7, "g", "k"}, std::string("v"));
+  REQUIRE(sv);
+  CHECK(sv->error == "not a rank of this job generation on this host");
+  CkptShard shard{job, 0, 1, 2, 3, "", 1, "{}", {}};
+  auto committed = node[0]->ask<CkptCommitted>(ckpt_shard_atom::value, shard);
+  REQUIRE(committed);
+  CHECK(!committed->ok);
+  // Its own rank's store requests go through.
+  sv = node[0]->ask<StoreValue>(store_set_atom::value, StoreKey{job, 0, "g", "k"}, std::string("v"));
+  REQUIRE(sv);
+  CHECK(sv->error == "");
+  auto got = node[1]->ask<StoreValue>(store_get_atom::value, StoreKey{job, 0, "g", "k"}, int64_t{5000});
+  REQUIRE(got);
+  CHECK(got->found);
+  CHECK(got->value == "v");
+
+  // The coordinator's "where" polls reach each worker through its relay, and the answers it.
+  for (int r = 0; r < 2; ++r) {
+    bool asked = false;
+    node[r]->me->receive(
+        [&](where_atom) -> std::string {
+          asked = true;
+          return "step 3: rank " + std::to_string(r);
+        },
+        caf::after(30s) >> [] {});
+    CHECK(asked);
+  }
+  CHECK(c.wait_state(job, [](const json& s) {
+    return s["workers"][0]["where"] == "step 3: rank 0" && s["workers"][1]["where"] == "step 3: rank 1";
+  }));
+
+  // The job saw no failure: rank 1's false report never reached it.
+  auto st = c.status(job);
+  CHECK(st["failures"].empty());
+  CHECK(st["generation"] == 0);
+
+  // Rank 1's own failure, through its own relay, is taken: the job fails over to generation 1.
+  failed.message = "said by rank 1";
+  done = node[1]->ask<bool>(worker_done_atom::value, failed);
+  REQUIRE(done);
+  CHECK(*done == true);
+  CHECK(c.wait_state(job, [](const json& s) { return !s["failures"].empty(); }));
+  auto failures = c.status(job)["failures"];
+  REQUIRE(!failures.empty());
+  CHECK(failures[0]["rank"] == 1);
+}

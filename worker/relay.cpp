@@ -1,0 +1,311 @@
+#include "worker/relay.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <iostream>
+#include <memory>
+#include <thread>
+#include <tuple>
+
+#include "actors/system.hpp"
+#include "core/text.hpp"
+
+namespace troupe::worker {
+
+namespace {
+
+using namespace troupe::actors;
+
+// A relay nobody registered through within this long ends (the worker gave up or died).
+constexpr auto kRegisterWithin = std::chrono::seconds(90);
+// Relays of one hub not yet registered, at most: a local peer asking for relays in a loop
+// gets refusals, not the agent's memory.
+constexpr int kMaxUnregistered = 1024;
+// How long a forwarded request waits for the coordinator beyond what the worker asked:
+// the worker's own request times out first, so it never waits on the relay.
+constexpr auto kForwardMargin = std::chrono::minutes(2);
+// The identities (job, generation, rank) a relay remembers for its worker: one per generation
+// it served; a message for an older one is still the coordinator's to refuse as stale.
+constexpr size_t kIdentities = 16;
+
+using Identity = std::tuple<std::string, int32_t, int32_t>;  // job, generation, rank
+
+struct RelayState {
+  coordinator_actor coordinator;
+  caf::node_id worker_node;  // the node that asked the hub for this relay
+  caf::actor worker;         // the worker actor that registered through it
+  bool registering = false;
+  std::deque<Identity> identities;                 // assigned by the coordinator, newest last
+  std::shared_ptr<std::atomic<int>> unregistered;  // the hub's count, this relay in it until registered
+  std::shared_ptr<std::atomic<bool>> counted;
+  uint64_t refused = 0;
+  static inline const char* name = "troupe.relay";
+};
+
+using relay_ptr = caf::stateful_actor<RelayState>*;
+
+bool from_node(relay_ptr self, const caf::node_id& node) {
+  auto sender = self->current_sender();
+  return sender && node && sender->node() == node;
+}
+
+bool from_coordinator(relay_ptr self) { return from_node(self, self->state.coordinator.node()); }
+
+bool from_worker(relay_ptr self) { return from_node(self, self->state.worker_node); }
+
+// The worker registered through this relay and was assigned (job, generation, rank).
+bool speaks_for(relay_ptr self, const std::string& job, int32_t generation, int32_t rank) {
+  if (!self->state.worker || !from_worker(self)) return false;
+  const auto& ids = self->state.identities;
+  return std::find(ids.begin(), ids.end(), Identity{job, generation, rank}) != ids.end();
+}
+
+// A store key of a generation the worker was assigned a rank of.
+bool speaks_for_store(relay_ptr self, const StoreKey& k) {
+  if (!self->state.worker || !from_worker(self)) return false;
+  for (const auto& [job, generation, rank] : self->state.identities)
+    if (job == k.job_id && generation == k.generation) return true;
+  return false;
+}
+
+void note_refused(relay_ptr self, const char* what) {
+  auto n = ++self->state.refused;
+  if (n <= 5 || n % 1000 == 0)
+    std::cerr << "troupe agent: relay refused " << what << " from "
+              << (self->current_sender() ? caf::to_string(self->current_sender()->node())
+                                         : std::string("nobody"))
+              << " (" << n << " so far)" << std::endl;
+}
+
+void remember(relay_ptr self, const Assignment& a) {
+  if (!a.refused.empty()) return;
+  auto& ids = self->state.identities;
+  Identity id{a.job_id, a.generation, a.rank};
+  if (std::find(ids.begin(), ids.end(), id) != ids.end()) return;
+  ids.push_back(std::move(id));
+  while (ids.size() > kIdentities) ids.pop_front();
+}
+
+// Forwards a request to the coordinator and its answer (or error) to the requester. (Every
+// check of the sender comes first: making a response promise takes the sender from the message.)
+template <class Answer, class... Ts>
+caf::response_promise forward(relay_ptr self, caf::timespan timeout, Ts&&... xs) {
+  auto rp = self->make_response_promise();
+  self->request(self->state.coordinator, timeout, std::forward<Ts>(xs)...)
+      .then([rp](Answer& a) mutable { rp.deliver(std::move(a)); },
+            [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+  return rp;
+}
+
+template <class T>
+caf::response_promise answer(relay_ptr self, T x) {
+  auto rp = self->make_response_promise();
+  rp.deliver(std::move(x));
+  return rp;
+}
+
+// This relay no longer counts as waiting for its registration.
+void uncount(const std::shared_ptr<std::atomic<bool>>& counted, const std::shared_ptr<std::atomic<int>>& n) {
+  if (counted->exchange(false)) --*n;
+}
+
+StoreValue store_refused() {
+  StoreValue v;
+  v.error = "not a rank of this job generation on this host";
+  return v;
+}
+
+caf::timespan waiting(int64_t ms) {
+  const int64_t capped = std::clamp<int64_t>(ms, 0, int64_t{24} * 3600 * 1000);
+  return std::chrono::milliseconds(capped) + kForwardMargin;
+}
+
+caf::behavior relay_fn(relay_ptr self, caf::actor hub, coordinator_actor coordinator,
+                       caf::node_id worker_node, std::shared_ptr<std::atomic<int>> unregistered) {
+  auto& s = self->state;
+  s.coordinator = coordinator;
+  s.worker_node = worker_node;
+  s.unregistered = unregistered;
+  s.counted = std::make_shared<std::atomic<bool>>(true);
+  self->attach_functor(
+      [counted = s.counted, unregistered](const caf::error&) { uncount(counted, unregistered); });
+  self->monitor(coordinator);
+  // The hub ends with its agent: so do its relays (their workers are being killed).
+  self->monitor(hub);
+  self->set_down_handler([=](caf::down_msg& dm) {
+    if (dm.source == hub.address() || dm.source == self->state.coordinator.address() ||
+        (self->state.worker && dm.source == self->state.worker.address()))
+      self->quit(dm.reason);
+  });
+  // Anything else (another interface's message, from anyone) is dropped unanswered.
+  self->set_default_handler(caf::drop);
+  self->delayed_send(self, kRegisterWithin, tick_atom::value);
+  return {
+      [=](tick_atom) {
+        const bool own = caf::actor_cast<caf::actor_addr>(self->current_sender()) == self->address();
+        if (own && !self->state.worker && !self->state.registering)
+          self->quit(caf::exit_reason::user_shutdown);
+      },
+      // ---- from the worker
+      [=](reg_worker_atom, WorkerHello& h) -> caf::response_promise {
+        auto& st = self->state;
+        if (!from_worker(self) || st.worker || st.registering) {
+          note_refused(self, "a registration");
+          Assignment none;
+          none.refused = "this relay serves one worker, registered once";
+          return answer(self, std::move(none));
+        }
+        st.registering = true;
+        auto worker = caf::actor_cast<caf::actor>(self->current_sender());
+        auto rp = self->make_response_promise();
+        self->request(st.coordinator, std::chrono::seconds(60), reg_worker_atom::value, std::move(h))
+            .then(
+                [=](Assignment& a) mutable {
+                  self->state.registering = false;
+                  if (a.refused.empty() && !self->state.worker) {
+                    self->state.worker = worker;
+                    uncount(self->state.counted, self->state.unregistered);
+                    self->monitor(worker);
+                    remember(self, a);
+                  }
+                  rp.deliver(std::move(a));
+                },
+                [=](caf::error& e) mutable {
+                  self->state.registering = false;
+                  rp.deliver(std::move(e));
+                });
+        return rp;
+      },
+      [=](step_atom, StepMetrics& m) {
+        if (!speaks_for(self, m.job_id, m.generation, m.rank)) return note_refused(self, "a step");
+        self->send(self->state.coordinator, step_atom::value, std::move(m));
+      },
+      [=](worker_done_atom, WorkerResult& r) -> caf::response_promise {
+        if (!speaks_for(self, r.job_id, r.generation, r.rank)) {
+          note_refused(self, "a result");
+          return answer(self, false);
+        }
+        return forward<bool>(self, std::chrono::minutes(2), worker_done_atom::value, std::move(r));
+      },
+      [=](ckpt_shard_atom, CkptShard& c) -> caf::response_promise {
+        if (!speaks_for(self, c.job_id, c.generation, c.rank)) {
+          note_refused(self, "a checkpoint report");
+          CkptCommitted no;
+          no.error = "not a rank of this job generation on this host";
+          return answer(self, std::move(no));
+        }
+        return forward<CkptCommitted>(self, std::chrono::minutes(15), ckpt_shard_atom::value, std::move(c));
+      },
+      [=](store_set_atom, StoreKey& k, std::string& v) -> caf::response_promise {
+        if (!speaks_for_store(self, k)) {
+          note_refused(self, "a store request");
+          return answer(self, store_refused());
+        }
+        return forward<StoreValue>(self, waiting(0), store_set_atom::value, std::move(k), std::move(v));
+      },
+      [=](store_add_atom, StoreKey& k, int64_t delta) -> caf::response_promise {
+        if (!speaks_for_store(self, k)) {
+          note_refused(self, "a store request");
+          return answer(self, store_refused());
+        }
+        return forward<StoreValue>(self, waiting(0), store_add_atom::value, std::move(k), delta);
+      },
+      [=](store_get_atom, StoreKey& k, int64_t wait_ms) -> caf::response_promise {
+        if (!speaks_for_store(self, k)) {
+          note_refused(self, "a store request");
+          return answer(self, store_refused());
+        }
+        return forward<StoreValue>(self, waiting(wait_ms), store_get_atom::value, std::move(k), wait_ms);
+      },
+      // ---- from the coordinator, to the worker (sent as this relay: the worker's coordinator)
+      [=](abort_atom, int32_t generation, std::string& why) {
+        if (!from_coordinator(self) || !self->state.worker) return note_refused(self, "an abort");
+        self->send(self->state.worker, abort_atom::value, generation, std::move(why));
+      },
+      [=](drain_atom, int32_t generation, int64_t step) {
+        if (!from_coordinator(self) || !self->state.worker) return note_refused(self, "a drain");
+        self->send(self->state.worker, drain_atom::value, generation, step);
+      },
+      [=](assign_atom, Assignment& a) {
+        if (!from_coordinator(self) || !self->state.worker) return note_refused(self, "an assignment");
+        remember(self, a);
+        self->send(self->state.worker, assign_atom::value, std::move(a));
+      },
+      [=](where_atom) -> caf::response_promise {
+        // Checked before the promise is made: making it takes the sender from the message.
+        if (!from_coordinator(self) || !self->state.worker) {
+          note_refused(self, "a where");
+          return answer(self, caf::make_error(caf::sec::unexpected_message));
+        }
+        auto rp = self->make_response_promise();
+        self->request(self->state.worker, std::chrono::seconds(5), where_atom::value)
+            .then([rp](std::string& w) mutable { rp.deliver(std::move(w)); },
+                  [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+        return rp;
+      },
+  };
+}
+
+struct HubState {
+  coordinator_actor coordinator;
+  std::shared_ptr<std::atomic<int>> unregistered = std::make_shared<std::atomic<int>>(0);
+  static inline const char* name = "troupe.relay_hub";
+};
+
+relay_hub_actor::behavior_type hub_fn(relay_hub_actor::stateful_pointer<HubState> self,
+                                      coordinator_actor coordinator) {
+  self->state.coordinator = coordinator;
+  return {
+      [=](relay_atom) -> caf::result<coordinator_actor> {
+        auto sender = self->current_sender();
+        auto& st = self->state;
+        if (!sender || !sender->node() || sender->node() == self->node() ||
+            sender->node() == st.coordinator.node())
+          return caf::make_error(caf::sec::invalid_argument);
+        if (st.unregistered->load() >= kMaxUnregistered)
+          return caf::make_error(caf::sec::runtime_error, "too many relays waiting for a registration");
+        ++*st.unregistered;
+        auto relay = self->spawn(relay_fn, caf::actor_cast<caf::actor>(self), st.coordinator, sender->node(),
+                                 st.unregistered);
+        return caf::actor_cast<coordinator_actor>(relay);
+      },
+  };
+}
+
+}  // namespace
+
+relay_hub_actor start_relay_hub(caf::actor_system& sys, const coordinator_actor& coordinator,
+                                std::string* address) {
+  auto hub = sys.spawn(hub_fn, coordinator);
+  HandshakeLimits limits;
+  limits.per_address = 256;  // every connection of the hub comes from loopback: its host's workers
+  auto port = publish(hub, 0, "127.0.0.1", limits);
+  if (!port) {
+    *address = sys.render(port.error());
+    caf::anon_send_exit(hub, caf::exit_reason::user_shutdown);
+    return {};
+  }
+  *address = "127.0.0.1:" + std::to_string(*port);
+  return hub;
+}
+
+caf::expected<coordinator_actor> connect_relay(caf::actor_system& sys, const std::string& address) {
+  auto addr = parse_host_port(address);
+  auto hub = connect<relay_hub_actor>(sys, addr.first, addr.second);
+  for (auto backoff = std::chrono::milliseconds(250); !hub && backoff <= std::chrono::seconds(4);
+       backoff *= 2) {
+    std::this_thread::sleep_for(backoff);
+    hub = connect<relay_hub_actor>(sys, addr.first, addr.second);
+  }
+  if (!hub) return hub.error();
+  caf::scoped_actor self{sys};
+  caf::expected<coordinator_actor> out{caf::sec::request_timeout};
+  self->request(*hub, std::chrono::seconds(30), relay_atom::value)
+      .receive([&](coordinator_actor& relay) { out = std::move(relay); },
+               [&](caf::error& e) { out = std::move(e); });
+  return out;
+}
+
+}  // namespace troupe::worker

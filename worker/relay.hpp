@@ -1,0 +1,39 @@
+// Workers reach the coordinator through their host's agent: one connection per host.
+//
+// An agent publishes a relay hub on its host's loopback (mutual TLS on the cluster secret, as
+// every connection). A worker it started connects to the hub and asks for a relay: an actor of
+// the agent's node, bound to the worker's node, that the worker then uses as its coordinator.
+// The relay
+//   * forwards what the worker sends (registration, steps, results, checkpoint reports, store
+//     requests) only from the worker's node and, once registered, only for the (job,
+//     generation, rank) the coordinator assigned it: a worker cannot speak for another rank
+//     of its host;
+//   * registers itself as the worker's handle, so the coordinator's abort, "where", drain and
+//     assignments come to it over the agent's connection and it hands them to the worker
+//     (sent as itself: the worker takes them only from its coordinator, which the relay is);
+//   * ends when its worker goes (process exit, or the worker's connection to the agent timed
+//     out: a hang) or when the coordinator goes, with the same reason, so that the coordinator
+//     sees the worker down through its monitor of the relay, and the worker sees its
+//     coordinator down through its monitor of the relay.
+// The coordinator then keeps one connection, one TLS session and one heartbeat per host, not
+// per rank; the workers' heartbeats stay on their host.
+#pragma once
+
+#include <caf/fwd.hpp>
+#include <string>
+
+#include "actors/protocol.hpp"
+
+namespace troupe::worker {
+
+// An agent's hub: spawned and published on 127.0.0.1 (any free port). Returns the hub
+// ("127.0.0.1:PORT" in *address), or an invalid handle where publishing failed (*address then
+// says why). spawn_agent (worker/agent.hpp) starts it and ends it with its agent.
+actors::relay_hub_actor start_relay_hub(caf::actor_system& sys, const actors::coordinator_actor& coordinator,
+                                        std::string* address);
+
+// A worker's side: connects to the hub at `address` and asks for its relay. Retries the
+// connection with backoff (250 ms doubling to 4 s) while a loaded host handshakes.
+caf::expected<actors::coordinator_actor> connect_relay(caf::actor_system& sys, const std::string& address);
+
+}  // namespace troupe::worker
