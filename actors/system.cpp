@@ -9,6 +9,10 @@
 namespace troupe::actors {
 
 NodeConfig::NodeConfig(const std::string& secret_file) {
+  TROUPE_CHECK(
+      basp_guard_active(),
+      "the control plane cannot guard CAF's message dispatch (caf::io::basp::instance::handle not found "
+      "in libcaf_io): this build needs CAF 0.17.6");
   add_message_type<AgentHello>("troupe::AgentHello");
   add_message_type<Welcome>("troupe::Welcome");
   add_message_type<LaunchRequest>("troupe::LaunchRequest");

@@ -54,6 +54,14 @@ caf::expected<Handle> connect(caf::actor_system& sys, const std::string& host, u
   return caf::openssl::remote_actor<Handle>(sys, host, port);
 }
 
+// No troupe node routes control messages (actors/basp_guard.cpp): a connection that sends a
+// routed BASP message, whose source node its sender states, is closed. Active: CAF's own
+// dispatch was found (NodeConfig refuses to start without it); called: this process's BASP
+// messages went through the guard; refused: routed messages seen so far.
+bool basp_guard_active();
+bool basp_guard_called();
+uint64_t basp_guard_refused();
+
 // "host:port" -> (host, port); throws troupe::Error on a malformed address.
 std::pair<std::string, uint16_t> parse_host_port(const std::string& address);
 

@@ -80,49 +80,73 @@ struct WorkerNode {
   }
 };
 
+// A coordinator process, this process's agent of two CPUs (its relay hub on loopback), a job
+// of two ranks placed on it, and each rank registered through a relay of its own with its
+// launch's token, as its worker process would.
+struct RelayedJob {
+  Cluster c;
+  NodeConfig agent_cfg{c.secret()};
+  caf::actor_system agent_sys{agent_cfg};
+  std::shared_ptr<KeepingLauncher> launcher = std::make_shared<KeepingLauncher>();
+  agent_actor agent;
+  // However the test ends, the agent (and with it its hub and relays) goes before its system.
+  struct Stop {
+    agent_actor* a;
+    ~Stop() {
+      if (*a) caf::anon_send_exit(*a, caf::exit_reason::user_shutdown);
+    }
+  } stop{&agent};
+  std::string job, hub;
+  std::unique_ptr<WorkerNode> node[2];
+
+  RelayedJob() {
+    REQUIRE(c.ready());
+    const auto [host, port] = parse_host_port(c.listen());
+    auto coord = connect<coordinator_actor>(agent_sys, host, port);
+    REQUIRE(coord);
+    worker::AgentActorOptions ao;
+    ao.devices = {"cpu:0", "cpu:1"};
+    ao.secret_file = c.secret();
+    ao.launcher = launcher;
+    agent = worker::spawn_agent(agent_sys, *coord, ao);
+    REQUIRE(c.wait_devices(2));
+    std::string spec = read_file(std::string(TROUPE_SOURCE_DIR) + "/configs/layouts/tiny_dp2_pp1_tp1.yaml");
+    job = c.call({{"op", "submit"}, {"spec", spec}})["job"];
+    REQUIRE(!job.empty());
+    REQUIRE(wait_until([&] { return launcher->requests().size() == 2; }, 30s));
+    hub = launcher->relay();
+    REQUIRE(hub.rfind("127.0.0.1:", 0) == 0);
+    for (const auto& r : launcher->requests()) {
+      REQUIRE((r.rank == 0 || r.rank == 1));
+      node[r.rank] = std::make_unique<WorkerNode>(c.secret(), hub);
+      WorkerHello h{kProtocolVersion, r.job_id, r.generation, r.rank, 4242, "relay-test", r.token};
+      auto a = node[r.rank]->ask<Assignment>(reg_worker_atom::value, h);
+      REQUIRE(a);
+      CHECK(a->refused == "");
+      CHECK(a->rank == r.rank);
+    }
+  }
+};
+
+// Rank 1's report that it failed, as its worker would send it.
+WorkerResult rank1_failed(const std::string& job, const std::string& said_by) {
+  WorkerResult failed;
+  failed.job_id = job;
+  failed.rank = 1;
+  failed.ok = false;
+  failed.error_name = "engine_error";
+  failed.message = "said by " + said_by;
+  return failed;
+}
+
 }  // namespace
 
 TEST_CASE("relay: a worker's relay speaks for the rank the coordinator assigned it and no other",
           "[worker][relay][multiprocess]") {
-  Cluster c;
-  REQUIRE(c.ready());
-  NodeConfig agent_cfg(c.secret());
-  caf::actor_system agent_sys{agent_cfg};
-  const std::string listen = c.listen();
-  auto coord =
-      connect<coordinator_actor>(agent_sys, parse_host_port(listen).first, parse_host_port(listen).second);
-  REQUIRE(coord);
-  auto launcher = std::make_shared<KeepingLauncher>();
-  worker::AgentActorOptions ao;
-  ao.devices = {"cpu:0", "cpu:1"};
-  ao.secret_file = c.secret();
-  ao.launcher = launcher;
-  auto agent = worker::spawn_agent(agent_sys, *coord, ao);
-  // However the test ends, the agent (and with it its hub and relays) goes before its system.
-  struct Stop {
-    agent_actor a;
-    ~Stop() { caf::anon_send_exit(a, caf::exit_reason::user_shutdown); }
-  } stop{agent};
-  REQUIRE(c.wait_devices(2));
-
-  std::string spec = read_file(std::string(TROUPE_SOURCE_DIR) + "/configs/layouts/tiny_dp2_pp1_tp1.yaml");
-  const std::string job = c.call({{"op", "submit"}, {"spec", spec}})["job"];
-  REQUIRE(!job.empty());
-  REQUIRE(wait_until([&] { return launcher->requests().size() == 2; }, 30s));
-  const std::string hub = launcher->relay();
-  REQUIRE(hub.rfind("127.0.0.1:", 0) == 0);
-
-  // Each rank registers through a relay of its own, with its launch's token.
-  std::unique_ptr<WorkerNode> node[2];
-  for (const auto& r : launcher->requests()) {
-    REQUIRE((r.rank == 0 || r.rank == 1));
-    node[r.rank] = std::make_unique<WorkerNode>(c.secret(), hub);
-    WorkerHello h{kProtocolVersion, r.job_id, r.generation, r.rank, 4242, "relay-test", r.token};
-    auto a = node[r.rank]->ask<Assignment>(reg_worker_atom::value, h);
-    REQUIRE(a);
-    CHECK(a->refused == "");
-    CHECK(a->rank == r.rank);
-  }
+  RelayedJob r;
+  auto& c = r.c;
+  auto& node = r.node;
+  const std::string job = r.job;
   // A relay registers one worker, once.
   WorkerHello again{kProtocolVersion, job, 0, 0, 4242, "relay-test", "00112233445566778899aabbccddeeff"};
   auto twice = node[0]->ask<Assignment>(reg_worker_atom::value, again);
@@ -131,12 +155,7 @@ TEST_CASE("relay: a worker's relay speaks for the rank the coordinator assigned 
 
   // Rank 0's relay does not carry rank 1's failure: the coordinator would take it (both ranks
   // speak from the agent's node), the relay does not pass it on.
-  WorkerResult failed;
-  failed.job_id = job;
-  failed.rank = 1;
-  failed.ok = false;
-  failed.error_name = "engine_error";
-  failed.message = "said by rank 0";
+  WorkerResult failed = rank1_failed(job, "rank 0");
   auto done = node[0]->ask<bool>(worker_done_atom::value, failed);
   REQUIRE(done);
   CHECK(*done == false);
@@ -178,7 +197,7 @@ TEST_CASE("relay: a worker's relay speaks for the rank the coordinator assigned 
   CHECK(st["generation"] == 0);
 
   // Rank 1's own failure, through its own relay, is taken: the job fails over to generation 1.
-  failed.message = "said by rank 1";
+  failed = rank1_failed(job, "rank 1");
   done = node[1]->ask<bool>(worker_done_atom::value, failed);
   REQUIRE(done);
   CHECK(*done == true);
@@ -186,4 +205,41 @@ TEST_CASE("relay: a worker's relay speaks for the rank the coordinator assigned 
   auto failures = c.status(job)["failures"];
   REQUIRE(!failures.empty());
   CHECK(failures[0]["rank"] == 1);
+}
+
+TEST_CASE("relay: a peer that names another node as a message's source is cut off, as no troupe node routes",
+          "[worker][relay][security][multiprocess]") {
+  RelayedJob r;
+  // This process's nodes have handled their messages through the guard (actors/basp_guard.cpp).
+  CHECK(basp_guard_called());
+  // An insider holding the secret connects to the coordinator, and to the agent's hub, which
+  // gives it a handle on an actor of the agent's node, the node rank 1's relay speaks from.
+  NodeConfig cfg(r.c.secret());
+  caf::actor_system sys{cfg};
+  const auto [host, port] = parse_host_port(r.c.listen());
+  auto coord = connect<coordinator_actor>(sys, host, port);
+  REQUIRE(coord);
+  const auto [hub_host, hub_port] = parse_host_port(r.hub);
+  auto hub = connect<relay_hub_actor>(sys, hub_host, hub_port);
+  REQUIRE(hub);
+  caf::scoped_actor watcher{sys};
+  watcher->monitor(*coord);
+  // It sends rank 1's failure to the coordinator as if the agent's hub had sent it: CAF makes
+  // that a routed message whose stated source is the agent's node.
+  caf::actor_cast<caf::abstract_actor*>(*coord)->enqueue(
+      caf::make_mailbox_element(caf::actor_cast<caf::strong_actor_ptr>(*hub), caf::make_message_id(), {},
+                                worker_done_atom::value, rank1_failed(r.job, "an insider")),
+      nullptr);
+  // The coordinator closes the connection it came on, and takes nothing from it.
+  bool closed = false;
+  watcher->receive([&](caf::down_msg&) { closed = true; }, caf::after(30s) >> [] {});
+  CHECK(closed);
+  CHECK(r.c.coordinator().output().find("closed a control connection that sent a routed message") !=
+        std::string::npos);
+  CHECK(process_alive(r.c.coordinator_pid()));
+  auto st = r.c.status(r.job);
+  REQUIRE(st.is_object());
+  CHECK(st["failures"].empty());
+  CHECK(st["generation"] == 0);
+  CHECK(st["state"] != "failed");
 }
