@@ -1,4 +1,5 @@
-// No troupe node routes control messages, so none accepts a routed one.
+// A control message counts as the node's at the other end of the connection it came on, and
+// nothing a peer states can change that.
 //
 // CAF 0.17.6's BASP has two kinds of actor message. A direct message's sender is an actor of
 // the node at the other end of the connection it came on. A routed message names its source
@@ -8,7 +9,13 @@
 // node (an agent, through whose relays its host's ranks speak) and its messages would count
 // as that node's. Every troupe node speaks only to the nodes it is connected to (workers to
 // their agent's relay, agents to the coordinator), so a routed message is never one of
-// troupe's: the connection it comes on is closed.
+// troupe's: the connection it comes on is closed. So is one that
+//   * introduces itself (a client handshake) as a node already connected over another
+//     connection: CAF would take it as that node's second connection, and what it sends as
+//     that node's (a CAF node never opens one: it closes a redundant connection itself);
+//   * sends a monitor or down message naming a source other than its own node, or a
+//     destination other than this one: CAF would forward it, or take a down message as the
+//     end of the named node's actor (a rank or an agent seen lost).
 //
 // CAF has no option for this. libcaf_io calls its message dispatch,
 // basp::instance::handle(ctx, connection, header, payload), through its procedure linkage
@@ -19,6 +26,7 @@
 #include <dlfcn.h>
 
 #include <atomic>
+#include <caf/binary_deserializer.hpp>
 #include <caf/io/basp/instance.hpp>
 #include <caf/io/basp/message_type.hpp>
 #include <cstdio>
@@ -43,6 +51,17 @@ Handle library_handle() {
 std::atomic<uint64_t> refused{0};
 std::atomic<bool> called{false};
 
+caf::io::basp::connection_state refuse(const char* what) {
+  const auto n = refused.fetch_add(1) + 1;
+  if (n <= 20 || n % 1000 == 0)
+    std::fprintf(
+        stderr,
+        "troupe: closed a control connection that sent %s (a message counts as its connection's node; "
+        "%llu so far)\n",
+        what, static_cast<unsigned long long>(n));
+  return caf::io::basp::close_connection;
+}
+
 }  // namespace
 
 namespace caf::io::basp {
@@ -50,15 +69,31 @@ namespace caf::io::basp {
 connection_state instance::handle(execution_unit* ctx, connection_handle hdl, header& hdr,
                                   std::vector<char>* payload) {
   called.store(true, std::memory_order_relaxed);
-  if (hdr.operation == message_type::routed_message) {
-    const auto n = refused.fetch_add(1) + 1;
-    if (n <= 20 || n % 1000 == 0)
-      std::fprintf(
-          stderr,
-          "troupe: closed a control connection that sent a routed message (no troupe node routes; %llu "
-          "so far)\n",
-          static_cast<unsigned long long>(n));
-    return close_connection;
+  switch (hdr.operation) {
+    case message_type::routed_message:
+      return refuse("a routed message");
+    case message_type::client_handshake:
+      if (payload != nullptr) {
+        node_id claimed;
+        binary_deserializer in{ctx, *payload};
+        if (!in(claimed)) {
+          auto other = tbl().lookup_direct(claimed);
+          if (other && *other != hdl)
+            return refuse("a handshake as a node connected over another connection");
+        }
+      }
+      break;
+    case message_type::monitor_message:
+    case message_type::down_message:
+      if (payload != nullptr) {
+        node_id source, dest;
+        binary_deserializer in{ctx, *payload};
+        if (in(source, dest) || source != tbl().lookup_direct(hdl) || dest != this_node())
+          return refuse("a monitor or down message for another node");
+      }
+      break;
+    default:
+      break;
   }
   const Handle real = library_handle();
   if (real == nullptr) return close_connection;  // basp_guard_active() is false: NodeConfig refused to start
@@ -69,7 +104,11 @@ connection_state instance::handle(execution_unit* ctx, connection_handle hdl, he
 
 namespace troupe::actors {
 
-bool basp_guard_active() { return library_handle() != nullptr; }
+// libcaf_io's definition was found, and the process's own binding of the symbol is this file's.
+bool basp_guard_active() {
+  const auto mine = reinterpret_cast<Handle>(::dlsym(RTLD_DEFAULT, kHandleSymbol));
+  return library_handle() != nullptr && mine != nullptr && mine != library_handle();
+}
 
 uint64_t basp_guard_refused() { return refused.load(); }
 

@@ -12,8 +12,8 @@ namespace troupe::coord::actor {
 namespace {
 
 // CAF names the node at the other end of the connection a message came on: the sender cannot
-// choose it (a routed message, whose source node its sender states, closes its connection:
-// actors/basp_guard.cpp). Through an agent, that node is the agent's: its relay for each rank
+// choose it (a routed message, whose source node its sender states, or a handshake as a node
+// already connected, closes its connection: actors/basp_guard.cpp). Through an agent, that node is the agent's: its relay for each rank
 // passes on only what that rank's worker says (worker/relay.hpp).
 bool from_node(self_ptr self, const caf::node_id& node) {
   auto sender = self->current_sender();

@@ -62,11 +62,12 @@ bool speaks_for(relay_ptr self, const std::string& job, int32_t generation, int3
   return std::find(ids.begin(), ids.end(), Identity{job, generation, rank}) != ids.end();
 }
 
-// A store key of a generation the worker was assigned a rank of.
+// A store key of a generation the worker was assigned a rank of (not a spare's place: a spare
+// has no rendezvous).
 bool speaks_for_store(relay_ptr self, const StoreKey& k) {
   if (!self->state.worker || !from_worker(self)) return false;
   for (const auto& [job, generation, rank] : self->state.identities)
-    if (job == k.job_id && generation == k.generation) return true;
+    if (job == k.job_id && generation == k.generation && !is_spare_rank(rank)) return true;
   return false;
 }
 
@@ -145,7 +146,10 @@ caf::behavior relay_fn(relay_ptr self, caf::actor hub, coordinator_actor coordin
   return {
       [=](tick_atom) {
         const bool own = caf::actor_cast<caf::actor_addr>(self->current_sender()) == self->address();
-        if (own && !self->state.worker && !self->state.registering)
+        if (!own || self->state.worker) return;
+        if (self->state.registering)  // the coordinator's answer is on its way: look again later
+          self->delayed_send(self, kRegisterWithin, tick_atom::value);
+        else
           self->quit(caf::exit_reason::user_shutdown);
       },
       // ---- from the worker

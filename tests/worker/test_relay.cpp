@@ -18,9 +18,13 @@
 // Every actor system of this process is a node of its own, as each process is: CAF 0.17.6
 // builds a node id from the host id and caf::detail::get_process_id(), which libcaf_core calls
 // through its PLT, so this definition takes its place (bench/scale/node_ids.cpp does the same).
+// A test may make the actor systems it builds meanwhile take a given process id (an impostor).
+std::atomic<int64_t> forced_process_id{-1};
 namespace caf::detail {
 unsigned get_process_id() {
   static std::atomic<uint32_t> next{0};
+  const int64_t forced = forced_process_id.load();
+  if (forced >= 0) return static_cast<unsigned>(forced);
   return 0x80000000u | (next.fetch_add(1) & 0xfffffu);
 }
 }  // namespace caf::detail
@@ -167,6 +171,7 @@ TEST_CASE("relay: a worker's relay speaks for the rank the coordinator assigned 
   auto committed = node[0]->ask<CkptCommitted>(ckpt_shard_atom::value, shard);
   REQUIRE(committed);
   CHECK(!committed->ok);
+  CHECK(committed->error == "not a rank of this job generation on this host");
   // Its own rank's store requests go through.
   sv = node[0]->ask<StoreValue>(store_set_atom::value, StoreKey{job, 0, "g", "k"}, std::string("v"));
   REQUIRE(sv);
@@ -242,4 +247,55 @@ TEST_CASE("relay: a peer that names another node as a message's source is cut of
   CHECK(st["failures"].empty());
   CHECK(st["generation"] == 0);
   CHECK(st["state"] != "failed");
+}
+
+TEST_CASE("relay: a peer that introduces itself as a connected node is cut off, and speaks for no rank",
+          "[worker][relay][security][multiprocess]") {
+  RelayedJob r;
+  // An impostor holding the secret takes the agent's node id and connects to the coordinator:
+  // CAF would take its connection as the agent's second one, and what it sends as from the node
+  // rank 1's relay speaks from. A CAF node id is a host id whose last byte counts the actor
+  // systems of the process, and a process id: guessable, not secret. Here the impostor takes
+  // the agent's process id and waits for the count to come round to the agent's byte.
+  const std::string agent_node = caf::to_string(r.agent_sys.node());  // "HOSTID#PID"
+  const auto hash = agent_node.find('#');
+  const int agent_byte = std::stoi(agent_node.substr(hash - 2, 2), nullptr, 16);
+  for (int i = 0; i < 300; ++i) {
+    caf::actor_system_config pc;
+    pc.load<caf::io::middleman>();  // a node id is made for a networked system only
+    pc.set("scheduler.max-threads", size_t{1});
+    pc.set("logger.console", caf::atom("none"));
+    caf::actor_system probe{pc};
+    const std::string n = caf::to_string(probe.node());
+    REQUIRE(n.find('#') != std::string::npos);
+    if (std::stoi(n.substr(n.find('#') - 2, 2), nullptr, 16) == (agent_byte + 255) % 256) break;
+  }
+  forced_process_id.store(std::stoll(agent_node.substr(hash + 1)));
+  NodeConfig cfg(r.c.secret());
+  caf::actor_system sys{cfg};
+  forced_process_id.store(-1);
+  INFO(caf::to_string(sys.node()) << " posing as " << agent_node);
+  REQUIRE(sys.node() == r.agent_sys.node());
+  const auto [host, port] = parse_host_port(r.c.listen());
+  auto coord = connect<coordinator_actor>(sys, host, port);
+  if (coord) {  // the connection may be refused at once or closed right after
+    caf::scoped_actor self{sys};
+    self->send(*coord, worker_done_atom::value, rank1_failed(r.job, "an impostor"));
+  }
+  CHECK(wait_until(
+      [&] {
+        return r.c.coordinator().output().find("a handshake as a node connected over another connection") !=
+               std::string::npos;
+      },
+      30s));
+  // The agent keeps its connection and its job: rank 1 did not fail, the job runs on.
+  CHECK(process_alive(r.c.coordinator_pid()));
+  auto st = r.c.status(r.job);
+  REQUIRE(st.is_object());
+  CHECK(st["failures"].empty());
+  CHECK(st["generation"] == 0);
+  auto sv =
+      r.node[0]->ask<StoreValue>(store_set_atom::value, StoreKey{r.job, 0, "g", "after"}, std::string("v"));
+  REQUIRE(sv);
+  CHECK(sv->error == "");
 }
