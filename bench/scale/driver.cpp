@@ -64,28 +64,15 @@ void Driver::start_sims() {
   const int threads = std::max(1, o_.connects / procs);
   for (int p = 0; p < procs; ++p) {
     const int first = p * o_.agents_per_proc, count = std::min(o_.agents_per_proc, agents_ - first);
-    std::vector<std::string> argv = {o_.self_exe,
-                                     "sim",
-                                     "--coordinator",
-                                     ready_.value("listen", ""),
-                                     "--secret-file",
-                                     secret_,
-                                     "--index",
-                                     std::to_string(p),
-                                     "--first-agent",
-                                     std::to_string(first),
-                                     "--agents",
-                                     std::to_string(count),
-                                     "--devices",
-                                     std::to_string(o_.per_agent),
-                                     "--step-ms",
-                                     std::to_string(o_.step_ms),
-                                     "--checkpoint-every",
-                                     std::to_string(o_.ckpt_every),
-                                     "--gloo-max",
-                                     std::to_string(o_.gloo_max),
-                                     "--launch-threads",
-                                     std::to_string(threads)};
+    // clang-format off
+    std::vector<std::string> argv = {
+        o_.self_exe, "sim",
+        "--coordinator", ready_.value("listen", ""), "--secret-file", secret_,
+        "--index", std::to_string(p), "--first-agent", std::to_string(first), "--agents", std::to_string(count),
+        "--devices", std::to_string(o_.per_agent), "--step-ms", std::to_string(o_.step_ms),
+        "--checkpoint-every", std::to_string(o_.ckpt_every), "--gloo-max", std::to_string(o_.gloo_max),
+        "--launch-threads", std::to_string(threads)};
+    // clang-format on
     if (!o_.relay) argv.push_back("--no-relay");
     sims_.push_back(std::make_unique<Child>(argv, dir_ + "/sim-" + std::to_string(p) + ".log", true));
   }
