@@ -9,8 +9,11 @@
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
 #include <caf/openssl/all.hpp>
+#include <chrono>
+#include <functional>
 #include <set>
 #include <string>
+#include <thread>
 
 #include "actors/handshake_guard.hpp"
 
@@ -61,6 +64,23 @@ caf::expected<Handle> connect(caf::actor_system& sys, const std::string& host, u
 bool basp_guard_active();
 bool basp_guard_called();
 uint64_t basp_guard_refused();
+
+// connect(), tried again after `first`, twice that, ... up to `last`: a loaded peer may take
+// longer than the connection timeout to finish the TLS and BASP handshakes. `on_retry` hears
+// each failure and the wait that follows it.
+template <class Handle>
+caf::expected<Handle> connect_with_retry(
+    caf::actor_system& sys, const std::string& host, uint16_t port, std::chrono::milliseconds first,
+    std::chrono::milliseconds last,
+    const std::function<void(const caf::error&, std::chrono::milliseconds)>& on_retry = {}) {
+  auto h = connect<Handle>(sys, host, port);
+  for (auto backoff = first; !h && backoff <= last; backoff *= 2) {
+    if (on_retry) on_retry(h.error(), backoff);
+    std::this_thread::sleep_for(backoff);
+    h = connect<Handle>(sys, host, port);
+  }
+  return h;
+}
 
 // "host:port" -> (host, port); throws troupe::Error on a malformed address.
 std::pair<std::string, uint16_t> parse_host_port(const std::string& address);

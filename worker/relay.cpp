@@ -6,11 +6,9 @@
 #include <deque>
 #include <iostream>
 #include <memory>
-#include <thread>
 #include <tuple>
 
 #include "actors/system.hpp"
-#include "core/text.hpp"
 
 namespace troupe::worker {
 
@@ -118,6 +116,16 @@ StoreValue store_refused() {
   return v;
 }
 
+// A store request of the worker's generation goes on to the coordinator; any other is answered here.
+template <class Op, class Arg>
+caf::response_promise forward_store(relay_ptr self, caf::timespan timeout, Op op, StoreKey& k, Arg&& arg) {
+  if (!speaks_for_store(self, k)) {
+    note_refused(self, "a store request");
+    return answer(self, store_refused());
+  }
+  return forward<StoreValue>(self, timeout, op, std::move(k), std::forward<Arg>(arg));
+}
+
 caf::timespan waiting(int64_t ms) {
   const int64_t capped = std::clamp<int64_t>(ms, 0, int64_t{24} * 3600 * 1000);
   return std::chrono::milliseconds(capped) + kForwardMargin;
@@ -202,26 +210,14 @@ caf::behavior relay_fn(relay_ptr self, caf::actor hub, coordinator_actor coordin
         }
         return forward<CkptCommitted>(self, std::chrono::minutes(15), ckpt_shard_atom::value, std::move(c));
       },
-      [=](store_set_atom, StoreKey& k, std::string& v) -> caf::response_promise {
-        if (!speaks_for_store(self, k)) {
-          note_refused(self, "a store request");
-          return answer(self, store_refused());
-        }
-        return forward<StoreValue>(self, waiting(0), store_set_atom::value, std::move(k), std::move(v));
+      [=](store_set_atom op, StoreKey& k, std::string& v) {
+        return forward_store(self, waiting(0), op, k, std::move(v));
       },
-      [=](store_add_atom, StoreKey& k, int64_t delta) -> caf::response_promise {
-        if (!speaks_for_store(self, k)) {
-          note_refused(self, "a store request");
-          return answer(self, store_refused());
-        }
-        return forward<StoreValue>(self, waiting(0), store_add_atom::value, std::move(k), delta);
+      [=](store_add_atom op, StoreKey& k, int64_t delta) {
+        return forward_store(self, waiting(0), op, k, delta);
       },
-      [=](store_get_atom, StoreKey& k, int64_t wait_ms) -> caf::response_promise {
-        if (!speaks_for_store(self, k)) {
-          note_refused(self, "a store request");
-          return answer(self, store_refused());
-        }
-        return forward<StoreValue>(self, waiting(wait_ms), store_get_atom::value, std::move(k), wait_ms);
+      [=](store_get_atom op, StoreKey& k, int64_t wait_ms) {
+        return forward_store(self, waiting(wait_ms), op, k, wait_ms);
       },
       // ---- from the coordinator, to the worker (sent as this relay: the worker's coordinator)
       [=](abort_atom, int32_t generation, std::string& why) {
@@ -296,13 +292,9 @@ relay_hub_actor start_relay_hub(caf::actor_system& sys, const coordinator_actor&
 }
 
 caf::expected<coordinator_actor> connect_relay(caf::actor_system& sys, const std::string& address) {
-  auto addr = parse_host_port(address);
-  auto hub = connect<relay_hub_actor>(sys, addr.first, addr.second);
-  for (auto backoff = std::chrono::milliseconds(250); !hub && backoff <= std::chrono::seconds(4);
-       backoff *= 2) {
-    std::this_thread::sleep_for(backoff);
-    hub = connect<relay_hub_actor>(sys, addr.first, addr.second);
-  }
+  const auto [host, port] = parse_host_port(address);
+  auto hub = connect_with_retry<relay_hub_actor>(sys, host, port, std::chrono::milliseconds(250),
+                                                 std::chrono::seconds(4));
   if (!hub) return hub.error();
   caf::scoped_actor self{sys};
   caf::expected<coordinator_actor> out{caf::sec::request_timeout};

@@ -346,14 +346,12 @@ int run_worker(const WorkerOptions& o) {
     std::cout << "troupe worker: reached the coordinator through its agent's relay at " << o.relay
               << std::endl;
   } else {
-    coord = connect<coordinator_actor>(sys, addr.first, addr.second);
-    for (auto backoff = std::chrono::milliseconds(250); !coord && backoff <= std::chrono::seconds(4);
-         backoff *= 2) {
-      std::cerr << "troupe worker: cannot reach the coordinator at " << o.coordinator << " ("
-                << sys.render(coord.error()) << "); retrying in " << backoff.count() << " ms" << std::endl;
-      std::this_thread::sleep_for(backoff);
-      coord = connect<coordinator_actor>(sys, addr.first, addr.second);
-    }
+    coord = connect_with_retry<coordinator_actor>(
+        sys, addr.first, addr.second, std::chrono::milliseconds(250), std::chrono::seconds(4),
+        [&](const caf::error& e, std::chrono::milliseconds backoff) {
+          std::cerr << "troupe worker: cannot reach the coordinator at " << o.coordinator << " ("
+                    << sys.render(e) << "); retrying in " << backoff.count() << " ms" << std::endl;
+        });
     if (!coord) {
       std::cerr << "troupe worker: cannot reach the coordinator at " << o.coordinator << ": "
                 << sys.render(coord.error()) << "\n";

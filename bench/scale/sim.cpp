@@ -123,17 +123,6 @@ struct AgentNode : Node {
   std::shared_ptr<SimLauncher> launcher;
 };
 
-template <class Handle>
-caf::expected<Handle> connect_with_retry(caf::actor_system& sys, const std::pair<std::string, uint16_t>& addr,
-                                         std::chrono::milliseconds first, std::chrono::milliseconds last) {
-  auto h = connect<Handle>(sys, addr.first, addr.second);
-  for (auto backoff = first; !h && backoff <= last; backoff *= 2) {
-    std::this_thread::sleep_for(backoff);
-    h = connect<Handle>(sys, addr.first, addr.second);
-  }
-  return h;
-}
-
 class Sim : public SimSink {
  public:
   explicit Sim(const SimOptions& o)
@@ -262,8 +251,8 @@ class Sim : public SimSink {
     a->cfg = std::make_unique<NodeConfig>(o_.secret_file);
     a->cfg->set("scheduler.max-threads", size_t{1});
     a->sys = std::make_unique<caf::actor_system>(*a->cfg);
-    auto coord = connect_with_retry<coordinator_actor>(*a->sys, addr_, std::chrono::milliseconds(100),
-                                                       std::chrono::milliseconds(4000));
+    auto coord = connect_with_retry<coordinator_actor>(
+        *a->sys, addr_.first, addr_.second, std::chrono::milliseconds(100), std::chrono::milliseconds(4000));
     if (!coord) {
       emit("agent " + std::to_string(a->index) +
            " stopped 1 cannot reach the coordinator: " + a->sys->render(coord.error()));
@@ -295,10 +284,10 @@ class Sim : public SimSink {
     n->sys = std::make_unique<caf::actor_system>(*n->cfg);
     // As a worker process: through its agent's relay, or to the coordinator itself; a few
     // tries with backoff while a loaded peer handshakes.
-    auto coord = c.relay.empty()
-                     ? connect_with_retry<coordinator_actor>(*n->sys, addr_, std::chrono::milliseconds(250),
-                                                             std::chrono::milliseconds(4000))
-                     : worker::connect_relay(*n->sys, c.relay);
+    auto coord = c.relay.empty() ? connect_with_retry<coordinator_actor>(*n->sys, addr_.first, addr_.second,
+                                                                         std::chrono::milliseconds(250),
+                                                                         std::chrono::milliseconds(4000))
+                                 : worker::connect_relay(*n->sys, c.relay);
     if (!coord) {
       emit("connect_failed " + std::to_string(c.generation) + " " + std::to_string(c.rank) + " " +
            std::to_string(now_ns()) + " " + n->sys->render(coord.error()));
