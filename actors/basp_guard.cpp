@@ -15,7 +15,13 @@
 //     that node's (a CAF node never opens one: it closes a redundant connection itself);
 //   * sends a monitor or down message naming a source other than its own node, or a
 //     destination other than this one: CAF would forward it, or take a down message as the
-//     end of the named node's actor (a rank or an agent seen lost).
+//     end of the named node's actor (a rank or an agent seen lost);
+//   * sends, as an ordinary message, what CAF takes as a system message: an exit message (one
+//     with exit_reason::kill ends any actor, whatever its exit handler), a down message (a
+//     rank or an agent seen lost), a link or unlink request (a link to the peer's proxy ends
+//     the actor with an exit message when the peer disconnects), a stream message, or one with
+//     forwarding stages. troupe sends none of them between nodes: CAF's own monitors use the
+//     down messages above, and no troupe actor links, streams or delegates.
 //
 // CAF has no option for this. libcaf_io calls its message dispatch,
 // basp::instance::handle(ctx, connection, header, payload), through its procedure linkage
@@ -30,6 +36,7 @@
 #include <caf/io/basp/instance.hpp>
 #include <caf/io/basp/message_type.hpp>
 #include <cstdio>
+#include <string>
 
 #include "actors/system.hpp"
 
@@ -46,6 +53,17 @@ constexpr const char* kHandleSymbol =
 Handle library_handle() {
   static const Handle h = reinterpret_cast<Handle>(::dlsym(RTLD_NEXT, kHandleSymbol));
   return h;
+}
+
+// The message types (CAF 0.17.6's names of a message's element types) that CAF handles as
+// system messages, not as the receiver's: exit, down, group down, link and unlink requests
+// (an atom and an actor), and stream messages.
+bool is_system_message(const std::string& types) {
+  static const char* const kExact[] = {"@<>+@exit", "@<>+@down", "@<>+@group_down",
+                                       "@<>+@atom+@strong_actor_ptr"};
+  for (const char* t : kExact)
+    if (types == t) return true;
+  return types.find("stream_msg") != std::string::npos;
 }
 
 std::atomic<uint64_t> refused{0};
@@ -81,6 +99,19 @@ connection_state instance::handle(execution_unit* ctx, connection_handle hdl, he
           if (other && *other != hdl)
             return refuse("a handshake as a node connected over another connection");
         }
+      }
+      break;
+    case message_type::direct_message:
+      if (payload != nullptr) {
+        // The payload: forwarding stages (a sequence of actor handles), then the message, an
+        // object named by its element types ("@<>+@exit").
+        size_t stages = 0;
+        uint16_t type_nr = 0;
+        std::string types;
+        binary_deserializer in{ctx, *payload};
+        if (in.begin_sequence(stages) || stages != 0) return refuse("a message with forwarding stages");
+        if (in.begin_object(type_nr, types) || type_nr != 0 || is_system_message(types))
+          return refuse("an exit, down, link or stream message");
       }
       break;
     case message_type::monitor_message:

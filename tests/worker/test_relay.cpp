@@ -299,3 +299,55 @@ TEST_CASE("relay: a peer that introduces itself as a connected node is cut off, 
   REQUIRE(sv);
   CHECK(sv->error == "");
 }
+
+TEST_CASE("relay: a peer that sends an exit, a down or a link as a message is cut off, and nothing ends",
+          "[worker][relay][security][multiprocess]") {
+  RelayedJob r;
+  const auto [host, port] = parse_host_port(r.c.listen());
+  // Each kind from an insider of its own, holding the secret: CAF would take each as a system
+  // message. An exit with exit_reason::kill ends any actor, whatever its exit handler; a down
+  // naming the agent's hub (an actor of the node rank 0 and 1 speak from) is a death notice;
+  // a link makes the coordinator end with an exit when the insider disconnects.
+  const char* kinds[] = {"exit", "down", "link"};
+  for (const char* kind : kinds) {
+    INFO(kind);
+    NodeConfig cfg(r.c.secret());
+    caf::actor_system sys{cfg};
+    auto coord = connect<coordinator_actor>(sys, host, port);
+    REQUIRE(coord);
+    const auto [hub_host, hub_port] = parse_host_port(r.hub);
+    auto hub = connect<relay_hub_actor>(sys, hub_host, hub_port);
+    REQUIRE(hub);
+    caf::scoped_actor self{sys};
+    self->monitor(*coord);
+    auto target = caf::actor_cast<caf::actor>(*coord);
+    if (std::string(kind) == "exit") {
+      caf::anon_send_exit(target, caf::exit_reason::kill);
+    } else if (std::string(kind) == "down") {
+      caf::anon_send(target, caf::down_msg{caf::actor_cast<caf::actor_addr>(*hub), caf::exit_reason::kill});
+    } else {
+      self->link_to(target);
+    }
+    bool closed = false;
+    self->receive([&](caf::down_msg&) { closed = true; }, caf::after(30s) >> [] {});
+    CHECK(closed);
+  }
+  CHECK(wait_until(
+      [&] {
+        return r.c.coordinator().output().find(
+                   "closed a control connection that sent an exit, down, link or "
+                   "stream message") != std::string::npos;
+      },
+      30s));
+  // The coordinator lives, its job runs on in generation 0, and a rank still reaches its store.
+  CHECK(process_alive(r.c.coordinator_pid()));
+  auto st = r.c.status(r.job);
+  REQUIRE(st.is_object());
+  CHECK(st["failures"].empty());
+  CHECK(st["generation"] == 0);
+  CHECK(st["state"] != "failed");
+  auto sv =
+      r.node[1]->ask<StoreValue>(store_set_atom::value, StoreKey{r.job, 0, "g", "after"}, std::string("v"));
+  REQUIRE(sv);
+  CHECK(sv->error == "");
+}
