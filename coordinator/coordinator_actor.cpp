@@ -5,6 +5,7 @@
 // coordinator_actor_events.cpp.
 #include "coordinator/coordinator_actor.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
@@ -63,10 +64,46 @@ namespace {
 
 using namespace troupe::coord::actor;
 
-// The recovery clock and the step watchdog run every kTick; ranks are asked
-// "where are you" every kWhereEveryTicks ticks.
+// The recovery clock and the step watchdog run every kTick.
 constexpr auto kTick = std::chrono::milliseconds(100);
-constexpr uint64_t kWhereEveryTicks = 5;
+// Ranks are asked "where are you" in turn, a share of them at every tick: each rank every
+// kWherePeriod while that makes at most kWherePollsPerSecond polls, else that many per second
+// (a poll is a request, its answer and a timer on this actor: at 4,096 ranks every 500 ms it
+// was 8,192 of each per second, in bursts of 4,096 that starved the connections' heartbeats).
+constexpr auto kWherePeriod = std::chrono::milliseconds(500);
+constexpr size_t kWherePollsPerSecond = 4096;
+
+// How many ranks one tick asks, out of `ranks` registered.
+size_t where_polls_per_tick(size_t ranks) {
+  constexpr size_t ticks_per_period = kWherePeriod / kTick;
+  constexpr size_t cap = kWherePollsPerSecond * kTick / std::chrono::milliseconds(1000);
+  return std::clamp<size_t>((ranks + ticks_per_period - 1) / ticks_per_period, 1, cap);
+}
+
+// Asks the next share of the ranks where they are (from where the last tick stopped, around),
+// so that a rank that hangs later is reported with the op it was in (a stopped process cannot
+// answer).
+void poll_where(self_ptr self) {
+  auto& s = self->state;
+  if (s.workers.empty()) return;
+  size_t quota = where_polls_per_tick(s.workers.size());
+  auto it = s.where_next ? s.workers.lower_bound(*s.where_next) : s.workers.begin();
+  for (size_t seen = 0; seen < s.workers.size() && quota > 0; ++seen, ++it) {
+    if (it == s.workers.end()) it = s.workers.begin();
+    const auto& [key, handle] = *it;
+    auto [job, generation, rank] = key;
+    if (is_spare_rank(rank) || !s.st->current(job, generation)) continue;
+    --quota;
+    self->request(handle, std::chrono::seconds(1), where_atom::value)
+        .then(
+            [=](const std::string& w) {
+              self->state.st->worker_where(job, generation, rank, sanitize_utf8(w, kMaxText));
+            },
+            [](caf::error&) {});
+  }
+  if (it == s.workers.end()) it = s.workers.begin();
+  s.where_next = it->first;
+}
 
 // A generation that ends commits nothing more: its ranks waiting on a checkpoint hear why.
 void drop_checkpoints(self_ptr self, const std::string& job, int32_t generation, const std::string& why) {
@@ -673,19 +710,7 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
         } catch (const std::exception& e) {
           internal_error("tick", e);
         }
-        // Ask every live rank where it is, so a rank that hangs later is
-        // reported with the op it was in (a stopped process cannot answer).
-        if (++s.ticks % kWhereEveryTicks == 0)
-          for (const auto& [key, handle] : s.workers) {
-            auto [job, generation, rank] = key;
-            if (is_spare_rank(rank) || !s.st->current(job, generation)) continue;
-            self->request(handle, std::chrono::seconds(1), where_atom::value)
-                .then(
-                    [=](const std::string& w) {
-                      self->state.st->worker_where(job, generation, rank, sanitize_utf8(w, kMaxText));
-                    },
-                    [](caf::error&) {});
-          }
+        poll_where(self);
         self->delayed_send(self, kTick, tick_atom::value);
       },
   };

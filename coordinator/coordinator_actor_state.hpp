@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -81,7 +82,8 @@ struct CoordActorState {
   std::shared_ptr<CommitsInFlight> commits = std::make_shared<CommitsInFlight>();
   std::map<std::tuple<std::string, int32_t, int64_t>, std::vector<caf::typed_response_promise<CkptCommitted>>>
       ckpt_waiting;
-  uint64_t ticks = 0;
+  // The rank the next "where" poll starts from (coordinator_actor.cpp, poll_where).
+  std::optional<std::tuple<std::string, int32_t, int32_t>> where_next;
   static inline const char* name = "troupe.coordinator";
 };
 
