@@ -71,9 +71,12 @@ void Driver::start_sims() {
         "--index", std::to_string(p), "--first-agent", std::to_string(first), "--agents", std::to_string(count),
         "--devices", std::to_string(o_.per_agent), "--step-ms", std::to_string(o_.step_ms),
         "--checkpoint-every", std::to_string(o_.ckpt_every), "--gloo-max", std::to_string(o_.gloo_max),
-        "--launch-threads", std::to_string(threads)};
+        "--launch-threads", std::to_string(threads), "--reap-ms", std::to_string(o_.reap_ms),
+        "--io-nice", std::to_string(o_.io_nice),
+        "--tick-offset-ms", std::to_string(int64_t{o_.step_ms} * p / procs)};
     // clang-format on
     if (!o_.relay) argv.push_back("--no-relay");
+    if (o_.inline_workers) argv.push_back("--workers-inline");
     sims_.push_back(std::make_unique<Child>(argv, dir_ + "/sim-" + std::to_string(p) + ".log", true));
   }
   reader_ = std::thread([this] { read_sims(); });
@@ -143,7 +146,11 @@ int Driver::run() {
               {"per_agent", o_.per_agent},
               {"layout", std::to_string(dp_) + "x" + std::to_string(pp_) + "x" + std::to_string(tp_)},
               {"step_ms", o_.step_ms},
+              {"reap_ms", o_.reap_ms},
               {"gloo_max", o_.gloo_max},
+              {"workers", o_.inline_workers ? "inline"
+                          : o_.relay        ? "relayed"
+                                            : "direct"},
               {"phases", json::array()},
               {"checks", json::array()}};
   if (!start_coordinator()) {
@@ -194,8 +201,10 @@ int Driver::run() {
   if (o_.faults) {
     kill_phase();
     phase("kill");
-    hang_phase();
-    phase("hang");
+    if (!o_.inline_workers) {
+      hang_phase();
+      phase("hang");
+    }
     agent_phase();
     phase("agent");
   }

@@ -21,6 +21,12 @@ struct DriverOptions {
   // Workers reach the coordinator through their agent's relay (worker/relay.hpp), as
   // deployed; false: each holds its own connection to the coordinator (troupe agent --no-relay).
   bool relay = true;
+  // Each simulated worker is an actor of its agent's node, speaking to the coordinator over the
+  // agent's connection: what the coordinator sees of relayed workers (one connection per host,
+  // each rank's records on it) without the workers' own nodes and loopback connections, which
+  // the harness cannot hold past 512 ranks on two cores. Their hang is not simulated (on a host
+  // it is the worker's connection to its agent that times out).
+  bool inline_workers = false;
   double patience = 1;  // multiplies every wait's limit
   // The coordinator's niceness. On a cluster it has a machine of its own; here thousands of
   // simulated nodes' threads share two cores with it, and at equal priority they starve the
@@ -31,6 +37,13 @@ struct DriverOptions {
   // most 64 pending handshakes per address (actors/handshake_guard.hpp); more at once also
   // starve the harness's own nodes of the two cores (docs/scale.md).
   int connects = 16;
+  // The niceness of the simulated nodes' connection threads (CAF's multiplexer and clock
+  // threads), between the coordinator's and their actors': a host's agent reads and writes its
+  // connection on cores of its own, here it shares two with hundreds (best effort, as above).
+  int io_nice = -5;
+  // The simulated agents reap their workers this often (a real agent: every 20 ms). Each reap
+  // is a timer of the agent's node; at 512 agents the harness pays for them.
+  int reap_ms = 50;
   std::string json_out;  // the figures as JSON ("" = none)
   std::string dir;       // working directory ("" = a new one under /tmp, removed at the end)
   std::string self_exe = "/proc/self/exe";

@@ -1,7 +1,8 @@
 // bench/scale: the control plane at N ranks, simulated on one machine (docs/scale.md).
 //
 //   scale --ranks 1024 [--per-agent 8] [--agents-per-process 16] [--step-ms 1000]
-//         [--steady 20] [--checkpoint-every 10] [--gloo-max 0] [--no-faults] [--json FILE]
+//         [--steady 20] [--checkpoint-every 10] [--gloo-max 0] [--no-faults] [--workers-inline]
+//         [--json FILE]
 //
 // `scale sim ...` is one simulated process; the driver starts those itself.
 #include <CLI/CLI.hpp>
@@ -28,10 +29,16 @@ int main(int argc, char** argv) {
   app.add_option("--patience", d.patience, "multiplies every wait's limit");
   app.add_option("--coordinator-nice", d.coordinator_nice,
                  "the coordinator's niceness (negative needs CAP_SYS_NICE; else 0)");
+  app.add_option("--io-nice", d.io_nice,
+                 "the niceness of the simulated nodes' connection threads (negative needs CAP_SYS_NICE)");
   app.add_option("--connects", d.connects, "connections opened at once over all simulated processes");
+  app.add_option("--reap-ms", d.reap_ms, "the simulated agents reap their workers this often");
   app.add_option("--json", d.json_out, "write the figures and checks as JSON here");
   app.add_flag("--no-relay{false}", d.relay,
                "each simulated worker connects to the coordinator itself (default: through its agent)");
+  app.add_flag("--workers-inline", d.inline_workers,
+               "each simulated worker is an actor of its agent's node: the coordinator sees one "
+               "connection per host as with relayed workers; the hung rank is not simulated");
   app.add_option("--dir", d.dir, "working directory, kept (default: a new one under /tmp, removed)");
   app.add_option("--troupe", d.troupe_binary, "the troupe binary whose coordinator is measured");
   app.add_flag("--no-faults", no_faults, "skip the killed rank, the hung rank and the lost agent");
@@ -49,7 +56,10 @@ int main(int argc, char** argv) {
   sim->add_option("--gloo-max", s.gloo_max);
   sim->add_option("--launch-threads", s.launch_threads);
   sim->add_option("--reap-ms", s.reap_ms);
+  sim->add_option("--io-nice", s.io_nice);
+  sim->add_option("--tick-offset-ms", s.tick_offset_ms);
   sim->add_flag("--no-relay{false}", s.relay);
+  sim->add_flag("--workers-inline", s.inline_workers);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,17 +1,23 @@
 #include "bench/scale/sim.hpp"
 
+#include <dirent.h>
+#include <sys/resource.h>
 #include <time.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <iostream>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -109,7 +115,10 @@ struct Node {
   std::shared_ptr<std::promise<void>> thaw;  // set while its multiplexer is held (a hang)
 };
 
+struct AgentNode;
+
 struct WorkerNode : Node {
+  std::shared_ptr<AgentNode> host;  // inline workers: the agent whose node it is an actor of
   uint64_t id = 0;
   int agent = 0;
   int32_t pid = 0;
@@ -121,6 +130,8 @@ struct AgentNode : Node {
   int index = 0;
   std::string host;
   std::shared_ptr<SimLauncher> launcher;
+  std::optional<coordinator_actor> coordinator;  // its connection's handle, for inline workers
+  std::atomic<bool> lost{false};                 // its node is going: no new actor on it
 };
 
 class Sim : public SimSink {
@@ -133,6 +144,7 @@ class Sim : public SimSink {
 
   int run() {
     flusher_ = std::thread([this] { flush_loop(); });
+    if (o_.inline_workers) ticker_ = std::thread([this] { tick_loop(); });
     for (int i = 0; i < o_.agents; ++i) {
       auto a = std::make_shared<AgentNode>();
       a->index = o_.first_agent + i;
@@ -210,6 +222,8 @@ class Sim : public SimSink {
       workers_[n->id] = n;
       by_pid_[n->pid] = n->id;
       by_rank_[{r.generation, r.rank}] = n->id;
+      if (o_.inline_workers)
+        if (auto a = agents_.find(agent); a != agents_.end()) n->host = a->second;
     }
     emit("launch " + std::to_string(r.generation) + " " + std::to_string(r.rank) + " " +
          std::to_string(now_ns()) + " " + std::to_string(agent));
@@ -225,7 +239,8 @@ class Sim : public SimSink {
     c.ckpt_every = o_.ckpt_every;
     c.ckpt_bytes = o_.ckpt_bytes;
     c.gloo_max = o_.gloo_max;
-    c.relay = relay;
+    c.relay = o_.inline_workers ? std::string() : relay;
+    c.ticked = o_.inline_workers;
     pool_.submit([this, n, c] { build_worker(n, c); });
     return n->pid;
   }
@@ -252,7 +267,7 @@ class Sim : public SimSink {
     a->cfg->set("scheduler.max-threads", size_t{1});
     a->sys = std::make_unique<caf::actor_system>(*a->cfg);
     auto coord = connect_with_retry<coordinator_actor>(
-        *a->sys, addr_.first, addr_.second, std::chrono::milliseconds(100), std::chrono::milliseconds(4000));
+        *a->sys, addr_.first, addr_.second, std::chrono::milliseconds(100), std::chrono::milliseconds(16000));
     if (!coord) {
       emit("agent " + std::to_string(a->index) +
            " stopped 1 cannot reach the coordinator: " + a->sys->render(coord.error()));
@@ -270,15 +285,24 @@ class Sim : public SimSink {
     ao.on_registered = [this, index] {
       emit("agent " + std::to_string(index) + " registered " + std::to_string(now_ns()));
     };
-    ao.on_stop = [this, index](int code, const std::string& why) {
+    std::weak_ptr<AgentNode> weak = a;
+    ao.on_stop = [this, index, weak](int code, const std::string& why) {
       emit("agent " + std::to_string(index) + " stopped " + std::to_string(code) + " " + why);
+      // As a supervisor (systemd, Slurm) restarts an agent process that exits: its node goes
+      // (not from its own thread) and a fresh one registers after a second.
+      auto agent = weak.lock();
+      if (code == 0 || !agent || agent->lost) return;
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!stopping_) restarts_.emplace_back([this, index] { lose_agent(index, 1000, false); });
     };
+    a->coordinator = *coord;
     a->actor = caf::actor_cast<caf::actor>(worker::spawn_agent(*a->sys, *coord, ao));
   }
 
   void build_worker(const std::shared_ptr<WorkerNode>& n, SimWorkerConfig c) {
     std::lock_guard<std::mutex> node_lock(n->mu);
     if (n->gone) return;
+    if (o_.inline_workers) return build_inline_worker(n, std::move(c));
     n->cfg = std::make_unique<NodeConfig>(o_.secret_file);
     n->cfg->set("scheduler.max-threads", size_t{1});
     n->sys = std::make_unique<caf::actor_system>(*n->cfg);
@@ -295,6 +319,22 @@ class Sim : public SimSink {
       return;
     }
     n->actor = spawn_sim_worker(*n->sys, *coord, std::move(c), this);
+  }
+
+  // An actor of its agent's node: it speaks to the coordinator over the agent's connection (as
+  // a relay does for a worker process), and goes with the agent's node. (Under n->mu.)
+  void build_inline_worker(const std::shared_ptr<WorkerNode>& n, SimWorkerConfig c) {
+    const auto& a = n->host;
+    if (a) {
+      std::lock_guard<std::mutex> agent_lock(a->mu);
+      if (a->sys && !a->lost && a->coordinator) {
+        n->actor = spawn_sim_worker(*a->sys, *a->coordinator, std::move(c), this);
+        return;
+      }
+    }
+    emit("connect_failed " + std::to_string(c.generation) + " " + std::to_string(c.rank) + " " +
+         std::to_string(now_ns()) + " its agent is gone");
+    ended(n->id, 1);
   }
 
   // The worker's process is gone: its system stops (its connection closes) and, when its agent
@@ -361,7 +401,8 @@ class Sim : public SimSink {
 
   // The agent's process dies: its connection closes and its workers die with it
   // (PR_SET_PDEATHSIG); a supervisor starts it again after restart_ms.
-  void lose_agent(int index, int restart_ms) {
+  // `injected`: the driver's fault (reported as "lost"); else the agent stopped by itself.
+  void lose_agent(int index, int restart_ms, bool injected = true) {
     std::shared_ptr<AgentNode> a;
     std::vector<uint64_t> mine;
     {
@@ -369,15 +410,26 @@ class Sim : public SimSink {
       auto it = agents_.find(index);
       if (it == agents_.end()) return emit("agent " + std::to_string(index) + " lost 0 not here");
       a = it->second;
+    }
+    {
+      // From now on no inline worker starts on its node (its system waits for its actors).
+      std::lock_guard<std::mutex> node_lock(a->mu);
+      if (a->lost.exchange(true)) return;  // going already
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
       for (const auto& [id, w] : workers_)
         if (w->agent == index) mine.push_back(id);
     }
-    emit("agent " + std::to_string(index) + " lost " + std::to_string(now_ns()));
+    if (injected) emit("agent " + std::to_string(index) + " lost " + std::to_string(now_ns()));
+    if (o_.inline_workers)  // its workers are actors of its node: they go first
+      for (uint64_t id : mine) destroy_worker(id, -1, 9, false);
     {
       std::lock_guard<std::mutex> node_lock(a->mu);
       stop_node(*a);
     }
-    for (uint64_t id : mine) pool_.submit([this, id] { destroy_worker(id, -1, 9, false); });
+    if (!o_.inline_workers)
+      for (uint64_t id : mine) pool_.submit([this, id] { destroy_worker(id, -1, 9, false); });
     std::lock_guard<std::mutex> lock(mu_);
     restarts_.emplace_back([this, index, restart_ms] {
       std::this_thread::sleep_for(std::chrono::milliseconds(restart_ms));
@@ -394,13 +446,62 @@ class Sim : public SimSink {
     });
   }
 
+  // Inline workers step together, on one clock per process: a timer per worker would wake its
+  // agent's clock thread once per rank and step, the harness's largest cost at 4,096 ranks.
+  // The processes tick at offsets spread over the step (o_.tick_offset_ms): the threads of
+  // 512 simulated hosts woken at once (a run queue of 780 on two cores) starved the
+  // connections' heartbeats past their timeout, which hosts with cores of their own would not.
+  void tick_loop() {
+    auto next = std::chrono::steady_clock::now() + std::chrono::milliseconds(o_.tick_offset_ms);
+    std::unique_lock<std::mutex> lock(flush_mu_);
+    while (!flush_stop_) {
+      next += std::chrono::milliseconds(o_.step_ms);
+      flush_cv_.wait_until(lock, next);
+      if (flush_stop_) break;
+      lock.unlock();
+      std::vector<std::shared_ptr<WorkerNode>> all;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        for (const auto& [id, w] : workers_) all.push_back(w);
+      }
+      for (const auto& w : all) {
+        std::lock_guard<std::mutex> node_lock(w->mu);  // its actor is not being torn down meanwhile
+        if (w->actor && !w->gone) tick_sim_worker(w->actor);
+      }
+      lock.lock();
+    }
+  }
+
   void flush_loop() {
     std::unique_lock<std::mutex> lock(flush_mu_);
     while (!flush_stop_) {
       flush_cv_.wait_for(lock, std::chrono::milliseconds(250));
       flush(false);
+      raise_connection_threads();
     }
     flush(true);
+  }
+
+  // Each simulated host has its own cores on a cluster; here hundreds share two, and a burst of
+  // actor work (a relaunch of thousands of ranks) starved the threads that read and write the
+  // nodes' connections and time their heartbeats, so that connections timed out that a host
+  // would have kept. Those threads (CAF's multiplexer and clock threads) run at o_.io_nice, the
+  // actors and the harness's own threads at the process's priority. (Needs CAP_SYS_NICE to go
+  // below 0; else nothing changes.)
+  void raise_connection_threads() {
+    if (o_.io_nice == 0) return;
+    DIR* d = ::opendir("/proc/self/task");
+    if (d == nullptr) return;
+    while (dirent* e = ::readdir(d)) {
+      const int tid = std::atoi(e->d_name);
+      if (tid <= 0 || !raised_.insert(tid).second) continue;
+      std::ifstream comm("/proc/self/task/" + std::string(e->d_name) + "/comm");
+      std::string name;
+      std::getline(comm, name);
+      if (name == "caf.multiplexer" || name == "caf.clock")
+        (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(tid), o_.io_nice);
+    }
+    ::closedir(d);
   }
   void flush(bool all) {
     std::vector<std::string> lines;
@@ -445,6 +546,7 @@ class Sim : public SimSink {
     }
     flush_cv_.notify_all();
     flusher_.join();
+    if (ticker_.joinable()) ticker_.join();
     std::fflush(stdout);
     std::_Exit(0);
   }
@@ -467,7 +569,9 @@ class Sim : public SimSink {
   std::condition_variable flush_cv_;
   bool flush_stop_ = false;
   std::thread flusher_;
-  Pool pool_;  // last: its threads stop (finishing what is queued) before the rest goes
+  std::thread ticker_;    // inline workers' steps
+  std::set<int> raised_;  // threads raise_connection_threads looked at (flusher_'s)
+  Pool pool_;             // last: its threads stop (finishing what is queued) before the rest goes
 };
 
 int32_t SimLauncher::start(const LaunchRequest& r, const std::string& relay) {

@@ -25,10 +25,13 @@ struct SimOptions {
   int step_ms = 1000;  // a rank reports a step this often
   int ckpt_every = 0;  // steps between checkpoints (0 = none)
   int ckpt_bytes = 4096;
-  int gloo_max = 0;        // the gloo pattern runs in groups of at most this many ranks (0 = none)
-  int launch_threads = 8;  // threads that start and stop simulated nodes
-  int reap_ms = 50;        // the agents' reaping period
-  bool relay = true;       // workers through their agent's relay (DriverOptions::relay)
+  int gloo_max = 0;             // the gloo pattern runs in groups of at most this many ranks (0 = none)
+  int launch_threads = 8;       // threads that start and stop simulated nodes
+  int tick_offset_ms = 0;       // inline workers: when in each step period this process's step
+  int io_nice = 0;              // the niceness of its nodes' connection threads (DriverOptions::io_nice)
+  int reap_ms = 50;             // the agents' reaping period
+  bool relay = true;            // workers through their agent's relay (DriverOptions::relay)
+  bool inline_workers = false;  // workers as actors of their agent's node (DriverOptions::inline_workers)
 };
 
 int run_sim(const SimOptions& o);

@@ -2,6 +2,7 @@
 
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <optional>
 
 #include "bench/scale/rendezvous_script.hpp"
@@ -160,6 +161,11 @@ void checkpoint(self_ptr self, int64_t step) {
   CkptShard m{a.job_id, a.generation, a.rank, a.world, step, root, 0, "", {}};
   const int64_t sent = now_ns();
   try {
+    // One writer at a time in this process: 4,096 ranks creating their files in one directory
+    // at once, from 512 simulated hosts' threads, spun on the directory's lock and starved the
+    // two cores (hosts write from cores of their own).
+    static std::mutex one_writer;
+    std::lock_guard<std::mutex> lock(one_writer);
     const std::string dir = checkpoint::prepare(root, step);
     const std::string name = "rank_" + std::to_string(a.rank) + ".bin";
     {
@@ -215,7 +221,7 @@ void start_stepping(self_ptr self) {
   }
   s.stepping = true;
   s.where = "step " + std::to_string(s.step) + ": forward mb 0";
-  self->delayed_send(self, std::chrono::milliseconds(s.cfg.step_ms), sim_step_atom::value);
+  if (!s.cfg.ticked) self->delayed_send(self, std::chrono::milliseconds(s.cfg.step_ms), sim_step_atom::value);
 }
 
 void one_step(self_ptr self) {
@@ -245,7 +251,7 @@ void one_step(self_ptr self) {
     s.where = "draining";
     return;
   }
-  self->delayed_send(self, std::chrono::milliseconds(s.cfg.step_ms), sim_step_atom::value);
+  if (!s.cfg.ticked) self->delayed_send(self, std::chrono::milliseconds(s.cfg.step_ms), sim_step_atom::value);
 }
 
 caf::behavior sim_worker_fn(self_ptr self, coordinator_actor coord, SimWorkerConfig cfg, SimSink* sink) {
@@ -294,6 +300,8 @@ caf::behavior sim_worker_fn(self_ptr self, coordinator_actor coord, SimWorkerCon
 }
 
 }  // namespace
+
+void tick_sim_worker(const caf::actor& worker) { caf::anon_send(worker, sim_step_atom::value); }
 
 caf::actor spawn_sim_worker(caf::actor_system& sys, coordinator_actor coordinator, SimWorkerConfig cfg,
                             SimSink* sink) {

@@ -38,7 +38,12 @@ struct SimWorkerConfig {
   int ckpt_bytes = 4096;
   int gloo_max = 0;
   std::string relay;  // its agent's relay hub ("" = connect to the coordinator)
+  // Its steps come from tick_sim_worker (its process's one ticker), not from a timer of its own.
+  bool ticked = false;
 };
+
+// One step of a ticked worker, if it is stepping (any thread).
+void tick_sim_worker(const caf::actor& worker);
 
 caf::actor spawn_sim_worker(caf::actor_system& sys, actors::coordinator_actor coordinator,
                             SimWorkerConfig cfg, SimSink* sink);
