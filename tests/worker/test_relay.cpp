@@ -132,6 +132,34 @@ struct RelayedJob {
   }
 };
 
+// An insider holding the secret: a node of its own, connected to the coordinator and to the
+// agent's hub, which gives it a handle on an actor of the agent's node (the node rank 0's and
+// rank 1's relays speak from); it watches its connection to the coordinator.
+struct Insider {
+  NodeConfig cfg;
+  caf::actor_system sys;
+  coordinator_actor coord;
+  relay_hub_actor hub;
+  caf::scoped_actor self;
+  explicit Insider(RelayedJob& r) : cfg(r.c.secret()), sys(cfg), self(sys) {
+    const auto [host, port] = parse_host_port(r.c.listen());
+    auto c = connect<coordinator_actor>(sys, host, port);
+    REQUIRE(c);
+    coord = *c;
+    const auto [hub_host, hub_port] = parse_host_port(r.hub);
+    auto h = connect<relay_hub_actor>(sys, hub_host, hub_port);
+    REQUIRE(h);
+    hub = *h;
+    self->monitor(coord);
+  }
+  // Whether the connection to the coordinator closed within 30 s.
+  bool cut_off() {
+    bool closed = false;
+    self->receive([&](caf::down_msg&) { closed = true; }, caf::after(30s) >> [] {});
+    return closed;
+  }
+};
+
 // Rank 1's report that it failed, as its worker would send it.
 WorkerResult rank1_failed(const std::string& job, const std::string& said_by) {
   WorkerResult failed;
@@ -217,28 +245,15 @@ TEST_CASE("relay: a peer that names another node as a message's source is cut of
   RelayedJob r;
   // This process's nodes have handled their messages through the guard (actors/basp_guard.cpp).
   CHECK(basp_guard_called());
-  // An insider holding the secret connects to the coordinator, and to the agent's hub, which
-  // gives it a handle on an actor of the agent's node, the node rank 1's relay speaks from.
-  NodeConfig cfg(r.c.secret());
-  caf::actor_system sys{cfg};
-  const auto [host, port] = parse_host_port(r.c.listen());
-  auto coord = connect<coordinator_actor>(sys, host, port);
-  REQUIRE(coord);
-  const auto [hub_host, hub_port] = parse_host_port(r.hub);
-  auto hub = connect<relay_hub_actor>(sys, hub_host, hub_port);
-  REQUIRE(hub);
-  caf::scoped_actor watcher{sys};
-  watcher->monitor(*coord);
+  Insider in(r);
   // It sends rank 1's failure to the coordinator as if the agent's hub had sent it: CAF makes
   // that a routed message whose stated source is the agent's node.
-  caf::actor_cast<caf::abstract_actor*>(*coord)->enqueue(
-      caf::make_mailbox_element(caf::actor_cast<caf::strong_actor_ptr>(*hub), caf::make_message_id(), {},
+  caf::actor_cast<caf::abstract_actor*>(in.coord)->enqueue(
+      caf::make_mailbox_element(caf::actor_cast<caf::strong_actor_ptr>(in.hub), caf::make_message_id(), {},
                                 worker_done_atom::value, rank1_failed(r.job, "an insider")),
       nullptr);
   // The coordinator closes the connection it came on, and takes nothing from it.
-  bool closed = false;
-  watcher->receive([&](caf::down_msg&) { closed = true; }, caf::after(30s) >> [] {});
-  CHECK(closed);
+  CHECK(in.cut_off());
   CHECK(r.c.coordinator().output().find("closed a control connection that sent a routed message") !=
         std::string::npos);
   CHECK(process_alive(r.c.coordinator_pid()));
@@ -303,7 +318,6 @@ TEST_CASE("relay: a peer that introduces itself as a connected node is cut off, 
 TEST_CASE("relay: a peer that sends an exit, a down or a link as a message is cut off, and nothing ends",
           "[worker][relay][security][multiprocess]") {
   RelayedJob r;
-  const auto [host, port] = parse_host_port(r.c.listen());
   // Each kind from an insider of its own, holding the secret: CAF would take each as a system
   // message. An exit with exit_reason::kill ends any actor, whatever its exit handler; a down
   // naming the agent's hub (an actor of the node rank 0 and 1 speak from) is a death notice;
@@ -311,26 +325,16 @@ TEST_CASE("relay: a peer that sends an exit, a down or a link as a message is cu
   const char* kinds[] = {"exit", "down", "link"};
   for (const char* kind : kinds) {
     INFO(kind);
-    NodeConfig cfg(r.c.secret());
-    caf::actor_system sys{cfg};
-    auto coord = connect<coordinator_actor>(sys, host, port);
-    REQUIRE(coord);
-    const auto [hub_host, hub_port] = parse_host_port(r.hub);
-    auto hub = connect<relay_hub_actor>(sys, hub_host, hub_port);
-    REQUIRE(hub);
-    caf::scoped_actor self{sys};
-    self->monitor(*coord);
-    auto target = caf::actor_cast<caf::actor>(*coord);
+    Insider in(r);
+    auto target = caf::actor_cast<caf::actor>(in.coord);
     if (std::string(kind) == "exit") {
       caf::anon_send_exit(target, caf::exit_reason::kill);
     } else if (std::string(kind) == "down") {
-      caf::anon_send(target, caf::down_msg{caf::actor_cast<caf::actor_addr>(*hub), caf::exit_reason::kill});
+      caf::anon_send(target, caf::down_msg{caf::actor_cast<caf::actor_addr>(in.hub), caf::exit_reason::kill});
     } else {
-      self->link_to(target);
+      in.self->link_to(target);
     }
-    bool closed = false;
-    self->receive([&](caf::down_msg&) { closed = true; }, caf::after(30s) >> [] {});
-    CHECK(closed);
+    CHECK(in.cut_off());
   }
   CHECK(wait_until(
       [&] {
