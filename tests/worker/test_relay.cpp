@@ -160,6 +160,21 @@ struct Insider {
   }
 };
 
+// The coordinator lives and the job runs on in generation 0, untouched, and rank `rank` still
+// reaches its store through its relay.
+void check_untouched(RelayedJob& r, int rank) {
+  CHECK(process_alive(r.c.coordinator_pid()));
+  auto st = r.c.status(r.job);
+  REQUIRE(st.is_object());
+  CHECK(st["failures"].empty());
+  CHECK(st["generation"] == 0);
+  CHECK(st["state"] != "failed");
+  auto sv = r.node[rank]->ask<StoreValue>(store_set_atom::value, StoreKey{r.job, 0, "g", "after"},
+                                          std::string("v"));
+  REQUIRE(sv);
+  CHECK(sv->error == "");
+}
+
 // Rank 1's report that it failed, as its worker would send it.
 WorkerResult rank1_failed(const std::string& job, const std::string& said_by) {
   WorkerResult failed;
@@ -256,12 +271,7 @@ TEST_CASE("relay: a peer that names another node as a message's source is cut of
   CHECK(in.cut_off());
   CHECK(r.c.coordinator().output().find("closed a control connection that sent a routed message") !=
         std::string::npos);
-  CHECK(process_alive(r.c.coordinator_pid()));
-  auto st = r.c.status(r.job);
-  REQUIRE(st.is_object());
-  CHECK(st["failures"].empty());
-  CHECK(st["generation"] == 0);
-  CHECK(st["state"] != "failed");
+  check_untouched(r, 1);
 }
 
 TEST_CASE("relay: a peer that introduces itself as a connected node is cut off, and speaks for no rank",
@@ -304,15 +314,7 @@ TEST_CASE("relay: a peer that introduces itself as a connected node is cut off, 
       },
       30s));
   // The agent keeps its connection and its job: rank 1 did not fail, the job runs on.
-  CHECK(process_alive(r.c.coordinator_pid()));
-  auto st = r.c.status(r.job);
-  REQUIRE(st.is_object());
-  CHECK(st["failures"].empty());
-  CHECK(st["generation"] == 0);
-  auto sv =
-      r.node[0]->ask<StoreValue>(store_set_atom::value, StoreKey{r.job, 0, "g", "after"}, std::string("v"));
-  REQUIRE(sv);
-  CHECK(sv->error == "");
+  check_untouched(r, 0);
 }
 
 TEST_CASE("relay: a peer that sends an exit, a down or a link as a message is cut off, and nothing ends",
@@ -344,14 +346,5 @@ TEST_CASE("relay: a peer that sends an exit, a down or a link as a message is cu
       },
       30s));
   // The coordinator lives, its job runs on in generation 0, and a rank still reaches its store.
-  CHECK(process_alive(r.c.coordinator_pid()));
-  auto st = r.c.status(r.job);
-  REQUIRE(st.is_object());
-  CHECK(st["failures"].empty());
-  CHECK(st["generation"] == 0);
-  CHECK(st["state"] != "failed");
-  auto sv =
-      r.node[1]->ask<StoreValue>(store_set_atom::value, StoreKey{r.job, 0, "g", "after"}, std::string("v"));
-  REQUIRE(sv);
-  CHECK(sv->error == "");
+  check_untouched(r, 1);
 }
