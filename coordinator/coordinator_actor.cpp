@@ -15,6 +15,7 @@
 #include "actors/validate.hpp"
 #include "coordinator/api.hpp"
 #include "coordinator/coordinator_actor_state.hpp"
+#include "coordinator/where_polls.hpp"
 #include "core/buddy_ring.hpp"
 #include "core/failure.hpp"
 #include "core/text.hpp"
@@ -64,21 +65,8 @@ namespace {
 
 using namespace troupe::coord::actor;
 
-// The recovery clock and the step watchdog run every kTick.
-constexpr auto kTick = std::chrono::milliseconds(100);
-// Ranks are asked "where are you" in turn, a share of them at every tick: each rank every
-// kWherePeriod while that makes at most kWherePollsPerSecond polls, else that many per second
-// (a poll is a request, its answer and a timer on this actor: at 4,096 ranks every 500 ms it
-// was 8,192 of each per second, in bursts of 4,096 that starved the connections' heartbeats).
-constexpr auto kWherePeriod = std::chrono::milliseconds(500);
-constexpr size_t kWherePollsPerSecond = 4096;
-
-// How many ranks one tick asks, out of `ranks` registered.
-size_t where_polls_per_tick(size_t ranks) {
-  constexpr size_t ticks_per_period = kWherePeriod / kTick;
-  constexpr size_t cap = kWherePollsPerSecond * kTick / std::chrono::milliseconds(1000);
-  return std::clamp<size_t>((ranks + ticks_per_period - 1) / ticks_per_period, 1, cap);
-}
+// The recovery clock, the step watchdog and the "where" polls (where_polls.hpp) run every kTick.
+constexpr auto kTick = std::chrono::milliseconds(kWhereTickMs);
 
 // Asks the next share of the ranks where they are (from where the last tick stopped, around),
 // so that a rank that hangs later is reported with the op it was in (a stopped process cannot

@@ -432,6 +432,7 @@ void CoordinatorState::end_generation(Job& job, JobState to, const std::string& 
     job.drain_step = -1;
     job.relaunch_at_ms = relaunch_at_ms;
     job.recovery_deadline_ms = std::max(relaunch_at_ms, now_ms()) + job.request.replacement_wait_ms;
+    job.waiting_told.clear();  // this recovery has told nothing yet
     if (relaunch_at_ms > 0) return;
   }
   schedule(out);

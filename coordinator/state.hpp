@@ -175,10 +175,13 @@ struct Job {
   // exponent. A generation that trained resets it, so a long job's occasional failure
   // waits fault.restart_backoff again, and only a crash loop waits longer and longer.
   int crash_streak = 0;
-  std::string resume_from;               // checkpoint of the current generation ("" = fresh)
-  int target_dp = 0;                     // data size wanted at the next relaunch (0 = layout.dp)
-  double relaunch_at_ms = 0;             // recovering: not before (backoff)
-  double recovery_deadline_ms = 0;       // recovering: fail when devices are still missing by then
+  std::string resume_from;          // checkpoint of the current generation ("" = fresh)
+  int target_dp = 0;                // data size wanted at the next relaunch (0 = layout.dp)
+  double relaunch_at_ms = 0;        // recovering: not before (backoff)
+  double recovery_deadline_ms = 0;  // recovering: fail when devices are still missing by then
+  // The reason the last "waiting" event of this recovery told, and when (wait_for_devices).
+  std::string waiting_told;
+  double waiting_told_ms = 0;
   double last_progress_ms = 0;           // running: the last completed step (or the start)
   std::vector<double> step_ms;           // recent step times (the watchdog's median)
   std::vector<nlohmann::json> failures;  // every failure: generation, rank, host, pid, cause, where

@@ -7,15 +7,18 @@
 
 #include "coordinator/policy.hpp"
 #include "coordinator/state.hpp"
+#include "coordinator/where_polls.hpp"
 #include "core/buddy_ring.hpp"
 
 namespace troupe::coord {
 
 // How long a relaunch that keeps survivors waits past its backoff for their reports.
 constexpr double kSurvivorReportMs = 2000;
-// A rank whose last "where" answer is this much older than the newest one has stopped answering
-// (ranks are asked every 500 ms).
-constexpr double kStaleWhereMs = 1500;
+// A rank whose last "where" answer is older than the newest one by this many rounds of polls
+// (where_polls.hpp: at most 500 ms up to 2,045 ranks, then longer) has stopped answering.
+constexpr double kStaleWhereRounds = 3;
+// A "waiting" event tells a change of the reason at most this often (wait_for_devices).
+constexpr double kWaitingEventMs = 1000;
 // How long a peer-caused failure report waits for a direct report that names the culprit.
 // Longer than the shell's wait for a lost connection's exit report (250 ms) and a reaping
 // period, so that a culprit seen only through its connection is still the one named.
@@ -95,8 +98,13 @@ void CoordinatorState::wait_for_devices(Job& job, double now, const std::string&
     fail(job, FailureCause::no_devices, why, out);
     return;
   }
-  if (why != job.reason) {
-    job.reason = why;
+  // `status` says the latest count; the event tells a change at most once a second (each
+  // agent that comes or goes changes the count: 512 events in one wait at 4,096 ranks), and
+  // the tick that calls this every 100 ms tells the last one within the second.
+  job.reason = why;
+  if (why != job.waiting_told && (job.waiting_told.empty() || now >= job.waiting_told_ms + kWaitingEventMs)) {
+    job.waiting_told = why;
+    job.waiting_told_ms = now;
     out->events.push_back({{"event", "waiting"}, {"job", job.id}, {"state", "recovering"}, {"reason", why}});
   }
 }
@@ -440,9 +448,14 @@ void CoordinatorState::tick(double now, Actions* out) {
     for (const RankSlot& s : j.ranks)
       if (!s.done) newest = std::max(newest, s.where_ms);
     int stale = -1;
+    size_t polled = 0;  // the ranks the coordinator asks in turn, every job's
+    for (const auto& [other_id, other] : jobs_)
+      if (other.state == JobState::running || other.state == JobState::launching)
+        polled += other.ranks.size();
+    const double stale_ms = kStaleWhereRounds * where_round_ms(polled);
     for (size_t r = 0; r < j.ranks.size(); ++r) {
       const RankSlot& s = j.ranks[r];
-      if (s.done || newest - s.where_ms <= kStaleWhereMs) continue;
+      if (s.done || newest - s.where_ms <= stale_ms) continue;
       if (stale < 0 || s.where_ms < j.ranks[stale].where_ms) stale = static_cast<int>(r);
     }
     for (size_t r = 0; r < j.ranks.size(); ++r) {

@@ -12,6 +12,7 @@
 #include "coordinator/rendezvous.hpp"
 #include "coordinator/spec_request.hpp"
 #include "coordinator/state.hpp"
+#include "coordinator/where_polls.hpp"
 #include "core/error.hpp"
 
 using namespace troupe::coord;
@@ -976,6 +977,66 @@ TEST_CASE("recovery: an agent lost shrinks the data dimension within min_devices
   CHECK(r.j().state == JobState::launching);
   CHECK(r.j().layout.str() == "2x1x1");
   CHECK(t.launches.size() == 2);
+}
+
+TEST_CASE("where polls: every rank at least each 500 ms up to 2,045 ranks, then 4,096 polls a second in all",
+          "[recovery][where]") {
+  CHECK(where_polls_per_tick(1) == 1);
+  CHECK(where_round_ms(1) == 100);
+  CHECK(where_round_ms(8) == 400);  // 2 a tick: at most 500 ms
+  CHECK(where_round_ms(2045) == 500);
+  CHECK(where_round_ms(2048) == 600);
+  CHECK(where_polls_per_tick(4096) == 409);
+  CHECK(where_round_ms(4096) == 1100);
+  CHECK(where_round_ms(16384) == 4100);
+}
+
+TEST_CASE(
+    "recovery: a wait for devices is told as its count changes, at most once a second, the last one too",
+    "[recovery][elastic]") {
+  JobRequest req = elastic(2);  // min_devices 0 = the planned 4
+  req.restart_backoff_ms = 0;
+  Running r(4, 2, req);
+  auto told = [](const Actions& a, std::vector<std::string>* out) {
+    for (const auto& e : a.events)
+      if (e["event"] == "waiting") out->push_back(e["reason"].get<std::string>());
+  };
+  std::vector<std::string> events;
+  const double t_start = now_ms();
+  Actions x;
+  r.f.st.remove_agent(r.a2, &x);
+  told(x, &events);
+  r.park_survivors();
+  // Agents of one device come and go, ten times: each changes the count of free devices (2, 3,
+  // 2, ...), none makes the 4 the job needs. Status says the latest count at once; an event
+  // tells a change at most once a second (the clock here is the wall clock: the bound below
+  // counts the seconds that really passed).
+  for (int i = 0; i < 10; ++i) {
+    Actions g;
+    auto reg = r.f.st.register_agent(7, "h" + std::to_string(10 + i), 100 + i, cpus(1), &g);
+    REQUIRE(reg.accepted);
+    told(g, &events);
+    CHECK(r.j().reason.find("waiting for devices: 3 cpu free") != std::string::npos);
+    if (i == 9) break;  // the last one stays
+    Actions l;
+    r.f.st.remove_agent(reg.message, &l);
+    told(l, &events);
+    CHECK(r.j().reason.find("waiting for devices: 2 cpu free") != std::string::npos);
+  }
+  CHECK(r.j().state == JobState::recovering);
+  const double elapsed_s = (now_ms() - t_start) / 1000;
+  CHECK(events.size() <= size_t(1 + elapsed_s + 1));
+  // The tick tells the last count within the second, once.
+  Actions t;
+  r.f.st.tick(now_ms() + 1100, &t);
+  told(t, &events);
+  REQUIRE(!events.empty());
+  CHECK(events.back().find("waiting for devices: 3 cpu free") != std::string::npos);
+  Actions u;
+  r.f.st.tick(now_ms() + 5000, &u);
+  std::vector<std::string> later;
+  told(u, &later);
+  CHECK(later.empty());
 }
 
 TEST_CASE("recovery: below min_devices the job waits for replacements, then fails at the deadline",
