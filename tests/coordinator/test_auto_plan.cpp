@@ -51,9 +51,11 @@ struct Cluster {
     agents.push_back(
         st.register_agent(7, "h" + std::to_string(agents.size() + 1), 1, cpus(devices), &a).message);
   }
-  Actions submit(const std::string& yaml) {
+  // `backoff_ms`: before the first relaunch. A test that looks at the job between a failure and
+  // its relaunch needs one longer than any pause of the machine between the two calls.
+  Actions submit(const std::string& yaml, double backoff_ms = 1) {
     JobRequest r = job_request_from_yaml(yaml, "auto.yaml", plan::to_yaml(plan::builtin_hardware("cpu")));
-    r.restart_backoff_ms = 1;
+    r.restart_backoff_ms = backoff_ms;
     Actions a;
     job = st.submit(std::move(r), &a);
     return a;
@@ -111,7 +113,7 @@ TEST_CASE("auto: after losing devices the re-plan changes pipeline and tensor, n
   Cluster c;
   c.agent(2);
   c.agent(2);
-  c.submit(spec_yaml());
+  c.submit(spec_yaml(), /*backoff_ms=*/8000);  // the longest backoff there is
   const Layout first = c.j().layout;
   REQUIRE(first.world() == 4);
   c.run_steps(3);
@@ -120,7 +122,7 @@ TEST_CASE("auto: after losing devices the re-plan changes pipeline and tensor, n
   c.st.remove_agent(c.agents[1], &x);
   CHECK(c.j().state == JobState::recovering);
   Actions t;
-  c.st.tick(now_ms() + 1000, &t);
+  c.st.tick(now_ms() + 9000, &t);
   CHECK(c.j().state == JobState::launching);
   CHECK(c.j().generation == 1);
   CHECK(c.j().layout.world() == 2);
