@@ -194,6 +194,7 @@ void CoordinatorState::transition(Job& job, JobState to, const std::string& reas
   if (!transition_allowed(job.state, to)) throw IllegalTransition(job.state, to);
   job.state = to;
   job.reason = reason;
+  job.waiting_told.clear();  // the new state has told no wait yet
   if (is_terminal(to)) job.finished_ms = now_ms();
   out->events.push_back({{"event", "state"}, {"job", job.id}, {"state", to_string(to)}, {"reason", reason}});
 }
@@ -237,10 +238,8 @@ bool CoordinatorState::try_place(Job& job, Actions* out) {
              " spare(s): resources.spares)";
   }
   if (!devices) {
-    if (why != job.reason) {
-      job.reason = why;
-      out->events.push_back({{"event", "waiting"}, {"job", job.id}, {"state", "queued"}, {"reason", why}});
-    }
+    job.reason = why;
+    tell_waiting(job, "queued", now_ms(), out);
     return false;
   }
   transition(job, JobState::planning, "", out);
@@ -432,7 +431,6 @@ void CoordinatorState::end_generation(Job& job, JobState to, const std::string& 
     job.drain_step = -1;
     job.relaunch_at_ms = relaunch_at_ms;
     job.recovery_deadline_ms = std::max(relaunch_at_ms, now_ms()) + job.request.replacement_wait_ms;
-    job.waiting_told.clear();  // this recovery has told nothing yet
     if (relaunch_at_ms > 0) return;
   }
   schedule(out);

@@ -179,7 +179,7 @@ struct Job {
   int target_dp = 0;                // data size wanted at the next relaunch (0 = layout.dp)
   double relaunch_at_ms = 0;        // recovering: not before (backoff)
   double recovery_deadline_ms = 0;  // recovering: fail when devices are still missing by then
-  // The reason the last "waiting" event of this recovery told, and when (wait_for_devices).
+  // The reason the last "waiting" event in this state told, and when (tell_waiting).
   std::string waiting_told;
   double waiting_told_ms = 0;
   double last_progress_ms = 0;           // running: the last completed step (or the start)
@@ -475,6 +475,9 @@ class CoordinatorState {
   void relaunch_auto(Job& job, double now, Actions* out);
   // A recovering job without the devices it needs: fails with no_devices past its deadline,
   // else waits (a `waiting` event when the reason changes).
+  // A "waiting" event for the job's reason if it changed since the last one told, at most
+  // one a second (state_recovery.cpp); tick() tells the last change within the second.
+  void tell_waiting(Job& job, const char* state, double now, Actions* out);
   void wait_for_devices(Job& job, double now, const std::string& why, Actions* out);
   // Decides whether the relaunch that keeps job.survivors continues from in-memory snapshots
   // (job.memory_step, job.heal_roots) or from the checkpoint at `disk_step`; says which in `out`.

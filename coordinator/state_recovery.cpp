@@ -98,15 +98,19 @@ void CoordinatorState::wait_for_devices(Job& job, double now, const std::string&
     fail(job, FailureCause::no_devices, why, out);
     return;
   }
-  // `status` says the latest count; the event tells a change at most once a second (each
-  // agent that comes or goes changes the count: 512 events in one wait at 4,096 ranks), and
-  // the tick that calls this every 100 ms tells the last one within the second.
   job.reason = why;
-  if (why != job.waiting_told && (job.waiting_told.empty() || now >= job.waiting_told_ms + kWaitingEventMs)) {
-    job.waiting_told = why;
-    job.waiting_told_ms = now;
-    out->events.push_back({{"event", "waiting"}, {"job", job.id}, {"state", "recovering"}, {"reason", why}});
-  }
+  tell_waiting(job, "recovering", now, out);
+}
+
+// `status` says the latest reason at once; the event tells a change at most once a second:
+// each agent that comes or goes changes the count of free devices (517 events in one wait at
+// 4,096 ranks), and the tick (every 100 ms) tells the last one within the second.
+void CoordinatorState::tell_waiting(Job& job, const char* state, double now, Actions* out) {
+  if (job.reason == job.waiting_told) return;
+  if (!job.waiting_told.empty() && now < job.waiting_told_ms + kWaitingEventMs) return;
+  job.waiting_told = job.reason;
+  job.waiting_told_ms = now;
+  out->events.push_back({{"event", "waiting"}, {"job", job.id}, {"state", state}, {"reason", job.reason}});
 }
 
 void CoordinatorState::try_relaunch(Job& job, double now, Actions* out) {
@@ -428,6 +432,10 @@ void CoordinatorState::tick(double now, Actions* out) {
     Job& j = jobs_.at(id);
     if (j.state == JobState::recovering) {
       try_relaunch(j, now, out);
+      continue;
+    }
+    if (j.state == JobState::queued) {
+      tell_waiting(j, "queued", now, out);
       continue;
     }
     if (j.peer_report && now >= j.peer_report->at_ms + kPeerReportGraceMs &&

@@ -1039,6 +1039,48 @@ TEST_CASE(
   CHECK(later.empty());
 }
 
+TEST_CASE("scheduling: a queued job's wait is told as agents come, at most once a second, the last one too",
+          "[scheduling]") {
+  Fixture f;
+  Actions a;
+  const std::string job = f.st.submit(request("big", 12), &a);
+  REQUIRE(f.st.job(job)->state == JobState::queued);
+  auto told = [&](const Actions& x, std::vector<std::string>* out) {
+    for (const auto& e : x.events)
+      if (e["event"] == "waiting" && e["job"] == job) out->push_back(e["reason"].get<std::string>());
+  };
+  std::vector<std::string> events;
+  told(a, &events);
+  // Eleven agents of one device register, one by one (a cluster starting): each changes the
+  // free count, none is enough. Status has the latest at once; the events at most one a second
+  // of the time that really passed.
+  const double t_start = now_ms();
+  for (int i = 0; i < 11; ++i) {
+    Actions g;
+    REQUIRE(f.st.register_agent(7, "h" + std::to_string(i), 100 + i, cpus(1), &g).accepted);
+    told(g, &events);
+  }
+  CHECK(f.st.job(job)->state == JobState::queued);
+  const std::string last = f.st.job(job)->reason;
+  CHECK(last.find("11 free") != std::string::npos);
+  const double elapsed_s = (now_ms() - t_start) / 1000;
+  CHECK(events.size() <= size_t(1 + elapsed_s + 1));
+  Actions t;
+  f.st.tick(now_ms() + 1100, &t);
+  told(t, &events);
+  REQUIRE(!events.empty());
+  CHECK(events.back() == last);
+  Actions u;
+  f.st.tick(now_ms() + 5000, &u);
+  std::vector<std::string> later;
+  told(u, &later);
+  CHECK(later.empty());
+  // The twelfth places it.
+  Actions p;
+  REQUIRE(f.st.register_agent(7, "h11", 111, cpus(1), &p).accepted);
+  CHECK(f.st.job(job)->state == JobState::launching);
+}
+
 TEST_CASE("recovery: below min_devices the job waits for replacements, then fails at the deadline",
           "[recovery][elastic]") {
   JobRequest req = elastic(2);  // min_devices 0 = the planned 4
