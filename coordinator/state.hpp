@@ -473,11 +473,11 @@ class CoordinatorState {
   void try_relaunch(Job& job, double now, Actions* out);
   // The same for an auto job: the planner chooses the layout for the devices there are.
   void relaunch_auto(Job& job, double now, Actions* out);
-  // A recovering job without the devices it needs: fails with no_devices past its deadline,
-  // else waits (a `waiting` event when the reason changes).
   // A "waiting" event for the job's reason if it changed since the last one told, at most
   // one a second (state_recovery.cpp); tick() tells the last change within the second.
   void tell_waiting(Job& job, const char* state, double now, Actions* out);
+  // A recovering job without the devices it needs: fails with no_devices past its deadline,
+  // else waits (its reason, told by tell_waiting).
   void wait_for_devices(Job& job, double now, const std::string& why, Actions* out);
   // Decides whether the relaunch that keeps job.survivors continues from in-memory snapshots
   // (job.memory_step, job.heal_roots) or from the checkpoint at `disk_step`; says which in `out`.

@@ -17,7 +17,7 @@ constexpr double kSurvivorReportMs = 2000;
 // A rank whose last "where" answer is older than the newest one by this many rounds of polls
 // (where_polls.hpp: at most 500 ms up to 2,045 ranks, then longer) has stopped answering.
 constexpr double kStaleWhereRounds = 3;
-// A "waiting" event tells a change of the reason at most this often (wait_for_devices).
+// A "waiting" event tells a change of the reason at most this often (tell_waiting).
 constexpr double kWaitingEventMs = 1000;
 // How long a peer-caused failure report waits for a direct report that names the culprit.
 // Longer than the shell's wait for a lost connection's exit report (250 ms) and a reaping

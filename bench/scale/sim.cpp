@@ -361,13 +361,20 @@ class Sim : public SimSink {
     if (report && agent) agent->launcher->push({n->pid, exit_code, signal});
   }
 
-  static void stop_node(Node& n) {
+  // `detached`: its system stops on a thread of its own, and this returns at once.
+  static void stop_node(Node& n, bool detached = false) {
     if (n.thaw) n.thaw->set_value();  // a held multiplexer runs again, so that the system can stop
     n.thaw.reset();
     if (n.actor) caf::anon_send_exit(n.actor, caf::exit_reason::kill);
     n.actor = nullptr;
-    n.sys.reset();
-    n.cfg.reset();
+    auto stop = [sys = std::move(n.sys), cfg = std::move(n.cfg)]() mutable {
+      sys.reset();
+      cfg.reset();
+    };
+    if (detached)
+      std::thread(std::move(stop)).detach();
+    else
+      stop();
   }
 
   std::shared_ptr<WorkerNode> worker_at(int gen, int rank) {
@@ -429,12 +436,7 @@ class Sim : public SimSink {
       // supervisor's restart below does not wait for it (a system waits for all its actors,
       // and one of a lost agent's, in about one inline run in three at 256 ranks, never ended).
       std::lock_guard<std::mutex> node_lock(a->mu);
-      if (a->actor) caf::anon_send_exit(a->actor, caf::exit_reason::kill);
-      a->actor = nullptr;
-      std::thread([sys = std::move(a->sys), cfg = std::move(a->cfg)]() mutable {
-        sys.reset();
-        cfg.reset();
-      }).detach();
+      stop_node(*a, /*detached=*/true);
     }
     if (!o_.inline_workers)
       for (uint64_t id : mine) pool_.submit([this, id] { destroy_worker(id, -1, 9, false); });
