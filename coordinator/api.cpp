@@ -110,7 +110,12 @@ nlohmann::json handle_api_request(CoordinatorState& state, const nlohmann::json&
     if (!optional_count(req, "workers_from", 0, std::numeric_limits<int32_t>::max(), &page.from, &err) ||
         !optional_count(req, "workers_limit", 1, ListPage::kMax, &page.limit, &err))
       return err;
-    return {{"ok", true}, {"job", state.job_json(*j, page)}};
+    WorkerFields fields;
+    if (auto f = req.find("worker_fields"); f != req.end()) {
+      std::string why;
+      if (!WorkerFields::parse(*f, &fields, &why)) return api_error("bad_request", why);
+    }
+    return {{"ok", true}, {"job", state.job_json(*j, page, fields)}};
   }
   if (*op == "list") {
     ListPage page;

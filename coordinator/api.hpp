@@ -5,9 +5,10 @@
 //       -> {"ok":true,"job":"<id>","state":"queued","reason":"...","run_dir":"..."}
 //       (state: queued, or launching when it was placed at once; filename and resume are
 //       optional; errors invalid_spec with "diagnostics", invalid_job)
-//   {"op":"status","job":"<id>","workers_from":0,"workers_limit":256}
+//   {"op":"status","job":"<id>","workers_from":0,"workers_limit":256,"worker_fields":["rank"]}
 //       -> {"ok":true,"job":{...}}  (state.hpp: job_json; the page is optional: by default the
-//       first 256 workers, at most 4096; "workers_next" names the next page's first rank)
+//       first 256 workers, at most 4096; "workers_next" names the next page's first rank;
+//       worker_fields is optional too: each worker's fields, by default all)
 //   {"op":"list","agents_from":0,"agents_limit":256}
 //       -> {"ok":true,"jobs":[...],"agents":[...],"agents_total":N,"devices":{...}}
 //       (agents: one page, as status's workers; "agents_next" names the next page's first)

@@ -226,6 +226,13 @@ std::string str(const nlohmann::json& j, const char* key) {
 
 double num(const nlohmann::json& j, const char* key) { return number(j, key).value_or(0.0); }
 
+// j[key] when it is an array, else an empty one; not a copy (a job's workers are thousands).
+const nlohmann::json& array_at(const nlohmann::json& j, const char* key) {
+  static const nlohmann::json empty = nlohmann::json::array();
+  auto it = j.find(key);
+  return it != j.end() && it->is_array() ? *it : empty;
+}
+
 constexpr JobState kStates[] = {JobState::queued,  JobState::planning,   JobState::launching,
                                 JobState::running, JobState::recovering, JobState::succeeded,
                                 JobState::failed,  JobState::cancelled};
@@ -328,13 +335,13 @@ std::string prometheus_text(const nlohmann::json& list, const std::vector<nlohma
     Family f(out, "troupe_worker_heartbeat_age_seconds", "gauge",
              "Seconds since the worker last said where it is.");
     for (const auto& j : status)
-      for (const auto& w : j.value("workers", nlohmann::json::array()))
+      for (const auto& w : array_at(j, "workers"))
         if (auto age = number(w, "heartbeat_age_s")) f.sample(worker_labels(j, w), *age);
   }
   {
     Family f(out, "troupe_worker_info", "gauge", "Where a worker runs: its host, device and pid (always 1).");
     for (const auto& j : status)
-      for (const auto& w : j.value("workers", nlohmann::json::array())) {
+      for (const auto& w : array_at(j, "workers")) {
         Labels l = worker_labels(j, w);
         l.push_back({"pid", str(w, "pid")});
         f.sample(l, 1);

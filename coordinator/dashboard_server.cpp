@@ -171,6 +171,9 @@ HttpResponse DashboardServer::trace(const std::string& id) {
 }
 
 HttpResponse DashboardServer::metrics() {
+  // Of each worker only what prometheus_text reads: a fifth of the bytes of a full page, and
+  // the actor spends no time on the workers' places in the plan.
+  static const nlohmann::json kMetricsWorkerFields = {"rank", "host", "device", "pid", "heartbeat_age_s"};
   nlohmann::json list = parse_answer(ask_(R"({"op":"list"})"));
   if (!list.value("ok", false)) return HttpResponse::text(503, "the coordinator did not answer\n");
   std::vector<nlohmann::json> live;
@@ -186,7 +189,8 @@ HttpResponse DashboardServer::metrics() {
       nlohmann::json st = parse_answer(ask_(json_text({{"op", "status"},
                                                        {"job", j.value("id", "")},
                                                        {"workers_from", from},
-                                                       {"workers_limit", ListPage::kMax}})));
+                                                       {"workers_limit", ListPage::kMax},
+                                                       {"worker_fields", kMetricsWorkerFields}})));
       if (!st.value("ok", false) || !st["job"].is_object()) break;
       nlohmann::json& page = st["job"];
       size_t next = 0;

@@ -298,6 +298,18 @@ struct ListPage {
   }
 };
 
+// Which of a worker's fields a status page carries (docs/api.md, "status": "worker_fields"):
+// all by default. A scraper asks for the few it reads; the place in the plan (dp, pp, tp,
+// layers, place), the costliest to work out per rank, is worked out only when asked for.
+struct WorkerFields {
+  // In the order a worker lists them; bit i of `mask` is names()[i].
+  static const std::vector<std::string>& names();
+  // The fields named in `list` (a JSON array of names), or "" with why not in *why.
+  static bool parse(const nlohmann::json& list, WorkerFields* out, std::string* why);
+  uint32_t mask = ~uint32_t{0};
+  bool has(const char* name) const;
+};
+
 // Every rank's last "where" answer, grouped by answer as rank ranges ({"step 12: allreduce":
 // "0-5,7"}), at most 32 answers in rank order; *more counts the ranks of the others.
 nlohmann::json where_groups(const std::vector<RankSlot>& ranks, int* more);
@@ -390,7 +402,7 @@ class CoordinatorState {
   const std::map<std::string, Job>& jobs() const { return jobs_; }
   // A job's status: everything about it, a summary of every rank, and the workers of one
   // page in full (docs/api.md, "status").
-  nlohmann::json job_json(const Job& job, const ListPage& page = {}) const;
+  nlohmann::json job_json(const Job& job, const ListPage& page = {}, const WorkerFields& fields = {}) const;
   nlohmann::json list_json(const ListPage& agents = {}) const;
   bool current(const std::string& job_id, int generation) const;
 

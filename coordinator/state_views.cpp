@@ -46,34 +46,83 @@ nlohmann::json where_groups(const std::vector<RankSlot>& ranks, int* more) {
   return out;
 }
 
-nlohmann::json CoordinatorState::job_json(const Job& j, const ListPage& page) const {
-  // The page of workers [from, from + limit), each in full; every rank only in the summary.
+const std::vector<std::string>& WorkerFields::names() {
+  static const std::vector<std::string> n = {"rank",  "agent",      "host", "device", "pid",
+                                             "where", "registered", "done", "exited", "heartbeat_age_s",
+                                             "dp",    "pp",         "tp",   "layers", "place"};
+  return n;
+}
+
+bool WorkerFields::parse(const nlohmann::json& list, WorkerFields* out, std::string* why) {
+  const auto& known = names();
+  auto known_list = [&] {
+    std::string s;
+    for (const auto& k : known) s += (s.empty() ? "" : ", ") + k;
+    return s;
+  };
+  if (!list.is_array() || list.empty() || list.size() > known.size()) {
+    *why = "'worker_fields' must be a list of 1 to " + std::to_string(known.size()) + " of " + known_list();
+    return false;
+  }
+  out->mask = 0;
+  for (const auto& f : list) {
+    auto it =
+        f.is_string() ? std::find(known.begin(), known.end(), f.get_ref<const std::string&>()) : known.end();
+    if (it == known.end()) {
+      *why = "'worker_fields' names " +
+             (f.is_string() ? "'" + f.get<std::string>().substr(0, 64) + "'" : f.type_name()) +
+             ", not a worker's field (" + known_list() + ")";
+      return false;
+    }
+    out->mask |= uint32_t{1} << (it - known.begin());
+  }
+  return true;
+}
+
+bool WorkerFields::has(const char* name) const {
+  const auto& known = names();
+  const auto it = std::find(known.begin(), known.end(), name);
+  return it != known.end() && (mask >> (it - known.begin()) & 1) != 0;
+}
+
+nlohmann::json CoordinatorState::job_json(const Job& j, const ListPage& page,
+                                          const WorkerFields& fields) const {
+  // The page of workers [from, from + limit), each with the fields asked for; every rank only
+  // in the summary.
   const size_t n = j.ranks.size();
   const auto [from, to] = page.range(n);
   nlohmann::json workers = nlohmann::json::array();
   const double now = now_ms();
   const bool placed = j.plan.layout == j.layout && !j.plan.partition.chunks.empty();
+  const bool f_rank = fields.has("rank"), f_agent = fields.has("agent"), f_host = fields.has("host"),
+             f_device = fields.has("device"), f_pid = fields.has("pid"), f_where = fields.has("where"),
+             f_registered = fields.has("registered"), f_done = fields.has("done"),
+             f_exited = fields.has("exited"), f_age = fields.has("heartbeat_age_s"), f_dp = fields.has("dp"),
+             f_pp = fields.has("pp"), f_tp = fields.has("tp"), f_layers = fields.has("layers"),
+             f_place = fields.has("place");
+  const bool f_plan = f_dp || f_pp || f_tp || f_layers || f_place;
   for (size_t r = from; r < to; ++r) {
     const RankSlot& s = j.ranks[r];
-    nlohmann::json w = {{"rank", r},
-                        {"agent", s.device.agent_id},
-                        {"host", s.host},
-                        {"device", s.device.device},
-                        {"pid", s.pid},
-                        {"where", s.where},
-                        {"registered", s.registered},
-                        {"done", s.done},
-                        {"exited", s.exited}};
-    if (s.where_ms > 0) w["heartbeat_age_s"] = std::max(0.0, (now - s.where_ms) / 1000.0);
+    nlohmann::json w = nlohmann::json::object();
+    if (f_rank) w["rank"] = r;
+    if (f_agent) w["agent"] = s.device.agent_id;
+    if (f_host) w["host"] = s.host;
+    if (f_device) w["device"] = s.device.device;
+    if (f_pid) w["pid"] = s.pid;
+    if (f_where) w["where"] = s.where;
+    if (f_registered) w["registered"] = s.registered;
+    if (f_done) w["done"] = s.done;
+    if (f_exited) w["exited"] = s.exited;
+    if (f_age && s.where_ms > 0) w["heartbeat_age_s"] = std::max(0.0, (now - s.where_ms) / 1000.0);
     // Where the rank sits in the generation's plan: the same line its worker log prints.
     // (A job restored from the table has no plan until its next launch.)
-    if (placed && int(r) < j.plan.layout.world()) {
+    if (f_plan && placed && int(r) < j.plan.layout.world()) {
       const plan::RankPlace place = plan::rank_place(j.plan, int(r));
-      w["dp"] = place.coord.d;
-      w["pp"] = place.coord.p;
-      w["tp"] = place.coord.t;
-      w["layers"] = plan::layers_str(place.chunks);
-      w["place"] = place.str();
+      if (f_dp) w["dp"] = place.coord.d;
+      if (f_pp) w["pp"] = place.coord.p;
+      if (f_tp) w["tp"] = place.coord.t;
+      if (f_layers) w["layers"] = plan::layers_str(place.chunks);
+      if (f_place) w["place"] = place.str();
     }
     workers.push_back(std::move(w));
   }

@@ -105,6 +105,56 @@ TEST_CASE("api status: a big job's answer lists one page of workers and sums up 
   }
 }
 
+TEST_CASE("api status: worker_fields gives each worker only the fields named, and refuses others by name",
+          "[api]") {
+  CoordinatorState st((std::filesystem::temp_directory_path() / "troupe-api-test").string(),
+                      troupe::actors::kProtocolVersion);
+  const std::string id = troupe::test::sized_job(st, 64);
+  Actions a;
+  auto status = [&](nlohmann::json req) {
+    req["op"] = "status";
+    req["job"] = id;
+    return handle_api_request(st, req, &a);
+  };
+  const auto full = status({});
+  REQUIRE(full["ok"] == true);
+  const auto& fw = full["job"]["workers"];
+  REQUIRE(fw.size() == 64);
+  // By default every field, the plan's too.
+  for (const auto& name : WorkerFields::names()) CHECK(fw[5].contains(name));
+
+  const auto brief = status({{"worker_fields", {"rank", "host", "pid", "heartbeat_age_s"}}});
+  REQUIRE(brief["ok"] == true);
+  const auto& bw = brief["job"]["workers"];
+  REQUIRE(bw.size() == 64);
+  for (size_t r = 0; r < bw.size(); ++r) {
+    CHECK(bw[r].size() == 4);
+    CHECK(bw[r]["rank"] == fw[r]["rank"]);
+    CHECK(bw[r]["host"] == fw[r]["host"]);
+    CHECK(bw[r]["pid"] == fw[r]["pid"]);
+    CHECK(bw[r]["heartbeat_age_s"].get<double>() >= 0);
+  }
+  // The summary and the job's own fields are the same whatever the workers carry.
+  CHECK(brief["job"]["worker_summary"]["where"] == full["job"]["worker_summary"]["where"]);
+  CHECK(brief["job"]["layout"] == full["job"]["layout"]);
+  // Only the plan's fields: worked out as in the full answer.
+  const auto plan = status({{"worker_fields", {"place", "tp"}}});
+  CHECK(plan["job"]["workers"][9]["place"] == fw[9]["place"]);
+  CHECK(plan["job"]["workers"][9]["tp"] == fw[9]["tp"]);
+  CHECK(plan["job"]["workers"][9].size() == 2);
+
+  for (const nlohmann::json& bad :
+       {nlohmann::json("rank"), nlohmann::json::array(), nlohmann::json{"rank", "secret"},
+        nlohmann::json{"rank", 3}, nlohmann::json(std::vector<std::string>(16, "rank"))}) {
+    auto r = status({{"worker_fields", bad}});
+    CHECK(r["ok"] == false);
+    CHECK(r["error"] == "bad_request");
+    CHECK(r["message"].get<std::string>().find("'worker_fields'") != std::string::npos);
+  }
+  CHECK(status({{"worker_fields", {"rank", "secret"}}})["message"].get<std::string>().find("'secret'") !=
+        std::string::npos);
+}
+
 TEST_CASE("api list: the agents come a page at a time, with their total", "[api]") {
   CoordinatorState st((std::filesystem::temp_directory_path() / "troupe-api-test").string(),
                       troupe::actors::kProtocolVersion);
