@@ -220,6 +220,16 @@ struct KillRequest {
   std::vector<int32_t> ranks;
 };
 
+// An agent's answer to "where are your ranks" (agent_actor): for the i-th worker handle the
+// coordinator named, whether it answered within the agent's wait and what it said.
+struct WhereAnswers {
+  std::vector<uint8_t> answered;
+  std::vector<std::string> where;
+};
+// Worker handles one "where" request to an agent names, at most (an agent's answer for more is
+// refused unread: the coordinator sends one request per host of at most this many ranks).
+constexpr size_t kMaxWhereBatch = 1024;
+
 // A rendezvous key, namespaced by (job, generation, group).
 struct StoreKey {
   std::string job_id;
@@ -326,6 +336,10 @@ typename Inspector::result_type inspect(Inspector& f, CkptCommitted& x) {
   return f(caf::meta::type_name("CkptCommitted"), x.ok, x.dir, x.error);
 }
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, WhereAnswers& x) {
+  return f(caf::meta::type_name("WhereAnswers"), x.answered, x.where);
+}
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StoreKey& x) {
   return f(caf::meta::type_name("StoreKey"), x.job_id, x.generation, x.group, x.key);
 }
@@ -352,13 +366,6 @@ using coordinator_actor = caf::typed_actor<
     caf::reacts_to<lost_atom, std::string, int32_t, int32_t>,   // self: (job, generation, rank)
     caf::reacts_to<tick_atom>>;                                 // self: recovery clock and watchdog
 
-// A kill names each process by its launch (a survivor keeps the key it was launched with).
-using agent_actor =
-    caf::typed_actor<caf::replies_to<launch_atom, LaunchRequest>::with<int32_t>,  // pid or -errno
-                     caf::reacts_to<kill_atom, KillRequest>,
-                     caf::reacts_to<tick_atom>,  // self: reap children
-                     caf::reacts_to<shutdown_atom>>;
-
 // Answered at once while the engine thread computes. Abort and drain name the generation
 // they concern: a worker ignores them for any other.
 // A drained rank checkpoints after the given step and reports a WorkerResult with ok and drained.
@@ -366,6 +373,16 @@ using worker_actor =
     caf::typed_actor<caf::reacts_to<abort_atom, int32_t, std::string>,
                      caf::replies_to<where_atom>::with<std::string>,
                      caf::reacts_to<drain_atom, int32_t, int64_t>, caf::reacts_to<assign_atom, Assignment>>;
+
+// A kill names each process by its launch (a survivor keeps the key it was launched with).
+// "Where" names workers of the agent's host (their relays, actors of the agent's node): the
+// agent asks each and answers for all, so the coordinator asks once per host, not per rank.
+using agent_actor =
+    caf::typed_actor<caf::replies_to<launch_atom, LaunchRequest>::with<int32_t>,  // pid or -errno
+                     caf::reacts_to<kill_atom, KillRequest>,
+                     caf::replies_to<where_atom, std::vector<worker_actor>>::with<WhereAnswers>,
+                     caf::reacts_to<tick_atom>,  // self: reap children
+                     caf::reacts_to<shutdown_atom>>;
 
 // An agent's relay hub (worker/relay.hpp): a worker of its host asks it for the relay it
 // then uses as its coordinator.

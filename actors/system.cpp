@@ -23,6 +23,8 @@ NodeConfig::NodeConfig(const std::string& secret_file) {
   add_message_type<StepMetrics>("troupe::StepMetrics");
   add_message_type<WorkerResult>("troupe::WorkerResult");
   add_message_type<KillRequest>("troupe::KillRequest");
+  add_message_type<WhereAnswers>("troupe::WhereAnswers");
+  add_message_type<std::vector<worker_actor>>("std::vector<troupe::worker_actor>");
   add_message_type<StoreKey>("troupe::StoreKey");
   add_message_type<StoreValue>("troupe::StoreValue");
   add_message_type<CkptFile>("troupe::CkptFile");

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <set>
 
 #include "actors/secret.hpp"
 #include "actors/validate.hpp"
@@ -70,25 +71,81 @@ constexpr auto kTick = std::chrono::milliseconds(kWhereTickMs);
 
 // Asks the next share of the ranks where they are (from where the last tick stopped, around),
 // so that a rank that hangs later is reported with the op it was in (a stopped process cannot
-// answer).
+// answer). A rank whose handle lives on its agent's node (its relay) is asked through the
+// agent, with the other ranks of that host this tick reaches: one request per host, which
+// counts as one poll of the tick's share. A rank connected by itself is asked itself. An
+// agent's answers count only for the handles the coordinator named, all on the agent's node.
 void poll_where(self_ptr self) {
   auto& s = self->state;
   if (s.workers.empty()) return;
-  size_t quota = where_polls_per_tick(s.workers.size());
+  using Key = std::tuple<std::string, int32_t, int32_t>;
+  std::map<caf::node_id, agent_actor> agent_at;
+  for (const auto& [id, a] : s.agents)
+    if (a) agent_at.emplace(a.node(), a);
+  struct Host {
+    agent_actor agent;
+    std::vector<Key> keys;
+    std::vector<worker_actor> handles;
+  };
+  std::map<caf::node_id, Host> hosts;
+  auto ask_host = [self](Host h) {
+    self->request(h.agent, std::chrono::seconds(1), where_atom::value, h.handles)
+        .then(
+            [self, keys = std::move(h.keys)](const WhereAnswers& a) {
+              if (a.answered.size() != keys.size() || a.where.size() != keys.size()) return;
+              for (size_t i = 0; i < keys.size(); ++i)
+                if (a.answered[i] != 0) {
+                  const auto& [job, generation, rank] = keys[i];
+                  self->state.st->worker_where(job, generation, rank, sanitize_utf8(a.where[i], kMaxText));
+                }
+            },
+            [](caf::error&) {});
+  };
+  // The tick's share counts what is asked: hosts, and ranks connected by themselves.
+  size_t targets = 0;
+  {
+    std::set<caf::node_id> counted;
+    for (const auto& [key, handle] : s.workers) {
+      const auto& [job, generation, rank] = key;
+      if (is_spare_rank(rank) || !s.st->current(job, generation)) continue;
+      if (!agent_at.count(handle.node()) || counted.insert(handle.node()).second) ++targets;
+    }
+  }
+  if (targets == 0) return;
+  size_t quota = where_polls_per_tick(targets);
   auto it = s.where_next ? s.workers.lower_bound(*s.where_next) : s.workers.begin();
-  for (size_t seen = 0; seen < s.workers.size() && quota > 0; ++seen, ++it) {
+  for (size_t seen = 0; seen < s.workers.size(); ++seen, ++it) {
     if (it == s.workers.end()) it = s.workers.begin();
     const auto& [key, handle] = *it;
-    auto [job, generation, rank] = key;
+    const auto& [job, generation, rank] = key;
     if (is_spare_rank(rank) || !s.st->current(job, generation)) continue;
+    const caf::node_id node = handle.node();
+    if (auto agent = agent_at.find(node); agent != agent_at.end()) {
+      auto h = hosts.find(node);
+      if (h != hosts.end() && h->second.keys.size() >= kMaxWhereBatch) {
+        ask_host(std::move(h->second));
+        hosts.erase(h);
+        h = hosts.end();
+      }
+      if (h == hosts.end()) {
+        if (quota == 0) break;
+        --quota;
+        h = hosts.emplace(node, Host{agent->second, {}, {}}).first;
+      }
+      h->second.keys.push_back(key);
+      h->second.handles.push_back(handle);
+      continue;
+    }
+    if (quota == 0) break;
     --quota;
     self->request(handle, std::chrono::seconds(1), where_atom::value)
         .then(
-            [=](const std::string& w) {
+            [self, job = job, generation = generation, rank = rank](const std::string& w) {
               self->state.st->worker_where(job, generation, rank, sanitize_utf8(w, kMaxText));
             },
             [](caf::error&) {});
   }
+  for (auto& [node, h] : hosts) ask_host(std::move(h));
   if (it == s.workers.end()) it = s.workers.begin();
   s.where_next = it->first;
 }

@@ -233,6 +233,50 @@ std::shared_ptr<WorkerLauncher> make_process_launcher(const AgentActorOptions& o
 
 namespace {
 
+// How long the agent waits for each of its host's workers to say where it is: within the
+// coordinator's wait for the agent (1 s), so a hung rank leaves only its own answer out.
+constexpr auto kWhereWait = std::chrono::milliseconds(500);
+// What the agent passes on of one worker's answer, at most (the coordinator cuts it further).
+constexpr size_t kMaxWhereText = 1024;
+
+// Asks each worker named (an actor of this node: a relay, or an actor the agent's launcher
+// made here) where it is, and answers for all once each has answered or kWhereWait passed.
+// A handle of another node is left unanswered: an agent speaks only for its own host.
+caf::typed_response_promise<WhereAnswers> ask_where(self_ptr self, std::vector<worker_actor> workers) {
+  struct Pending {
+    WhereAnswers out;
+    size_t left = 0;
+    caf::typed_response_promise<WhereAnswers> rp;
+  };
+  auto p = std::make_shared<Pending>();
+  p->out.answered.assign(workers.size(), 0);
+  p->out.where.assign(workers.size(), "");
+  p->left = workers.size() + 1;  // and this call's own, last
+  p->rp = self->make_response_promise<WhereAnswers>();
+  auto one_done = [p] {
+    if (--p->left == 0) p->rp.deliver(std::move(p->out));
+  };
+  for (size_t i = 0; i < workers.size(); ++i) {
+    const worker_actor& w = workers[i];
+    if (!w || w.node() != self->node()) {
+      one_done();
+      continue;
+    }
+    self->request(w, kWhereWait, where_atom::value)
+        .then(
+            [p, i, one_done](std::string& said) {
+              if (said.size() > kMaxWhereText) said.resize(kMaxWhereText);
+              p->out.answered[i] = 1;
+              p->out.where[i] = std::move(said);
+              one_done();
+            },
+            [one_done](caf::error&) { one_done(); });
+  }
+  auto rp = p->rp;
+  one_done();
+  return rp;
+}
+
 agent_actor::behavior_type agent_fn(self_ptr self, coordinator_actor coordinator, AgentActorOptions opt,
                                     std::string relay_address) {
   self->state.relay_address = std::move(relay_address);
@@ -267,6 +311,17 @@ agent_actor::behavior_type agent_fn(self_ptr self, coordinator_actor coordinator
           for (size_t i = 0; i < k.ranks.size(); ++i)
             if (c.generation == k.generations[i] && c.rank == k.ranks[i]) self->state.launcher->kill(pid);
         }
+      },
+      [=](where_atom, std::vector<worker_actor>& workers) -> caf::typed_response_promise<WhereAnswers> {
+        // Only the coordinator asks (checked before the promise is made: making it takes the
+        // sender from the message).
+        auto sender = self->current_sender();
+        if (!sender || sender->node() != self->state.coordinator.node() || workers.size() > kMaxWhereBatch) {
+          auto rp = self->make_response_promise<WhereAnswers>();
+          rp.deliver(caf::make_error(caf::sec::unexpected_message));
+          return rp;
+        }
+        return ask_where(self, std::move(workers));
       },
       [=](tick_atom) {
         reap(self, false);

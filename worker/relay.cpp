@@ -234,8 +234,10 @@ caf::behavior relay_fn(relay_ptr self, caf::actor hub, coordinator_actor coordin
         self->send(self->state.worker, assign_atom::value, std::move(a));
       },
       [=](where_atom) -> caf::response_promise {
-        // Checked before the promise is made: making it takes the sender from the message.
-        if (!from_coordinator(self) || !self->state.worker) {
+        // From the coordinator, or from its agent asking for every rank of the host at once
+        // (an actor of this node). Checked before the promise is made: making it takes the
+        // sender from the message.
+        if (!(from_coordinator(self) || from_node(self, self->node())) || !self->state.worker) {
           note_refused(self, "a where");
           return answer(self, caf::make_error(caf::sec::unexpected_message));
         }

@@ -348,3 +348,87 @@ TEST_CASE("relay: a peer that sends an exit, a down or a link as a message is cu
   // The coordinator lives, its job runs on in generation 0, and a rank still reaches its store.
   check_untouched(r, 1);
 }
+
+TEST_CASE(
+    "agent: asked where its host's workers are, it answers for each in one reply, not for a hung one or "
+    "another node's, and only to its coordinator",
+    "[worker][relay][security]") {
+  // Two nodes of this process, never connected: the agent's, where its coordinator (a stand-in
+  // that welcomes it) and its host's workers live, and another.
+  auto config = [] {
+    auto c = std::make_unique<caf::actor_system_config>();
+    c->load<caf::io::middleman>();  // a node id is made for a networked system only
+    c->add_message_type<WhereAnswers>("troupe::WhereAnswers");
+    c->add_message_type<std::vector<worker_actor>>("std::vector<troupe::worker_actor>");
+    c->set("scheduler.max-threads", size_t{2});
+    c->set("logger.console", caf::atom("none"));
+    return c;
+  };
+  auto here_cfg = config(), there_cfg = config();
+  caf::actor_system here{*here_cfg}, there{*there_cfg};
+  REQUIRE(here.node() != there.node());
+  auto coordinator = here.spawn([](caf::event_based_actor*) -> caf::behavior {
+    return {[](reg_agent_atom, const AgentHello&) { return Welcome{true, "", kProtocolVersion}; }};
+  });
+  auto answering = [](caf::actor_system& sys, std::string said, std::shared_ptr<std::atomic<int>> asked) {
+    return caf::actor_cast<worker_actor>(sys.spawn([said, asked](caf::event_based_actor*) -> caf::behavior {
+      return {[said, asked](where_atom) {
+        ++*asked;
+        return said;
+      }};
+    }));
+  };
+  auto asked = std::make_shared<std::atomic<int>>(0), asked_there = std::make_shared<std::atomic<int>>(0);
+  worker_actor forward = answering(here, "step 3: forward layer 1", asked);
+  worker_actor reduce = answering(here, "step 3: allreduce (dp)", asked);
+  worker_actor elsewhere = answering(there, "step 3: elsewhere", asked_there);
+  // A rank that hangs: it takes the question and never answers.
+  worker_actor hung =
+      caf::actor_cast<worker_actor>(here.spawn([](caf::event_based_actor* self) -> caf::behavior {
+        return {[self](where_atom) { return self->make_response_promise(); }};
+      }));
+
+  worker::AgentActorOptions ao;
+  ao.devices = {"cpu:0"};
+  ao.relay = false;
+  ao.launcher = std::make_shared<KeepingLauncher>();
+  std::atomic<bool> registered{false};
+  ao.on_registered = [&] { registered = true; };
+  agent_actor agent = worker::spawn_agent(here, caf::actor_cast<coordinator_actor>(coordinator), ao);
+  REQUIRE(wait_until([&] { return registered.load(); }, 30s));
+
+  auto ask = [&](caf::actor_system& from, std::vector<worker_actor> ws) {
+    caf::scoped_actor me{from};
+    std::optional<WhereAnswers> out;
+    me->request(agent, 30s, where_atom::value, std::move(ws))
+        .receive([&](WhereAnswers& a) { out = std::move(a); }, [&](caf::error&) {});
+    return out;
+  };
+  // From an actor of its coordinator's node: one reply for all, in the order asked.
+  auto a = ask(here, {forward, hung, elsewhere, reduce});
+  REQUIRE(a);
+  REQUIRE(a->answered.size() == 4);
+  REQUIRE(a->where.size() == 4);
+  CHECK(a->answered == std::vector<uint8_t>{1, 0, 0, 1});
+  CHECK(a->where[0] == "step 3: forward layer 1");
+  CHECK(a->where[1] == "");
+  CHECK(a->where[2] == "");
+  CHECK(a->where[3] == "step 3: allreduce (dp)");
+  CHECK(*asked == 2);
+  // Another node's worker was not even asked: an agent speaks only for its own host.
+  CHECK(*asked_there == 0);
+  // An empty question has an empty answer.
+  auto none = ask(here, {});
+  REQUIRE(none);
+  CHECK(none->answered.empty());
+  // Anyone else is refused, and so is a question naming more than a host's share.
+  CHECK_FALSE(ask(there, {forward}));
+  CHECK_FALSE(ask(here, std::vector<worker_actor>(kMaxWhereBatch + 1, forward)));
+  CHECK(*asked == 2);
+
+  caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
+  for (const caf::actor& x :
+       {caf::actor_cast<caf::actor>(forward), caf::actor_cast<caf::actor>(reduce),
+        caf::actor_cast<caf::actor>(elsewhere), caf::actor_cast<caf::actor>(hung), coordinator})
+    caf::anon_send_exit(x, caf::exit_reason::user_shutdown);
+}
