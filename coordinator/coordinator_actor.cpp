@@ -79,9 +79,23 @@ void poll_where(self_ptr self) {
   auto& s = self->state;
   if (s.workers.empty()) return;
   using Key = std::tuple<std::string, int32_t, int32_t>;
-  std::map<caf::node_id, agent_actor> agent_at;
-  for (const auto& [id, a] : s.agents)
-    if (a) agent_at.emplace(a.node(), a);
+  auto& view = s.where_view;
+  if (view.stale || ++view.ticks >= int(1000 / kWhereTickMs)) {
+    // The tick's share counts what is asked: hosts, and ranks connected by themselves.
+    view.agents.clear();
+    for (const auto& [id, a] : s.agents)
+      if (a) view.agents.emplace(a.node(), a);
+    std::set<caf::node_id> counted;
+    view.targets = 0;
+    for (const auto& [key, handle] : s.workers) {
+      const auto& [job, generation, rank] = key;
+      if (is_spare_rank(rank) || !s.st->current(job, generation)) continue;
+      if (!view.agents.count(handle.node()) || counted.insert(handle.node()).second) ++view.targets;
+    }
+    view.stale = false;
+    view.ticks = 0;
+  }
+  const std::map<caf::node_id, agent_actor>& agent_at = view.agents;
   struct Host {
     agent_actor agent;
     std::vector<Key> keys;
@@ -101,24 +115,16 @@ void poll_where(self_ptr self) {
             },
             [](caf::error&) {});
   };
-  // The tick's share counts what is asked: hosts, and ranks connected by themselves.
-  size_t targets = 0;
-  {
-    std::set<caf::node_id> counted;
-    for (const auto& [key, handle] : s.workers) {
-      const auto& [job, generation, rank] = key;
-      if (is_spare_rank(rank) || !s.st->current(job, generation)) continue;
-      if (!agent_at.count(handle.node()) || counted.insert(handle.node()).second) ++targets;
-    }
-  }
-  if (targets == 0) return;
-  size_t quota = where_polls_per_tick(targets);
+  if (view.targets == 0) return;
+  size_t quota = where_polls_per_tick(view.targets);
+  size_t ranks_left = kWhereRanksPerTick;  // ranks asked, however they are asked
   auto it = s.where_next ? s.workers.lower_bound(*s.where_next) : s.workers.begin();
   for (size_t seen = 0; seen < s.workers.size(); ++seen, ++it) {
     if (it == s.workers.end()) it = s.workers.begin();
     const auto& [key, handle] = *it;
     const auto& [job, generation, rank] = key;
     if (is_spare_rank(rank) || !s.st->current(job, generation)) continue;
+    if (ranks_left == 0) break;
     const caf::node_id node = handle.node();
     if (auto agent = agent_at.find(node); agent != agent_at.end()) {
       auto h = hosts.find(node);
@@ -134,10 +140,12 @@ void poll_where(self_ptr self) {
       }
       h->second.keys.push_back(key);
       h->second.handles.push_back(handle);
+      --ranks_left;
       continue;
     }
     if (quota == 0) break;
     --quota;
+    --ranks_left;
     self->request(handle, std::chrono::seconds(1), where_atom::value)
         .then(
             [self, job = job, generation = generation, rank = rank](const std::string& w) {
@@ -443,6 +451,7 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
       std::string id = it->second;
       s.agent_ids.erase(it);
       s.agents.erase(id);
+      s.where_view.stale = true;
       // Its processes died with it: their launches name nothing any more.
       for (auto l = s.launch_agents.begin(); l != s.launch_agents.end();) {
         if (l->second == id) {
@@ -502,6 +511,7 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
             auto handle = caf::actor_cast<agent_actor>(sender);
             self->monitor(handle);
             s.agents[r.message] = handle;
+            s.where_view.stale = true;
             s.agent_ids[handle.address()] = r.message;
           }
           apply(self, std::move(a));

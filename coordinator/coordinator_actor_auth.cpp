@@ -13,8 +13,8 @@ namespace {
 
 // CAF names the node at the other end of the connection a message came on: the sender cannot
 // choose it (a routed message, whose source node its sender states, or a handshake as a node
-// already connected, closes its connection: actors/basp_guard.cpp). Through an agent, that node is the agent's: its relay for each rank
-// passes on only what that rank's worker says (worker/relay.hpp).
+// already connected, closes its connection: actors/basp_guard.cpp). Through an agent, that node is the
+// agent's: its relay for each rank passes on only what that rank's worker says (worker/relay.hpp).
 bool from_node(self_ptr self, const caf::node_id& node) {
   auto sender = self->current_sender();
   return sender && node && sender->node() == node;
@@ -48,6 +48,7 @@ void add_worker(self_ptr self, const RankKey& key, const worker_actor& handle) {
   auto& s = self->state;
   remove_worker(self, key);
   s.workers[key] = handle;
+  s.where_view.stale = true;
   if (!is_spare_rank(std::get<2>(key))) ++s.rank_nodes[{handle->node(), std::get<0>(key), std::get<1>(key)}];
 }
 
@@ -60,6 +61,7 @@ void remove_worker(self_ptr self, const RankKey& key) {
     if (n != s.rank_nodes.end() && --n->second <= 0) s.rank_nodes.erase(n);
   }
   s.workers.erase(it);
+  s.where_view.stale = true;
 }
 
 bool from_job_worker(self_ptr self, const std::string& job, int32_t generation) {

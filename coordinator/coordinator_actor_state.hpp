@@ -84,6 +84,15 @@ struct CoordActorState {
       ckpt_waiting;
   // The rank the next "where" poll starts from (coordinator_actor.cpp, poll_where).
   std::optional<std::tuple<std::string, int32_t, int32_t>> where_next;
+  // poll_where's view of the hosts (the agents by node, and how many hosts and ranks connected
+  // by themselves it asks in turn), worked out again when a worker or an agent comes or goes,
+  // and every second: not every tick, over every rank.
+  struct WhereView {
+    bool stale = true;
+    int ticks = 0;
+    std::map<caf::node_id, agent_actor> agents;
+    size_t targets = 0;
+  } where_view;
   static inline const char* name = "troupe.coordinator";
 };
 

@@ -32,6 +32,21 @@ struct Child {
   int32_t rank = 0;
 };
 
+// A "where" the coordinator asked for the host's workers: answered when each worker answered,
+// or at its deadline (the reap tick looks) with what came.
+struct WherePending {
+  WhereAnswers out;
+  size_t left = 0;
+  bool delivered = false;
+  std::chrono::steady_clock::time_point deadline;
+  caf::typed_response_promise<WhereAnswers> rp;
+  void deliver() {
+    if (delivered) return;
+    delivered = true;
+    rp.deliver(std::move(out));
+  }
+};
+
 struct AgentState {
   AgentActorOptions opt;
   coordinator_actor coordinator;
@@ -40,6 +55,7 @@ struct AgentState {
   std::map<pid_t, Child> children;
   std::set<pid_t> reported_stops;  // stopped children already reported, until continued
   bool stopped = false;
+  std::vector<std::shared_ptr<WherePending>> where_pending;
   static inline const char* name = "troupe.agent";
 };
 
@@ -233,28 +249,27 @@ std::shared_ptr<WorkerLauncher> make_process_launcher(const AgentActorOptions& o
 
 namespace {
 
-// How long the agent waits for each of its host's workers to say where it is: within the
-// coordinator's wait for the agent (1 s), so a hung rank leaves only its own answer out.
-constexpr auto kWhereWait = std::chrono::milliseconds(500);
+// How long the agent waits for its host's workers to say where they are: its reap tick (20 ms
+// unless set otherwise) answers then with what came, within the coordinator's wait for the
+// agent (1 s), so that a hung rank leaves only its own answer out. One deadline per question,
+// not a timer per worker.
+constexpr auto kWhereWait = std::chrono::milliseconds(400);
 // What the agent passes on of one worker's answer, at most (the coordinator cuts it further).
 constexpr size_t kMaxWhereText = 1024;
 
 // Asks each worker named (an actor of this node: a relay, or an actor the agent's launcher
 // made here) where it is, and answers for all once each has answered or kWhereWait passed.
-// A handle of another node is left unanswered: an agent speaks only for its own host.
+// A handle of another node is left unanswered: an agent speaks only for its own host. (A
+// worker that never answers: its relay's own request to it ends in 5 s, and so does this.)
 caf::typed_response_promise<WhereAnswers> ask_where(self_ptr self, std::vector<worker_actor> workers) {
-  struct Pending {
-    WhereAnswers out;
-    size_t left = 0;
-    caf::typed_response_promise<WhereAnswers> rp;
-  };
-  auto p = std::make_shared<Pending>();
+  auto p = std::make_shared<WherePending>();
   p->out.answered.assign(workers.size(), 0);
   p->out.where.assign(workers.size(), "");
   p->left = workers.size() + 1;  // and this call's own, last
+  p->deadline = std::chrono::steady_clock::now() + kWhereWait;
   p->rp = self->make_response_promise<WhereAnswers>();
   auto one_done = [p] {
-    if (--p->left == 0) p->rp.deliver(std::move(p->out));
+    if (--p->left == 0) p->deliver();
   };
   for (size_t i = 0; i < workers.size(); ++i) {
     const worker_actor& w = workers[i];
@@ -262,19 +277,32 @@ caf::typed_response_promise<WhereAnswers> ask_where(self_ptr self, std::vector<w
       one_done();
       continue;
     }
-    self->request(w, kWhereWait, where_atom::value)
+    self->request(w, caf::infinite, where_atom::value)
         .then(
             [p, i, one_done](std::string& said) {
-              if (said.size() > kMaxWhereText) said.resize(kMaxWhereText);
-              p->out.answered[i] = 1;
-              p->out.where[i] = std::move(said);
+              if (!p->delivered) {
+                if (said.size() > kMaxWhereText) said.resize(kMaxWhereText);
+                p->out.answered[i] = 1;
+                p->out.where[i] = std::move(said);
+              }
               one_done();
             },
             [one_done](caf::error&) { one_done(); });
   }
   auto rp = p->rp;
   one_done();
+  if (!p->delivered) self->state.where_pending.push_back(p);
   return rp;
+}
+
+// The reap tick: questions past their deadline are answered with what came.
+void where_deadlines(self_ptr self) {
+  auto& pending = self->state.where_pending;
+  const auto now = std::chrono::steady_clock::now();
+  for (auto& p : pending)
+    if (now >= p->deadline) p->deliver();
+  pending.erase(std::remove_if(pending.begin(), pending.end(), [](const auto& p) { return p->delivered; }),
+                pending.end());
 }
 
 agent_actor::behavior_type agent_fn(self_ptr self, coordinator_actor coordinator, AgentActorOptions opt,
@@ -324,6 +352,7 @@ agent_actor::behavior_type agent_fn(self_ptr self, coordinator_actor coordinator
         return ask_where(self, std::move(workers));
       },
       [=](tick_atom) {
+        where_deadlines(self);
         reap(self, false);
         report_stopped(self);
         self->delayed_send(self, self->state.opt.reap_every, tick_atom::value);

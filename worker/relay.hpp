@@ -11,6 +11,8 @@
 //   * registers itself as the worker's handle, so the coordinator's abort, "where", drain and
 //     assignments come to it over the agent's connection and it hands them to the worker
 //     (sent as itself: the worker takes them only from its coordinator, which the relay is);
+//     "where" comes from the agent too, which asks every relay of its host for the
+//     coordinator at once (agent_actor, actors/protocol.hpp);
 //   * ends when its worker goes (process exit, or the worker's connection to the agent timed
 //     out: a hang) or when the coordinator goes, with the same reason, so that the coordinator
 //     sees the worker down through its monitor of the relay, and the worker sees its
