@@ -260,6 +260,52 @@ TEST_CASE("hostile: an insider with the secret cannot speak for what it is not",
   for (std::string line; std::getline(metrics, line);) CHECK(line.find("1234.5") == std::string::npos);
 }
 
+TEST_CASE("hostile: a monitor or down message that names another node is refused, and kills nothing",
+          "[security][multiprocess]") {
+  Busy b;
+  // The agent's node: this machine's host id (CAF's, as this process's own node has it) and the
+  // agent's process id. The job's rank speaks through a relay, an actor of that node.
+  int agent_pid = 0;
+  {
+    auto list = b.c.call({{"op", "list"}});
+    REQUIRE(list["agents"].size() == 1);
+    agent_pid = list["agents"][0].value("pid", 0);
+  }
+  REQUIRE(agent_pid > 0);
+  Peer insider(b.c.secret());
+  const std::string mine = caf::to_string(insider.sys().node());  // "HOSTID#PID"
+  REQUIRE(mine.find('#') != std::string::npos);
+  auto agent_node = caf::make_node_id(static_cast<uint32_t>(agent_pid), mine.substr(0, mine.find('#')));
+  REQUIRE(agent_node);
+  auto me = caf::make_node_id(static_cast<uint32_t>(getpid()) ^ 0x40000000u, mine.substr(0, mine.find('#')));
+  REQUIRE(me);
+  using caf::io::basp::message_type;
+  for (const char* kind : {"down", "monitor"}) {
+    INFO(kind);
+    RawBaspPeer raw(insider.sys(), b.c.secret(), b.c.listen());
+    caf::node_id coordinator;
+    REQUIRE(raw.handshake(*me, &coordinator));
+    // As the agent's node: the end of each of its first actors (CAF would take each as that
+    // actor's death, and a rank's relay as its rank lost), or a monitor of them from it.
+    for (caf::actor_id aid = 1; aid <= 64; ++aid) {
+      if (std::string(kind) == "down")
+        REQUIRE(raw.send(message_type::down_message, 0, aid, 0, *agent_node, coordinator,
+                         caf::make_error(caf::exit_reason::kill)));
+      else
+        REQUIRE(raw.send(message_type::monitor_message, 0, 0, aid, *agent_node, coordinator));
+    }
+    CHECK(raw.closed_by_peer());
+  }
+  CHECK(wait_until(
+      [&] {
+        return b.c.coordinator().output().find(
+                   "closed a control connection that sent a monitor or down message "
+                   "for another node") != std::string::npos;
+      },
+      30s));
+  b.untouched();
+}
+
 TEST_CASE("hostile: control-plane strings that are not UTF-8 or too long are refused, nothing throws",
           "[security][multiprocess]") {
   Busy b;
