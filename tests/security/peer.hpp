@@ -69,20 +69,31 @@ class PlainPeer {
   caf::actor_system sys_{cfg_};
 };
 
-// Sends `bytes` to host:port over a fresh TCP connection and waits up to 2 s for
-// the peer to answer or close; returns false if it could not connect.
-inline bool send_raw(const std::string& listen, const std::string& bytes) {
+// A TCP connection to host:port (IPv4) whose reads wait at most `receive_timeout_s`: its
+// descriptor, or -1 (none is left open).
+inline int connect_tcp(const std::string& listen, int receive_timeout_s) {
   auto [host, port] = actors::parse_host_port(listen);
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return false;
+  if (fd < 0) return -1;
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(port);
   ::inet_pton(AF_INET, host.c_str(), &a.sin_addr);
-  timeval tv{2, 0};
+  timeval tv{receive_timeout_s, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-  if (ok) ok = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size());
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Sends `bytes` to host:port over a fresh TCP connection and waits up to 2 s for
+// the peer to answer or close; returns false if it could not connect.
+inline bool send_raw(const std::string& listen, const std::string& bytes) {
+  int fd = connect_tcp(listen, 2);
+  if (fd < 0) return false;
+  bool ok = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size());
   char buf[256];
   if (ok) (void)::recv(fd, buf, sizeof buf, 0);
   ::close(fd);
@@ -105,21 +116,14 @@ class RawBaspPeer {
  public:
   RawBaspPeer(caf::actor_system& sys, const std::string& secret, const std::string& listen) : sys_(sys) {
     ::signal(SIGPIPE, SIG_IGN);  // a write after the peer closed is an error, not the end of the test
-    auto [host, port] = actors::parse_host_port(listen);
     ctx_ = SSL_CTX_new(TLS_client_method());
     if (ctx_ == nullptr || SSL_CTX_use_certificate_chain_file(ctx_, secret.c_str()) != 1 ||
         SSL_CTX_use_PrivateKey_file(ctx_, secret.c_str(), SSL_FILETYPE_PEM) != 1 ||
         SSL_CTX_load_verify_locations(ctx_, secret.c_str(), nullptr) != 1)
       return;
     SSL_CTX_set_verify(ctx_, SSL_VERIFY_PEER, nullptr);
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    ::inet_pton(AF_INET, host.c_str(), &a.sin_addr);
-    timeval tv{30, 0};
-    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    if (fd_ < 0 || ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return;
+    fd_ = connect_tcp(listen, 30);
+    if (fd_ < 0) return;
     ssl_ = SSL_new(ctx_);
     SSL_set_fd(ssl_, fd_);
     ok_ = SSL_connect(ssl_) == 1;
