@@ -119,8 +119,16 @@ connection_state instance::handle(execution_unit* ctx, connection_handle hdl, he
       if (payload != nullptr) {
         node_id source, dest;
         binary_deserializer in{ctx, *payload};
-        if (in(source, dest) || source != tbl().lookup_direct(hdl) || dest != this_node())
-          return refuse("a monitor or down message for another node");
+        const node_id route = tbl().lookup_direct(hdl);
+        if (in(source, dest) || source != route || dest != this_node()) {
+          // Which nodes it named, and whether the connection was a node's route at all: what
+          // tells a forgery from a node's second connection.
+          const std::string what =
+              "a monitor or down message for another node [the connection: " +
+              (route ? to_string(route) : std::string("no node's route")) + "; source: " + to_string(source) +
+              "; destination: " + (dest == this_node() ? "this node" : to_string(dest)) + "]";
+          return refuse(what.c_str());
+        }
       }
       break;
     default:
