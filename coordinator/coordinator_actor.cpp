@@ -69,55 +69,65 @@ using namespace troupe::coord::actor;
 // The recovery clock, the step watchdog and the "where" polls (where_polls.hpp) run every kTick.
 constexpr auto kTick = std::chrono::milliseconds(kWhereTickMs);
 
+// poll_where's view of the hosts: the agents by node, and how many polls a round makes (a
+// host for the ranks whose handles live on its agent's node, a rank for each connected by
+// itself). Worked out again when a worker or an agent came or went, and every second.
+void refresh_where_view(self_ptr self) {
+  auto& s = self->state;
+  auto& view = s.where_view;
+  if (!view.stale && ++view.ticks < int(1000 / kWhereTickMs)) return;
+  view.agents.clear();
+  for (const auto& [id, a] : s.agents)
+    if (a) view.agents.emplace(a.node(), a);
+  std::set<caf::node_id> counted;
+  view.targets = 0;
+  for (const auto& [key, handle] : s.workers) {
+    const auto& [job, generation, rank] = key;
+    if (is_spare_rank(rank) || !s.st->current(job, generation)) continue;
+    if (!view.agents.count(handle.node()) || counted.insert(handle.node()).second) ++view.targets;
+  }
+  view.stale = false;
+  view.ticks = 0;
+}
+
+// The ranks of one host a tick asks, through its agent.
+struct WhereHost {
+  agent_actor agent;
+  std::vector<RankKey> keys;
+  std::vector<worker_actor> handles;
+};
+
+// Asks the agent for its ranks' "where" and takes the answers for the handles named, index by
+// index; an answer of another size is dropped whole.
+void ask_host_where(self_ptr self, WhereHost h) {
+  self->request(h.agent, std::chrono::seconds(1), where_atom::value, h.handles)
+      .then(
+          [self, keys = std::move(h.keys)](const WhereAnswers& a) {
+            if (a.answered.size() != keys.size() || a.where.size() != keys.size()) return;
+            for (size_t i = 0; i < keys.size(); ++i)
+              if (a.answered[i] != 0) {
+                const auto& [job, generation, rank] = keys[i];
+                self->state.st->worker_where(job, generation, rank, sanitize_utf8(a.where[i], kMaxText));
+              }
+          },
+          [](caf::error&) {});
+}
+
 // Asks the next share of the ranks where they are (from where the last tick stopped, around),
 // so that a rank that hangs later is reported with the op it was in (a stopped process cannot
 // answer). A rank whose handle lives on its agent's node (its relay) is asked through the
 // agent, with the other ranks of that host this tick reaches: one request per host, which
-// counts as one poll of the tick's share. A rank connected by itself is asked itself. An
-// agent's answers count only for the handles the coordinator named, all on the agent's node.
+// counts as one poll of the tick's share. A rank connected by itself is asked itself. At most
+// kWhereRanksPerTick ranks a tick, however they are asked.
 void poll_where(self_ptr self) {
   auto& s = self->state;
   if (s.workers.empty()) return;
-  using Key = std::tuple<std::string, int32_t, int32_t>;
-  auto& view = s.where_view;
-  if (view.stale || ++view.ticks >= int(1000 / kWhereTickMs)) {
-    // The tick's share counts what is asked: hosts, and ranks connected by themselves.
-    view.agents.clear();
-    for (const auto& [id, a] : s.agents)
-      if (a) view.agents.emplace(a.node(), a);
-    std::set<caf::node_id> counted;
-    view.targets = 0;
-    for (const auto& [key, handle] : s.workers) {
-      const auto& [job, generation, rank] = key;
-      if (is_spare_rank(rank) || !s.st->current(job, generation)) continue;
-      if (!view.agents.count(handle.node()) || counted.insert(handle.node()).second) ++view.targets;
-    }
-    view.stale = false;
-    view.ticks = 0;
-  }
-  const std::map<caf::node_id, agent_actor>& agent_at = view.agents;
-  struct Host {
-    agent_actor agent;
-    std::vector<Key> keys;
-    std::vector<worker_actor> handles;
-  };
-  std::map<caf::node_id, Host> hosts;
-  auto ask_host = [self](Host h) {
-    self->request(h.agent, std::chrono::seconds(1), where_atom::value, h.handles)
-        .then(
-            [self, keys = std::move(h.keys)](const WhereAnswers& a) {
-              if (a.answered.size() != keys.size() || a.where.size() != keys.size()) return;
-              for (size_t i = 0; i < keys.size(); ++i)
-                if (a.answered[i] != 0) {
-                  const auto& [job, generation, rank] = keys[i];
-                  self->state.st->worker_where(job, generation, rank, sanitize_utf8(a.where[i], kMaxText));
-                }
-            },
-            [](caf::error&) {});
-  };
-  if (view.targets == 0) return;
-  size_t quota = where_polls_per_tick(view.targets);
-  size_t ranks_left = kWhereRanksPerTick;  // ranks asked, however they are asked
+  refresh_where_view(self);
+  const auto& agent_at = s.where_view.agents;
+  if (s.where_view.targets == 0) return;
+  size_t quota = where_polls_per_tick(s.where_view.targets);
+  size_t ranks_left = kWhereRanksPerTick;
+  std::map<caf::node_id, WhereHost> hosts;
   auto it = s.where_next ? s.workers.lower_bound(*s.where_next) : s.workers.begin();
   for (size_t seen = 0; seen < s.workers.size(); ++seen, ++it) {
     if (it == s.workers.end()) it = s.workers.begin();
@@ -129,14 +139,14 @@ void poll_where(self_ptr self) {
     if (auto agent = agent_at.find(node); agent != agent_at.end()) {
       auto h = hosts.find(node);
       if (h != hosts.end() && h->second.keys.size() >= kMaxWhereBatch) {
-        ask_host(std::move(h->second));
+        ask_host_where(self, std::move(h->second));
         hosts.erase(h);
         h = hosts.end();
       }
       if (h == hosts.end()) {
         if (quota == 0) break;
         --quota;
-        h = hosts.emplace(node, Host{agent->second, {}, {}}).first;
+        h = hosts.emplace(node, WhereHost{agent->second, {}, {}}).first;
       }
       h->second.keys.push_back(key);
       h->second.handles.push_back(handle);
@@ -153,7 +163,7 @@ void poll_where(self_ptr self) {
             },
             [](caf::error&) {});
   }
-  for (auto& [node, h] : hosts) ask_host(std::move(h));
+  for (auto& [node, h] : hosts) ask_host_where(self, std::move(h));
   if (it == s.workers.end()) it = s.workers.begin();
   s.where_next = it->first;
 }
