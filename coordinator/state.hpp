@@ -302,12 +302,31 @@ struct ListPage {
 // all by default. A scraper asks for the few it reads; the place in the plan (dp, pp, tp,
 // layers, place), the costliest to work out per rank, is worked out only when asked for.
 struct WorkerFields {
-  // In the order a worker lists them; bit i of `mask` is names()[i].
+  // A worker's fields, in the order a worker lists them; bit f of `mask` is field f, and
+  // names()[f] its name in the JSON.
+  enum Field : uint32_t {
+    rank,
+    agent,
+    host,
+    device,
+    pid,
+    where,
+    registered,
+    done,
+    exited,
+    heartbeat_age_s,
+    dp,
+    pp,
+    tp,
+    layers,
+    place,
+    kCount
+  };
   static const std::vector<std::string>& names();
-  // The fields named in `list` (a JSON array of names), or "" with why not in *why.
+  // The fields named in `list` (a JSON array of names), or false with why not in *why.
   static bool parse(const nlohmann::json& list, WorkerFields* out, std::string* why);
   uint32_t mask = ~uint32_t{0};
-  bool has(const char* name) const;
+  bool has(Field f) const { return (mask >> f & 1) != 0; }
 };
 
 // Every rank's last "where" answer, grouped by answer as rank ranges ({"step 12: allreduce":

@@ -50,6 +50,7 @@ const std::vector<std::string>& WorkerFields::names() {
   static const std::vector<std::string> n = {"rank",  "agent",      "host", "device", "pid",
                                              "where", "registered", "done", "exited", "heartbeat_age_s",
                                              "dp",    "pp",         "tp",   "layers", "place"};
+  static_assert(kCount == 15, "a name for every field");
   return n;
 }
 
@@ -79,12 +80,6 @@ bool WorkerFields::parse(const nlohmann::json& list, WorkerFields* out, std::str
   return true;
 }
 
-bool WorkerFields::has(const char* name) const {
-  const auto& known = names();
-  const auto it = std::find(known.begin(), known.end(), name);
-  return it != known.end() && (mask >> (it - known.begin()) & 1) != 0;
-}
-
 nlohmann::json CoordinatorState::job_json(const Job& j, const ListPage& page,
                                           const WorkerFields& fields) const {
   // The page of workers [from, from + limit), each with the fields asked for; every rank only
@@ -94,35 +89,32 @@ nlohmann::json CoordinatorState::job_json(const Job& j, const ListPage& page,
   nlohmann::json workers = nlohmann::json::array();
   const double now = now_ms();
   const bool placed = j.plan.layout == j.layout && !j.plan.partition.chunks.empty();
-  const bool f_rank = fields.has("rank"), f_agent = fields.has("agent"), f_host = fields.has("host"),
-             f_device = fields.has("device"), f_pid = fields.has("pid"), f_where = fields.has("where"),
-             f_registered = fields.has("registered"), f_done = fields.has("done"),
-             f_exited = fields.has("exited"), f_age = fields.has("heartbeat_age_s"), f_dp = fields.has("dp"),
-             f_pp = fields.has("pp"), f_tp = fields.has("tp"), f_layers = fields.has("layers"),
-             f_place = fields.has("place");
-  const bool f_plan = f_dp || f_pp || f_tp || f_layers || f_place;
+  using F = WorkerFields;
+  const bool with_plan = fields.has(F::dp) || fields.has(F::pp) || fields.has(F::tp) ||
+                         fields.has(F::layers) || fields.has(F::place);
   for (size_t r = from; r < to; ++r) {
     const RankSlot& s = j.ranks[r];
     nlohmann::json w = nlohmann::json::object();
-    if (f_rank) w["rank"] = r;
-    if (f_agent) w["agent"] = s.device.agent_id;
-    if (f_host) w["host"] = s.host;
-    if (f_device) w["device"] = s.device.device;
-    if (f_pid) w["pid"] = s.pid;
-    if (f_where) w["where"] = s.where;
-    if (f_registered) w["registered"] = s.registered;
-    if (f_done) w["done"] = s.done;
-    if (f_exited) w["exited"] = s.exited;
-    if (f_age && s.where_ms > 0) w["heartbeat_age_s"] = std::max(0.0, (now - s.where_ms) / 1000.0);
+    if (fields.has(F::rank)) w["rank"] = r;
+    if (fields.has(F::agent)) w["agent"] = s.device.agent_id;
+    if (fields.has(F::host)) w["host"] = s.host;
+    if (fields.has(F::device)) w["device"] = s.device.device;
+    if (fields.has(F::pid)) w["pid"] = s.pid;
+    if (fields.has(F::where)) w["where"] = s.where;
+    if (fields.has(F::registered)) w["registered"] = s.registered;
+    if (fields.has(F::done)) w["done"] = s.done;
+    if (fields.has(F::exited)) w["exited"] = s.exited;
+    if (fields.has(F::heartbeat_age_s) && s.where_ms > 0)
+      w["heartbeat_age_s"] = std::max(0.0, (now - s.where_ms) / 1000.0);
     // Where the rank sits in the generation's plan: the same line its worker log prints.
     // (A job restored from the table has no plan until its next launch.)
-    if (f_plan && placed && int(r) < j.plan.layout.world()) {
+    if (with_plan && placed && int(r) < j.plan.layout.world()) {
       const plan::RankPlace place = plan::rank_place(j.plan, int(r));
-      if (f_dp) w["dp"] = place.coord.d;
-      if (f_pp) w["pp"] = place.coord.p;
-      if (f_tp) w["tp"] = place.coord.t;
-      if (f_layers) w["layers"] = plan::layers_str(place.chunks);
-      if (f_place) w["place"] = place.str();
+      if (fields.has(F::dp)) w["dp"] = place.coord.d;
+      if (fields.has(F::pp)) w["pp"] = place.coord.p;
+      if (fields.has(F::tp)) w["tp"] = place.coord.t;
+      if (fields.has(F::layers)) w["layers"] = plan::layers_str(place.chunks);
+      if (fields.has(F::place)) w["place"] = place.str();
     }
     workers.push_back(std::move(w));
   }
