@@ -286,14 +286,18 @@ TEST_CASE("hostile: a monitor or down message that names another node is refused
     caf::node_id coordinator;
     REQUIRE(raw.handshake(*me, &coordinator));
     // As the agent's node: the end of each of its first actors (CAF would take each as that
-    // actor's death, and a rank's relay as its rank lost), or a monitor of them from it.
-    for (caf::actor_id aid = 1; aid <= 64; ++aid) {
-      if (std::string(kind) == "down")
-        REQUIRE(raw.send(message_type::down_message, 0, aid, 0, *agent_node, coordinator,
-                         caf::make_error(caf::exit_reason::kill)));
-      else
-        REQUIRE(raw.send(message_type::monitor_message, 0, 0, aid, *agent_node, coordinator));
+    // actor's death, and a rank's relay as its rank lost), or a monitor of them from it. The
+    // first is refused and the connection closed, however many of the others were written by
+    // then: a write may find it closed already.
+    int sent = 0;
+    for (caf::actor_id aid = 1; aid <= 64; ++aid, ++sent) {
+      const bool ok = std::string(kind) == "down"
+                          ? raw.send(message_type::down_message, 0, aid, 0, *agent_node, coordinator,
+                                     caf::make_error(caf::exit_reason::kill))
+                          : raw.send(message_type::monitor_message, 0, 0, aid, *agent_node, coordinator);
+      if (!ok) break;
     }
+    CHECK(sent >= 1);
     CHECK(raw.closed_by_peer());
   }
   CHECK(wait_until(
