@@ -12,7 +12,9 @@
 // troupe's: the connection it comes on is closed. So is one that
 //   * introduces itself (a client handshake) as a node already connected over another
 //     connection: CAF would take it as that node's second connection, and what it sends as
-//     that node's (a CAF node never opens one: it closes a redundant connection itself);
+//     that node's (a CAF node never opens one: it closes a redundant connection itself); or on
+//     a connection whose number still names another node (a closed connection not yet
+//     forgotten: CAF would count what it sends as that node's);
 //   * sends a monitor or down message naming a source other than its own node, or a
 //     destination other than this one: CAF would forward it, or take a down message as the
 //     end of the named node's actor (a rank or an agent seen lost);
@@ -95,9 +97,24 @@ connection_state instance::handle(execution_unit* ctx, connection_handle hdl, he
         node_id claimed;
         binary_deserializer in{ctx, *payload};
         if (!in(claimed)) {
+          // A number still naming a closed connection's node: the broker has not forgotten that
+          // connection yet, and would count this one's messages as that node's (guarded_accept
+          // moves accepted descriptors so that this does not happen; here it is refused).
+          const node_id was = tbl().lookup_direct(hdl);
+          if (was && was != claimed) {
+            const std::string what =
+                "a handshake on a connection still named for another node [node: " + to_string(claimed) +
+                "; connection " + std::to_string(hdl.id()) + " was " + to_string(was) + "'s]";
+            return refuse(what.c_str());
+          }
           auto other = tbl().lookup_direct(claimed);
-          if (other && *other != hdl)
-            return refuse("a handshake as a node connected over another connection");
+          if (other && *other != hdl) {
+            const std::string what =
+                "a handshake as a node connected over another connection [node: " + to_string(claimed) +
+                "; connection " + std::to_string(hdl.id()) + ", its route " + std::to_string(other->id()) +
+                "]";
+            return refuse(what.c_str());
+          }
         }
       }
       break;

@@ -10,6 +10,8 @@
 //     which only comes once TLS is done and the peer holds the cluster secret);
 //   * closes the oldest pending connection of an address that has per_address of them, and
 //     the oldest of all past `total`, as a new one is accepted;
+//   * moves each accepted descriptor to a number not used lately (DescriptorCursor: CAF names
+//     a connection by its number, and forgets a closed one a turn later);
 //   * closes every connection still pending at the deadline: a reaper thread looks every
 //     deadline / 20 and shuts the socket down (shutdown(2), not close(2): the multiplexer
 //     sees the end of the stream and frees the connection and its descriptor the usual way).
@@ -144,6 +146,16 @@ class GuardedPolicy {
   bool established_ = false;
 };
 
+// An accepted descriptor at a number no connection of this process had lately
+// (actors/handshake_guard.hpp, DescriptorCursor): one cursor for all the process's acceptors,
+// as all of a node's connections are named in one BASP broker's tables.
+native_socket fresh_descriptor(native_socket fd) {
+  static std::mutex mu;
+  static DescriptorCursor cursor;
+  std::lock_guard<std::mutex> lock(mu);
+  return cursor.place(fd);
+}
+
 // An accepted connection, as CAF's OpenSSL scribe is.
 class GuardedScribe : public caf::io::scribe {
  public:
@@ -193,12 +205,13 @@ class GuardedDoorman : public caf::io::network::doorman_impl {
       : caf::io::network::doorman_impl(mpx, fd), gate_(std::move(gate)) {}
 
   bool new_connection() override {
-    const native_socket fd = acceptor_.accepted_socket();
+    native_socket fd = acceptor_.accepted_socket();
     if (detached()) {
       ::close(fd);
       return false;
     }
     auto& mpx = acceptor_.backend();
+    fd = fresh_descriptor(fd);
     caf::io::network::nonblocking(fd, true);
     caf::io::network::child_process_inherit(fd, false);
     auto session = caf::openssl::make_session(parent()->system(), fd, true);

@@ -1,5 +1,9 @@
 #include "actors/handshake_guard.hpp"
 
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 
@@ -54,6 +58,36 @@ std::vector<PendingHandshakes::Id> PendingHandshakes::expired(Clock::time_point 
 size_t PendingHandshakes::pending(const std::string& address) const {
   auto a = by_address_.find(address_key(address));
   return a == by_address_.end() ? 0 : a->second.size();
+}
+
+int raise_descriptor_limit() {
+  rlimit r{};
+  if (::getrlimit(RLIMIT_NOFILE, &r) != 0) return 0;
+  if (r.rlim_cur < r.rlim_max) {
+    rlimit want = r;
+    want.rlim_cur = r.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &want) == 0) r = want;
+  }
+  return r.rlim_cur == RLIM_INFINITY || r.rlim_cur > 1u << 30 ? 1 << 30 : static_cast<int>(r.rlim_cur);
+}
+
+DescriptorCursor::DescriptorCursor(int first, int end)
+    : first_(std::max(first, 3)), end_(end > 0 ? end : raise_descriptor_limit()), next_(first_) {}
+
+int DescriptorCursor::place(int fd) {
+  for (int turn = 0; turn < 2; ++turn) {
+    if (next_ < first_ || next_ >= end_) next_ = first_;
+    if (next_ >= end_) return fd;  // no room above `first`
+    const int moved = ::fcntl(fd, F_DUPFD_CLOEXEC, next_);
+    if (moved >= 0 && moved < end_) {
+      ::close(fd);
+      next_ = moved + 1;
+      return moved;
+    }
+    if (moved >= 0) ::close(moved);  // past `end` (a limit raised since): start the turn again
+    next_ = end_;                    // none free from next_ on: wrap
+  }
+  return fd;
 }
 
 }  // namespace troupe::actors

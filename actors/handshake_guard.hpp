@@ -71,4 +71,33 @@ class PendingHandshakes {
   std::map<std::string, std::list<Id>> by_address_;  // each address's pending, oldest first
 };
 
+// Where an accepted connection's descriptor goes. CAF 0.17.6 names a connection by its
+// descriptor number, and its BASP broker forgets a closed connection (its route to the peer's
+// node, its handshake state) only once the messages already read from it are delivered, a
+// turn through its worker queue later. A connection accepted meanwhile gets the lowest free
+// number, often the one just closed: the broker took it for the old connection, so the new
+// peer's messages counted as the old peer's node's, and the late clean-up then dropped the new
+// peer's route (at 4,096 simulated ranks: an agent lost a few seconds after it reconnected, and
+// a down message refused as another node's). Each accepted descriptor moves to the lowest free
+// number at or after a cursor that only goes up, to `first` again past the end: a number
+// comes back only after a whole turn of the range, not while its last connection is forgotten.
+class DescriptorCursor {
+ public:
+  static constexpr int kFirst = 4096;
+  // `end` 0: the process's descriptor limit (RLIMIT_NOFILE, raised to its hard limit by
+  // raise_descriptor_limit()).
+  explicit DescriptorCursor(int first = kFirst, int end = 0);
+  // `fd` moved to its new number (the old one closed), or `fd` itself when no number in
+  // [first, end) is free (the range is too small or full).
+  int place(int fd);
+  int next() const { return next_; }
+
+ private:
+  int first_, end_, next_;
+};
+
+// The soft descriptor limit raised to the hard one (a coordinator holds one per agent or
+// relay-less worker, and DescriptorCursor spreads them); returns the limit now in force.
+int raise_descriptor_limit();
+
 }  // namespace troupe::actors

@@ -459,6 +459,10 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
     auto& s = self->state;
     if (auto it = s.agent_ids.find(dm.source); it != s.agent_ids.end()) {
       std::string id = it->second;
+      // Whether its connection went (remote_link_unreachable) or its actor ended, and which
+      // node it was: what tells a lost host from a lost connection in the log.
+      std::cerr << "troupe coordinator: agent " << id << " lost (node " << caf::to_string(dm.source.node())
+                << "): " << self->system().render(dm.reason) << std::endl;
       s.agent_ids.erase(it);
       s.agents.erase(id);
       s.where_view.stale = true;

@@ -201,10 +201,8 @@ int Driver::run() {
   if (o_.faults) {
     kill_phase();
     phase("kill");
-    if (!o_.inline_workers) {
-      hang_phase();
-      phase("hang");
-    }
+    hang_phase();
+    phase("hang");
     agent_phase();
     phase("agent");
   }

@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
                "each simulated worker connects to the coordinator itself (default: through its agent)");
   app.add_flag("--workers-inline", d.inline_workers,
                "each simulated worker is an actor of its agent's node: the coordinator sees one "
-               "connection per host as with relayed workers; the hung rank is not simulated");
+               "connection per host as with relayed workers");
   app.add_option("--dir", d.dir, "working directory, kept (default: a new one under /tmp, removed)");
   app.add_option("--troupe", d.troupe_binary, "the troupe binary whose coordinator is measured");
   app.add_flag("--no-faults", no_faults, "skip the killed rank, the hung rank and the lost agent");

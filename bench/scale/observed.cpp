@@ -6,7 +6,7 @@ namespace troupe::scale {
 
 namespace {
 void note(Observed& o, const std::string& what) {
-  if (o.problems.size() < 20) o.problems.push_back(what);
+  if (o.problems.size() < 200) o.problems.push_back(what);
 }
 std::string rest_of(std::istringstream& in) {
   std::string r;
@@ -54,8 +54,8 @@ void Observed::take_sim_line(int sim, const std::string& line) {
     } else if (what == "lost" && in >> t && t > 0) {
       agent_lost[a] = t;
       registered.erase(a);
-    } else if (what == "stopped") {
-      note(*this, "agent " + std::to_string(a) + " stopped: " + rest_of(in));
+    } else if (what == "stopped" || what == "retry") {
+      note(*this, "agent " + std::to_string(a) + " " + what + ": " + rest_of(in));
     }
     return;
   }

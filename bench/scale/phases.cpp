@@ -265,7 +265,7 @@ void Driver::hang_phase() {
 }
 
 void Driver::agent_phase() {
-  const int gen = o_.inline_workers ? 1 : 2;  // after the kill's relaunch, and the hang's
+  const int gen = 2;  // after the kill's relaunch, and the hang's
   int agent = -1, sim = -1;
   std::set<int> on_agent;
   {
@@ -390,8 +390,10 @@ void Driver::print_table() const {
     std::printf("  %-20s %10.2f %18.2f %18.2f\n", p.value("phase", "").c_str(), num(p, "wall_s"),
                 num(p, "coordinator_cpu_s"), num(p, "harness_cpu_s"));
   std::printf("  checks failed: %d\n", r.value("failed_checks", 0));
-  for (const auto& pr : r.value("problems", json::array()))
-    std::printf("  problem: %s\n", pr.get<std::string>().c_str());
+  const json problems = r.value("problems", json::array());
+  for (size_t i = 0; i < problems.size() && i < 20; ++i)
+    std::printf("  problem: %s\n", problems[i].get<std::string>().c_str());
+  if (problems.size() > 20) std::printf("  (%zu problems in all: the JSON has them)\n", problems.size());
   std::fflush(stdout);
 }
 

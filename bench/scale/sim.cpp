@@ -266,8 +266,14 @@ class Sim : public SimSink {
     a->cfg = std::make_unique<NodeConfig>(o_.secret_file);
     a->cfg->set("scheduler.max-threads", size_t{1});
     a->sys = std::make_unique<caf::actor_system>(*a->cfg);
+    const int at = a->index;
     auto coord = connect_with_retry<coordinator_actor>(
-        *a->sys, addr_.first, addr_.second, std::chrono::milliseconds(100), std::chrono::milliseconds(16000));
+        *a->sys, addr_.first, addr_.second, std::chrono::milliseconds(100), std::chrono::milliseconds(16000),
+        [this, at, node = caf::to_string(a->sys->node())](const caf::error& e,
+                                                          std::chrono::milliseconds wait) {
+          emit("agent " + std::to_string(at) + " retry " + std::to_string(now_ns()) + " node " + node +
+               " in " + std::to_string(wait.count()) + " ms after " + caf::to_string(e));
+        });
     if (!coord) {
       emit("agent " + std::to_string(a->index) +
            " stopped 1 cannot reach the coordinator: " + a->sys->render(coord.error()));
@@ -287,7 +293,8 @@ class Sim : public SimSink {
     };
     std::weak_ptr<AgentNode> weak = a;
     ao.on_stop = [this, index, weak](int code, const std::string& why) {
-      emit("agent " + std::to_string(index) + " stopped " + std::to_string(code) + " " + why);
+      emit("agent " + std::to_string(index) + " stopped " + std::to_string(code) + " " + why + " at " +
+           std::to_string(now_ns()));
       // As a supervisor (systemd, Slurm) restarts an agent process that exits: its node goes
       // (not from its own thread) and a fresh one registers after a second.
       auto agent = weak.lock();
@@ -394,11 +401,19 @@ class Sim : public SimSink {
   }
 
   // SIGSTOP, as the network sees it: the node's multiplexer stops, so it neither reads nor
-  // writes (no heartbeats) while its process and connection stay.
+  // writes (no heartbeats) while its process and connection stay. An inline worker shares its
+  // agent's node, as a relayed worker shares its agent's connection: the actor stops reading.
   void hang_rank(int gen, int rank) {
     auto n = worker_at(gen, rank);
     if (!n) return emit("hung " + std::to_string(gen) + " " + std::to_string(rank) + " 0 not here");
     std::lock_guard<std::mutex> node_lock(n->mu);
+    if (o_.inline_workers) {
+      if (!n->actor)
+        return emit("hung " + std::to_string(gen) + " " + std::to_string(rank) + " 0 not started");
+      hang_sim_worker(n->actor);
+      return emit("hung " + std::to_string(gen) + " " + std::to_string(rank) + " " +
+                  std::to_string(now_ns()));
+    }
     if (!n->sys || n->thaw) return;
     n->thaw = std::make_shared<std::promise<void>>();
     std::shared_future<void> f = n->thaw->get_future().share();

@@ -17,6 +17,7 @@ namespace {
 
 using namespace troupe::actors;
 using sim_step_atom = caf::atom_constant<caf::atom("sim_step")>;
+using sim_hang_atom = caf::atom_constant<caf::atom("sim_hang")>;
 
 // How long the coordinator may park a rendezvous read (the communicators' default).
 constexpr int64_t kStoreWaitMs = 120000;
@@ -310,12 +311,21 @@ caf::behavior sim_worker_fn(self_ptr self, coordinator_actor coord, SimWorkerCon
       // coordinator sends it none.
       [=](assign_atom, const Assignment&) {},
       [=](sim_step_atom) { one_step(self); },
+      // SIGSTOP of a worker process whose connection stays: it reads nothing more (no step, no
+      // "where" answer, no abort) until its agent kills it.
+      [=](sim_hang_atom) {
+        self->state.stepping = false;
+        self->set_default_handler(caf::skip);
+        self->become([](sim_hang_atom) {});
+      },
   };
 }
 
 }  // namespace
 
 void tick_sim_worker(const caf::actor& worker) { caf::anon_send(worker, sim_step_atom::value); }
+
+void hang_sim_worker(const caf::actor& worker) { caf::anon_send(worker, sim_hang_atom::value); }
 
 caf::actor spawn_sim_worker(caf::actor_system& sys, coordinator_actor coordinator, SimWorkerConfig cfg,
                             SimSink* sink) {

@@ -45,6 +45,9 @@ struct SimWorkerConfig {
 // One step of a ticked worker, if it is stepping (any thread).
 void tick_sim_worker(const caf::actor& worker);
 
+// The worker stops as a SIGSTOPped process does: it handles nothing more until killed (any thread).
+void hang_sim_worker(const caf::actor& worker);
+
 caf::actor spawn_sim_worker(caf::actor_system& sys, actors::coordinator_actor coordinator,
                             SimWorkerConfig cfg, SimSink* sink);
 
