@@ -386,6 +386,6 @@ using agent_actor =
 
 // An agent's relay hub (worker/relay.hpp): a worker of its host asks it for the relay it
 // then uses as its coordinator.
-using relay_hub_actor = caf::typed_actor<caf::replies_to<relay_atom>::with<coordinator_actor>>;
+using relay_hub_actor = caf::typed_actor<caf::replies_to<relay_atom, std::string>::with<coordinator_actor>>;
 
 }  // namespace troupe::actors

@@ -30,6 +30,7 @@ struct Child {
   std::string job_id;
   int32_t generation = 0;
   int32_t rank = 0;
+  std::string token;  // its launch's: its relay's key (worker/relay.hpp)
 };
 
 // A "where" the coordinator asked for the host's workers: answered when each worker answered,
@@ -51,7 +52,8 @@ struct AgentState {
   AgentActorOptions opt;
   coordinator_actor coordinator;
   std::shared_ptr<WorkerLauncher> launcher;
-  std::string relay_address;  // the relay hub's, "" = none
+  std::string relay_address;             // the relay hub's, "" = none
+  std::shared_ptr<LaunchTokens> tokens;  // the live launches', shared with the relay hub
   std::map<pid_t, Child> children;
   std::set<pid_t> reported_stops;  // stopped children already reported, until continued
   bool stopped = false;
@@ -195,8 +197,13 @@ int32_t start_worker(self_ptr self, const LaunchRequest& r) {
       r.generation < 0 || r.rank < 0 || r.log_path.size() > 4096 ||
       r.log_path.find('\0') != std::string::npos)
     return -EINVAL;
+  // The token is live before the worker can ask for its relay.
+  if (!self->state.relay_address.empty()) self->state.tokens->add(r.token);
   const int32_t pid = self->state.launcher->start(r, self->state.relay_address);
-  if (pid > 0) self->state.children[pid] = Child{r.job_id, r.generation, r.rank};
+  if (pid > 0)
+    self->state.children[pid] = Child{r.job_id, r.generation, r.rank, r.token};
+  else
+    self->state.tokens->remove(r.token);
   return pid;
 }
 
@@ -207,6 +214,7 @@ void reap(self_ptr self, bool block) {
     if (it == s.children.end()) continue;
     WorkerExit x{it->second.job_id, it->second.generation, it->second.rank, e.pid, e.exit_code, e.signal};
     if (!block) self->send(s.coordinator, worker_exit_atom::value, x);
+    s.tokens->remove(it->second.token);
     s.children.erase(it);
   }
 }
@@ -306,8 +314,9 @@ void where_deadlines(self_ptr self) {
 }
 
 agent_actor::behavior_type agent_fn(self_ptr self, coordinator_actor coordinator, AgentActorOptions opt,
-                                    std::string relay_address) {
+                                    std::string relay_address, std::shared_ptr<LaunchTokens> tokens) {
   self->state.relay_address = std::move(relay_address);
+  self->state.tokens = std::move(tokens);
   self->state.launcher = opt.launcher ? opt.launcher : make_process_launcher(opt);
   self->state.opt = std::move(opt);
   self->state.coordinator = coordinator;
@@ -367,8 +376,9 @@ actors::agent_actor spawn_agent(caf::actor_system& sys, actors::coordinator_acto
                                 AgentActorOptions options) {
   relay_hub_actor hub;
   std::string relay_address;
+  auto tokens = std::make_shared<LaunchTokens>();
   if (options.relay) {
-    hub = start_relay_hub(sys, coordinator, &relay_address);
+    hub = start_relay_hub(sys, coordinator, tokens, &relay_address);
     if (!hub) {
       std::cerr << "troupe agent: cannot publish the relay hub on 127.0.0.1 (" << relay_address
                 << "): its workers connect to the coordinator themselves" << std::endl;
@@ -378,7 +388,8 @@ actors::agent_actor spawn_agent(caf::actor_system& sys, actors::coordinator_acto
                 << std::endl;
     }
   }
-  auto agent = sys.spawn(agent_fn, std::move(coordinator), std::move(options), std::move(relay_address));
+  auto agent = sys.spawn(agent_fn, std::move(coordinator), std::move(options), std::move(relay_address),
+                         std::move(tokens));
   if (hub)
     agent->attach_functor(
         [hub](const caf::error&) { caf::anon_send_exit(hub, caf::exit_reason::user_shutdown); });

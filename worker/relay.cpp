@@ -18,9 +18,6 @@ using namespace troupe::actors;
 
 // A relay nobody registered through within this long ends (the worker gave up or died).
 constexpr auto kRegisterWithin = std::chrono::seconds(90);
-// Relays of one hub not yet registered, at most: a local peer asking for relays in a loop
-// gets refusals, not the agent's memory.
-constexpr int kMaxUnregistered = 1024;
 // How long a forwarded request waits for the coordinator beyond what the worker asked:
 // the worker's own request times out first, so it never waits on the relay.
 constexpr auto kForwardMargin = std::chrono::minutes(2);
@@ -35,9 +32,7 @@ struct RelayState {
   caf::node_id worker_node;  // the node that asked the hub for this relay
   caf::actor worker;         // the worker actor that registered through it
   bool registering = false;
-  std::deque<Identity> identities;                 // assigned by the coordinator, newest last
-  std::shared_ptr<std::atomic<int>> unregistered;  // the hub's count, this relay in it until registered
-  std::shared_ptr<std::atomic<bool>> counted;
+  std::deque<Identity> identities;  // assigned by the coordinator, newest last
   uint64_t refused = 0;
   static inline const char* name = "troupe.relay";
 };
@@ -105,11 +100,6 @@ caf::response_promise answer(relay_ptr self, T x) {
   return rp;
 }
 
-// This relay no longer counts as waiting for its registration.
-void uncount(const std::shared_ptr<std::atomic<bool>>& counted, const std::shared_ptr<std::atomic<int>>& n) {
-  if (counted->exchange(false)) --*n;
-}
-
 StoreValue store_refused() {
   StoreValue v;
   v.error = "not a rank of this job generation on this host";
@@ -132,14 +122,12 @@ caf::timespan waiting(int64_t ms) {
 }
 
 caf::behavior relay_fn(relay_ptr self, caf::actor hub, coordinator_actor coordinator,
-                       caf::node_id worker_node, std::shared_ptr<std::atomic<int>> unregistered) {
+                       caf::node_id worker_node, std::shared_ptr<LaunchTokens> tokens, std::string token) {
   auto& s = self->state;
   s.coordinator = coordinator;
   s.worker_node = worker_node;
-  s.unregistered = unregistered;
-  s.counted = std::make_shared<std::atomic<bool>>(true);
-  self->attach_functor(
-      [counted = s.counted, unregistered](const caf::error&) { uncount(counted, unregistered); });
+  // Its launch may have a relay again (a worker that lost its own before registering).
+  self->attach_functor([tokens, token](const caf::error&) { tokens->release(token); });
   self->monitor(coordinator);
   // The hub ends with its agent: so do its relays (their workers are being killed).
   self->monitor(hub);
@@ -178,7 +166,6 @@ caf::behavior relay_fn(relay_ptr self, caf::actor hub, coordinator_actor coordin
                   self->state.registering = false;
                   if (a.refused.empty() && !self->state.worker) {
                     self->state.worker = worker;
-                    uncount(self->state.counted, self->state.unregistered);
                     self->monitor(worker);
                     remember(self, a);
                   }
@@ -252,25 +239,32 @@ caf::behavior relay_fn(relay_ptr self, caf::actor hub, coordinator_actor coordin
 
 struct HubState {
   coordinator_actor coordinator;
-  std::shared_ptr<std::atomic<int>> unregistered = std::make_shared<std::atomic<int>>(0);
+  std::shared_ptr<LaunchTokens> tokens;
+  uint64_t refused = 0;
   static inline const char* name = "troupe.relay_hub";
 };
 
 relay_hub_actor::behavior_type hub_fn(relay_hub_actor::stateful_pointer<HubState> self,
-                                      coordinator_actor coordinator) {
+                                      coordinator_actor coordinator, std::shared_ptr<LaunchTokens> tokens) {
   self->state.coordinator = coordinator;
+  self->state.tokens = std::move(tokens);
   return {
-      [=](relay_atom) -> caf::result<coordinator_actor> {
+      [=](relay_atom, const std::string& token) -> caf::result<coordinator_actor> {
         auto sender = self->current_sender();
         auto& st = self->state;
         if (!sender || !sender->node() || sender->node() == self->node() ||
             sender->node() == st.coordinator.node())
           return caf::make_error(caf::sec::invalid_argument);
-        if (st.unregistered->load() >= kMaxUnregistered)
-          return caf::make_error(caf::sec::runtime_error, "too many relays waiting for a registration");
-        ++*st.unregistered;
+        // Only a worker this agent launched and is running, once at a time: a peer without a
+        // live launch's token gets nothing, and cannot make the agent hold relays for it.
+        if (token.empty() || token.size() > 256 || !st.tokens->take(token)) {
+          if (++st.refused <= 20 || st.refused % 1000 == 0)
+            std::cerr << "troupe agent: refused a relay to a peer without a live launch's token ("
+                      << st.refused << " so far)" << std::endl;
+          return caf::make_error(caf::sec::invalid_argument, "no live launch has this token");
+        }
         auto relay = self->spawn(relay_fn, caf::actor_cast<caf::actor>(self), st.coordinator, sender->node(),
-                                 st.unregistered);
+                                 st.tokens, token);
         return caf::actor_cast<coordinator_actor>(relay);
       },
   };
@@ -278,9 +272,37 @@ relay_hub_actor::behavior_type hub_fn(relay_hub_actor::stateful_pointer<HubState
 
 }  // namespace
 
+void LaunchTokens::add(const std::string& token) {
+  std::lock_guard<std::mutex> lock(mu_);
+  live_.emplace(token, false);
+}
+
+void LaunchTokens::remove(const std::string& token) {
+  std::lock_guard<std::mutex> lock(mu_);
+  live_.erase(token);
+}
+
+bool LaunchTokens::take(const std::string& token) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.find(token);
+  if (it == live_.end() || it->second) return false;
+  it->second = true;
+  return true;
+}
+
+void LaunchTokens::release(const std::string& token) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = live_.find(token); it != live_.end()) it->second = false;
+}
+
+size_t LaunchTokens::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return live_.size();
+}
+
 relay_hub_actor start_relay_hub(caf::actor_system& sys, const coordinator_actor& coordinator,
-                                std::string* address) {
-  auto hub = sys.spawn(hub_fn, coordinator);
+                                std::shared_ptr<LaunchTokens> tokens, std::string* address) {
+  auto hub = sys.spawn(hub_fn, coordinator, std::move(tokens));
   HandshakeLimits limits;
   limits.per_address = 256;  // every connection of the hub comes from loopback: its host's workers
   auto port = publish(hub, 0, "127.0.0.1", limits);
@@ -293,14 +315,15 @@ relay_hub_actor start_relay_hub(caf::actor_system& sys, const coordinator_actor&
   return hub;
 }
 
-caf::expected<coordinator_actor> connect_relay(caf::actor_system& sys, const std::string& address) {
+caf::expected<coordinator_actor> connect_relay(caf::actor_system& sys, const std::string& address,
+                                               const std::string& token) {
   const auto [host, port] = parse_host_port(address);
   auto hub = connect_with_retry<relay_hub_actor>(sys, host, port, std::chrono::milliseconds(250),
                                                  std::chrono::seconds(4));
   if (!hub) return hub.error();
   caf::scoped_actor self{sys};
   caf::expected<coordinator_actor> out{caf::sec::request_timeout};
-  self->request(*hub, std::chrono::seconds(30), relay_atom::value)
+  self->request(*hub, std::chrono::seconds(30), relay_atom::value, token)
       .receive([&](coordinator_actor& relay) { out = std::move(relay); },
                [&](caf::error& e) { out = std::move(e); });
   return out;

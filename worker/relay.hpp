@@ -1,8 +1,9 @@
 // Workers reach the coordinator through their host's agent: one connection per host.
 //
 // An agent publishes a relay hub on its host's loopback (mutual TLS on the cluster secret, as
-// every connection). A worker it started connects to the hub and asks for a relay: an actor of
-// the agent's node, bound to the worker's node, that the worker then uses as its coordinator.
+// every connection). A worker it started connects to the hub and asks for a relay with its
+// launch token (one relay per live launch): an actor of the agent's node, bound to the
+// worker's node, that the worker then uses as its coordinator.
 // The relay
 //   * forwards what the worker sends (registration, steps, results, checkpoint reports, store
 //     requests) only from the worker's node and, once registered, only for the (job,
@@ -22,20 +23,44 @@
 #pragma once
 
 #include <caf/fwd.hpp>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 
 #include "actors/protocol.hpp"
 
 namespace troupe::worker {
 
+// The launch tokens of an agent's live workers: a relay is handed out only for one of them, and
+// one at a time, so that a peer on the host that was not launched (it holds the cluster secret,
+// but no token) gets none and cannot fill the agent's memory with relays waiting for it. The
+// agent adds a token as it starts the worker and removes it as it reaps the worker (any thread).
+class LaunchTokens {
+ public:
+  void add(const std::string& token);
+  void remove(const std::string& token);
+  // A relay for `token` may start: the token is live and has none now (it has one from now on).
+  bool take(const std::string& token);
+  // The relay for `token` ended.
+  void release(const std::string& token);
+  size_t size() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, bool> live_;  // token -> it has a relay now
+};
+
 // An agent's hub: spawned and published on 127.0.0.1 (any free port). Returns the hub
 // ("127.0.0.1:PORT" in *address), or an invalid handle where publishing failed (*address then
 // says why). spawn_agent (worker/agent.hpp) starts it and ends it with its agent.
 actors::relay_hub_actor start_relay_hub(caf::actor_system& sys, const actors::coordinator_actor& coordinator,
-                                        std::string* address);
+                                        std::shared_ptr<LaunchTokens> tokens, std::string* address);
 
-// A worker's side: connects to the hub at `address` and asks for its relay. Retries the
-// connection with backoff (250 ms doubling to 4 s) while a loaded host handshakes.
-caf::expected<actors::coordinator_actor> connect_relay(caf::actor_system& sys, const std::string& address);
+// A worker's side: connects to the hub at `address` and asks for its relay with its launch
+// token. Retries the connection with backoff (250 ms doubling to 4 s) while a loaded host
+// handshakes.
+caf::expected<actors::coordinator_actor> connect_relay(caf::actor_system& sys, const std::string& address,
+                                                       const std::string& token);
 
 }  // namespace troupe::worker

@@ -337,7 +337,7 @@ int run_worker(const WorkerOptions& o) {
   // a few tries with backoff keep that from failing the generation.
   caf::expected<coordinator_actor> coord{caf::sec::invalid_argument};
   if (!o.relay.empty()) {
-    coord = connect_relay(sys, o.relay);
+    coord = connect_relay(sys, o.relay, token);
     if (!coord) {
       std::cerr << "troupe worker: cannot reach the coordinator through the agent's relay at " << o.relay
                 << ": " << sys.render(coord.error()) << "\n";

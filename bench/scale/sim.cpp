@@ -318,7 +318,7 @@ class Sim : public SimSink {
     auto coord = c.relay.empty() ? connect_with_retry<coordinator_actor>(*n->sys, addr_.first, addr_.second,
                                                                          std::chrono::milliseconds(250),
                                                                          std::chrono::milliseconds(4000))
-                                 : worker::connect_relay(*n->sys, c.relay);
+                                 : worker::connect_relay(*n->sys, c.relay, c.token);
     if (!coord) {
       emit("connect_failed " + std::to_string(c.generation) + " " + std::to_string(c.rank) + " " +
            std::to_string(now_ns()) + " " + n->sys->render(coord.error()));

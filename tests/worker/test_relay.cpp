@@ -70,8 +70,9 @@ struct WorkerNode {
   caf::actor_system sys;
   caf::scoped_actor me;
   coordinator_actor relay;
-  explicit WorkerNode(const std::string& secret, const std::string& hub) : cfg(secret), sys(cfg), me(sys) {
-    auto r = worker::connect_relay(sys, hub);
+  WorkerNode(const std::string& secret, const std::string& hub, const std::string& token)
+      : cfg(secret), sys(cfg), me(sys) {
+    auto r = worker::connect_relay(sys, hub, token);
     REQUIRE(r);
     relay = *r;
   }
@@ -122,7 +123,7 @@ struct RelayedJob {
     REQUIRE(hub.rfind("127.0.0.1:", 0) == 0);
     for (const auto& r : launcher->requests()) {
       REQUIRE((r.rank == 0 || r.rank == 1));
-      node[r.rank] = std::make_unique<WorkerNode>(c.secret(), hub);
+      node[r.rank] = std::make_unique<WorkerNode>(c.secret(), hub, r.token);
       WorkerHello h{kProtocolVersion, r.job_id, r.generation, r.rank, 4242, "relay-test", r.token};
       auto a = node[r.rank]->ask<Assignment>(reg_worker_atom::value, h);
       REQUIRE(a);
@@ -253,6 +254,35 @@ TEST_CASE("relay: a worker's relay speaks for the rank the coordinator assigned 
   auto failures = c.status(job)["failures"];
   REQUIRE(!failures.empty());
   CHECK(failures[0]["rank"] == 1);
+}
+
+TEST_CASE("relay: the hub hands out a relay only for a live launch's token, one at a time",
+          "[worker][relay][security][multiprocess]") {
+  RelayedJob r;
+  Insider in(r);
+  auto relay_for = [&](const std::string& token) {
+    std::optional<coordinator_actor> out;
+    in.self->request(in.hub, 30s, relay_atom::value, token)
+        .receive([&](coordinator_actor& a) { out = a; }, [&](caf::error&) {});
+    return out;
+  };
+  // A peer holding the secret but no launch's token gets nothing, however often it asks: the
+  // agent holds no relay for it.
+  CHECK_FALSE(relay_for(""));
+  CHECK_FALSE(relay_for(std::string(300, 'a')));
+  for (int i = 0; i < 200; ++i) CHECK_FALSE(relay_for("not-a-token-" + std::to_string(i)));
+  // A live launch's token whose worker holds its relay: not a second one.
+  std::string token0;
+  for (const auto& q : r.launcher->requests())
+    if (q.rank == 0) token0 = q.token;
+  REQUIRE(!token0.empty());
+  CHECK_FALSE(relay_for(token0));
+  check_untouched(r, 0);
+  check_untouched(r, 1);
+  // Rank 0's worker goes: its relay ends with it, and its launch (still live: the agent has
+  // not reaped it) may have one again.
+  r.node[0].reset();
+  CHECK(wait_until([&] { return relay_for(token0).has_value(); }, 30s));
 }
 
 TEST_CASE("relay: a peer that names another node as a message's source is cut off, as no troupe node routes",
