@@ -24,9 +24,13 @@ struct DriverOptions {
   // Each simulated worker is an actor of its agent's node, speaking to the coordinator over the
   // agent's connection: what the coordinator sees of relayed workers (one connection per host,
   // each rank's records on it) without the workers' own nodes and loopback connections, which
-  // the harness cannot hold past 512 ranks on two cores. Their hang is not simulated (on a host
-  // it is the worker's connection to its agent that times out).
+  // the harness cannot hold past 512 ranks on two cores.
   bool inline_workers = false;
+  // The hung rank: "stop" is a SIGSTOPped worker process (no reads, no writes, no heartbeats:
+  // its connection to its relay hub, or to the coordinator, times out); "stuck" a worker whose
+  // control actor stops answering while its process and connection live (no step, no "where"
+  // answer: the step watchdog's case, named by its stale "where").
+  std::string hang = "stop";
   double patience = 1;  // multiplies every wait's limit
   // The coordinator's niceness. On a cluster it has a machine of its own; here thousands of
   // simulated nodes' threads share two cores with it, and at equal priority they starve the

@@ -42,6 +42,10 @@ int main(int argc, char** argv) {
   app.add_option("--dir", d.dir, "working directory, kept (default: a new one under /tmp, removed)");
   app.add_option("--troupe", d.troupe_binary, "the troupe binary whose coordinator is measured");
   app.add_flag("--no-faults", no_faults, "skip the killed rank, the hung rank and the lost agent");
+  app.add_option("--hang", d.hang,
+                 "the hung rank: stop (SIGSTOP: its connection times out) or stuck (its control actor "
+                 "stops answering, its connection lives: the step watchdog's case)")
+      ->check(CLI::IsMember({"stop", "stuck"}));
 
   troupe::scale::SimOptions s;
   auto* sim = app.add_subcommand("sim", "one simulated process (started by the driver)");

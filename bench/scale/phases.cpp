@@ -252,7 +252,7 @@ void Driver::kill_phase() {
 
 void Driver::hang_phase() {
   const int gen = 1, victim = o_.ranks / 4 + 3;
-  const int64_t t = inject("hang", gen, victim, obs_.hung);
+  const int64_t t = inject(o_.hang == "stuck" ? "stick" : "hang", gen, victim, obs_.hung);
   if (t == 0) return check("hang: rank held", false);
   json out = {{"rank", victim}};
   out["failure"] = failure(gen, t);

@@ -161,13 +161,15 @@ class Sim : public SimSink {
       std::string cmd;
       in >> cmd;
       if (cmd == "quit") break;
-      if (cmd == "kill" || cmd == "hang") {
+      if (cmd == "kill" || cmd == "hang" || cmd == "stick") {
         int gen = -1, rank = -1;
         in >> gen >> rank;
         if (cmd == "kill")
           kill_rank(gen, rank);
-        else
+        else if (cmd == "hang")
           hang_rank(gen, rank);
+        else
+          stick_rank(gen, rank);
       } else if (cmd == "lose_agent") {
         int index = -1, restart_ms = 1000;
         in >> index >> restart_ms;
@@ -402,23 +404,58 @@ class Sim : public SimSink {
 
   // SIGSTOP, as the network sees it: the node's multiplexer stops, so it neither reads nor
   // writes (no heartbeats) while its process and connection stay. An inline worker shares its
-  // agent's node, as a relayed worker shares its agent's connection: the actor stops reading.
+  // agent's node, as a relayed worker its agent's connection: it stops reading, and when its
+  // connection to the relay hub would time out (kConnectionTimeout), it ends as its relay
+  // does then, with the link's reason.
   void hang_rank(int gen, int rank) {
+    if (o_.inline_workers) {
+      auto n = stick_rank(gen, rank);
+      if (!n) return;
+      std::lock_guard<std::mutex> lock(flush_mu_);
+      link_timeouts_.push_back({std::chrono::steady_clock::now() + actors::kConnectionTimeout, n});
+      return;
+    }
     auto n = worker_at(gen, rank);
     if (!n) return emit("hung " + std::to_string(gen) + " " + std::to_string(rank) + " 0 not here");
     std::lock_guard<std::mutex> node_lock(n->mu);
-    if (o_.inline_workers) {
-      if (!n->actor)
-        return emit("hung " + std::to_string(gen) + " " + std::to_string(rank) + " 0 not started");
-      hang_sim_worker(n->actor);
-      return emit("hung " + std::to_string(gen) + " " + std::to_string(rank) + " " +
-                  std::to_string(now_ns()));
-    }
     if (!n->sys || n->thaw) return;
     n->thaw = std::make_shared<std::promise<void>>();
     std::shared_future<void> f = n->thaw->get_future().share();
     n->sys->middleman().backend().post([f] { f.wait(); });
     emit("hung " + std::to_string(gen) + " " + std::to_string(rank) + " " + std::to_string(now_ns()));
+  }
+
+  // A worker whose control actor stops answering while its process and connection live.
+  std::shared_ptr<WorkerNode> stick_rank(int gen, int rank) {
+    auto n = worker_at(gen, rank);
+    if (!n) {
+      emit("hung " + std::to_string(gen) + " " + std::to_string(rank) + " 0 not here");
+      return nullptr;
+    }
+    std::lock_guard<std::mutex> node_lock(n->mu);
+    if (!n->actor || n->gone) {
+      emit("hung " + std::to_string(gen) + " " + std::to_string(rank) + " 0 not running");
+      return nullptr;
+    }
+    hang_sim_worker(n->actor);
+    emit("hung " + std::to_string(gen) + " " + std::to_string(rank) + " " + std::to_string(now_ns()));
+    return n;
+  }
+
+  // The hung inline workers whose relay's link has timed out by now end (under flush_mu_).
+  void end_timed_out_links() {
+    const auto now = std::chrono::steady_clock::now();
+    for (auto it = link_timeouts_.begin(); it != link_timeouts_.end();) {
+      if (it->at > now) {
+        ++it;
+        continue;
+      }
+      if (auto n = it->node.lock()) {
+        std::lock_guard<std::mutex> node_lock(n->mu);
+        if (n->actor && !n->gone) caf::anon_send_exit(n->actor, caf::exit_reason::remote_link_unreachable);
+      }
+      it = link_timeouts_.erase(it);
+    }
   }
 
   // The agent's process dies: its connection closes and its workers die with it
@@ -502,6 +539,7 @@ class Sim : public SimSink {
     while (!flush_stop_) {
       flush_cv_.wait_for(lock, std::chrono::milliseconds(250));
       flush(false);
+      end_timed_out_links();
       raise_connection_threads();
     }
     flush(true);
@@ -591,6 +629,11 @@ class Sim : public SimSink {
   std::mutex agg_mu_;
   std::map<std::pair<int, int64_t>, Agg> steps_, ckpts_;
   std::mutex flush_mu_;
+  struct LinkTimeout {
+    std::chrono::steady_clock::time_point at;
+    std::weak_ptr<WorkerNode> node;
+  };
+  std::vector<LinkTimeout> link_timeouts_;  // hung inline workers (flush_mu_)
   std::condition_variable flush_cv_;
   bool flush_stop_ = false;
   std::thread flusher_;
