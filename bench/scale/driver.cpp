@@ -233,6 +233,7 @@ void Driver::report() {
   {
     std::lock_guard<std::mutex> lock(obs_.mu);
     results_["problems"] = obs_.problems;
+    results_["agent_connect_retries"] = obs_.connect_retries;
   }
   print_table();
   if (!o_.json_out.empty()) std::ofstream(o_.json_out) << results_.dump(2) << "\n";

@@ -54,8 +54,10 @@ void Observed::take_sim_line(int sim, const std::string& line) {
     } else if (what == "lost" && in >> t && t > 0) {
       agent_lost[a] = t;
       registered.erase(a);
-    } else if (what == "stopped" || what == "retry") {
-      note(*this, "agent " + std::to_string(a) + " " + what + ": " + rest_of(in));
+    } else if (what == "stopped") {
+      note(*this, "agent " + std::to_string(a) + " stopped: " + rest_of(in));
+    } else if (what == "retry") {  // counted apart: a loaded registration has hundreds
+      if (++connect_retries <= 10) note(*this, "agent " + std::to_string(a) + " retry: " + rest_of(in));
     }
     return;
   }

@@ -57,6 +57,7 @@ struct Observed {
   std::map<std::pair<int, int64_t>, StepSeen> steps;
   std::map<std::pair<int, int64_t>, CkptSeen> ckpts;
   std::vector<std::string> problems;  // the first 200 the simulated processes reported
+  int64_t connect_retries = 0;        // agents' connection attempts tried again
   int ended_sims = 0;                 // simulated processes whose output ended
   // The coordinator's events.
   std::map<std::pair<int, int64_t>, int64_t> step_events;  // (generation, step) -> arrival

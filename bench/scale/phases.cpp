@@ -390,6 +390,8 @@ void Driver::print_table() const {
     std::printf("  %-20s %10.2f %18.2f %18.2f\n", p.value("phase", "").c_str(), num(p, "wall_s"),
                 num(p, "coordinator_cpu_s"), num(p, "harness_cpu_s"));
   std::printf("  checks failed: %d\n", r.value("failed_checks", 0));
+  std::printf("  agents' connection attempts tried again: %lld\n",
+              static_cast<long long>(r.value("agent_connect_retries", int64_t{0})));
   const json problems = r.value("problems", json::array());
   for (size_t i = 0; i < problems.size() && i < 20; ++i)
     std::printf("  problem: %s\n", problems[i].get<std::string>().c_str());
