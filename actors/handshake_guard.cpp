@@ -72,7 +72,10 @@ int raise_descriptor_limit() {
 }
 
 DescriptorCursor::DescriptorCursor(int first, int end)
-    : first_(std::max(first, 3)), end_(end > 0 ? end : raise_descriptor_limit()), next_(first_) {}
+    : first_(std::max(first, 3)), end_(end > 0 ? end : raise_descriptor_limit()), next_(first_) {
+  // A small limit (a hard limit of 1,024, say): the upper half of it, still a turn of hundreds.
+  if (end <= 0 && end_ < 2 * first_) next_ = first_ = std::max(3, end_ / 2);
+}
 
 int DescriptorCursor::place(int fd) {
   for (int turn = 0; turn < 2; ++turn) {

@@ -85,7 +85,7 @@ class DescriptorCursor {
  public:
   static constexpr int kFirst = 4096;
   // `end` 0: the process's descriptor limit (RLIMIT_NOFILE, raised to its hard limit by
-  // raise_descriptor_limit()).
+  // raise_descriptor_limit()); where that is below 2 × first, its upper half.
   explicit DescriptorCursor(int first = kFirst, int end = 0);
   // `fd` moved to its new number (the old one closed), or `fd` itself when no number in
   // [first, end) is free (the range is too small or full).
