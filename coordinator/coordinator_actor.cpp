@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <set>
 
@@ -370,11 +371,16 @@ void apply(self_ptr self, Actions&& a) {
               apply(self, std::move(more));
             });
   }
+  // A generation's checkpoints in progress are dropped once for it, not once per rank told
+  // (each drop walks every shard report still waiting: N² at a failure during a checkpoint).
+  std::map<std::pair<std::string, int32_t>, const std::string*> aborted;
   for (const auto& ab : a.aborts) {
     auto it = s.workers.find({ab.job_id, ab.generation, ab.rank});
     if (it != s.workers.end()) self->send(it->second, abort_atom::value, int32_t{ab.generation}, ab.reason);
-    drop_checkpoints(self, ab.job_id, ab.generation, "generation aborted: " + ab.reason);
+    aborted.emplace(std::make_pair(ab.job_id, ab.generation), &ab.reason);
   }
+  for (const auto& [gen, reason] : aborted)
+    drop_checkpoints(self, gen.first, gen.second, "generation aborted: " + *reason);
   for (const auto& d : a.drains) {
     auto it = s.workers.find({d.job_id, d.generation, d.rank});
     if (it != s.workers.end()) self->send(it->second, drain_atom::value, int32_t{d.generation}, d.step);
