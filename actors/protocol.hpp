@@ -377,10 +377,12 @@ using worker_actor =
 // A kill names each process by its launch (a survivor keeps the key it was launched with).
 // "Where" names workers of the agent's host (their relays, actors of the agent's node): the
 // agent asks each and answers for all, so the coordinator asks once per host, not per rank.
+// An abort (generation, reason) names them too: the agent passes it to each.
 using agent_actor =
     caf::typed_actor<caf::replies_to<launch_atom, LaunchRequest>::with<int32_t>,  // pid or -errno
                      caf::reacts_to<kill_atom, KillRequest>,
                      caf::replies_to<where_atom, std::vector<worker_actor>>::with<WhereAnswers>,
+                     caf::reacts_to<abort_atom, int32_t, std::string, std::vector<worker_actor>>,
                      caf::reacts_to<tick_atom>,  // self: reap children
                      caf::reacts_to<shutdown_atom>>;
 

@@ -170,6 +170,37 @@ void poll_where(self_ptr self) {
 }
 
 // A generation that ends commits nothing more: its ranks waiting on a checkpoint hear why.
+// Tells each rank of `aborts` to abort: the ranks whose handle lives on an agent's node (a relay,
+// an actor of its launcher) in one message to that agent per generation and reason, which
+// passes it on (one message per host, not per rank: 512 instead of 4,096 at 4,096 ranks);
+// any other rank (connected by itself) directly.
+void send_aborts(self_ptr self, const std::vector<Abort>& aborts) {
+  auto& s = self->state;
+  if (aborts.empty()) return;
+  std::map<caf::node_id, agent_actor> agents;
+  for (const auto& [id, a] : s.agents)
+    if (a) agents.emplace(a.node(), a);
+  std::map<std::tuple<caf::node_id, int32_t, std::string>, std::vector<worker_actor>> by_host;
+  for (const auto& ab : aborts) {
+    auto it = s.workers.find({ab.job_id, ab.generation, ab.rank});
+    if (it == s.workers.end()) continue;
+    const worker_actor& w = it->second;
+    if (agents.count(w.node()))
+      by_host[{w.node(), ab.generation, ab.reason}].push_back(w);
+    else
+      self->send(w, abort_atom::value, int32_t{ab.generation}, ab.reason);
+  }
+  for (auto& [key, handles] : by_host) {
+    const auto& [node, generation, reason] = key;
+    const agent_actor& agent = agents.at(node);
+    for (size_t from = 0; from < handles.size(); from += kMaxWhereBatch) {
+      const size_t to = std::min(handles.size(), from + kMaxWhereBatch);
+      self->send(agent, abort_atom::value, generation, reason,
+                 std::vector<worker_actor>(handles.begin() + from, handles.begin() + to));
+    }
+  }
+}
+
 void drop_checkpoints(self_ptr self, const std::string& job, int32_t generation, const std::string& why) {
   auto& s = self->state;
   s.ckpt.forget(job + "/" + std::to_string(generation));
@@ -374,11 +405,8 @@ void apply(self_ptr self, Actions&& a) {
   // A generation's checkpoints in progress are dropped once for it, not once per rank told
   // (each drop walks every shard report still waiting: N² at a failure during a checkpoint).
   std::map<std::pair<std::string, int32_t>, const std::string*> aborted;
-  for (const auto& ab : a.aborts) {
-    auto it = s.workers.find({ab.job_id, ab.generation, ab.rank});
-    if (it != s.workers.end()) self->send(it->second, abort_atom::value, int32_t{ab.generation}, ab.reason);
-    aborted.emplace(std::make_pair(ab.job_id, ab.generation), &ab.reason);
-  }
+  send_aborts(self, a.aborts);
+  for (const auto& ab : a.aborts) aborted.emplace(std::make_pair(ab.job_id, ab.generation), &ab.reason);
   for (const auto& [gen, reason] : aborted)
     drop_checkpoints(self, gen.first, gen.second, "generation aborted: " + *reason);
   for (const auto& d : a.drains) {

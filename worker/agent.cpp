@@ -349,6 +349,15 @@ agent_actor::behavior_type agent_fn(self_ptr self, coordinator_actor coordinator
             if (c.generation == k.generations[i] && c.rank == k.ranks[i]) self->state.launcher->kill(pid);
         }
       },
+      [=](abort_atom, int32_t generation, const std::string& why, const std::vector<worker_actor>& workers) {
+        // Only from the coordinator, for at most a host's share, and only to this node's actors
+        // (its relays, or its launcher's): as "where".
+        auto sender = self->current_sender();
+        if (!sender || sender->node() != self->state.coordinator.node() || workers.size() > kMaxWhereBatch)
+          return;
+        for (const auto& w : workers)
+          if (w && w.node() == self->node()) self->send(w, abort_atom::value, generation, why);
+      },
       [=](where_atom, std::vector<worker_actor>& workers) -> caf::typed_response_promise<WhereAnswers> {
         // Only the coordinator asks (checked before the promise is made: making it takes the
         // sender from the message).

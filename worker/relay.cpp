@@ -208,7 +208,9 @@ caf::behavior relay_fn(relay_ptr self, caf::actor hub, coordinator_actor coordin
       },
       // ---- from the coordinator, to the worker (sent as this relay: the worker's coordinator)
       [=](abort_atom, int32_t generation, std::string& why) {
-        if (!from_coordinator(self) || !self->state.worker) return note_refused(self, "an abort");
+        // From the coordinator, or from its agent passing on an abort for every rank of the host.
+        if (!(from_coordinator(self) || from_node(self, self->node())) || !self->state.worker)
+          return note_refused(self, "an abort");
         self->send(self->state.worker, abort_atom::value, generation, std::move(why));
       },
       [=](drain_atom, int32_t generation, int64_t step) {

@@ -381,7 +381,7 @@ TEST_CASE("relay: a peer that sends an exit, a down or a link as a message is cu
 
 TEST_CASE(
     "agent: asked where its host's workers are, it answers for each in one reply, not for a hung one or "
-    "another node's, and only to its coordinator",
+    "another node's, and only to its coordinator, and it passes an abort for them on to its own node's",
     "[worker][relay][security]") {
   // Two nodes of this process, never connected: the agent's, where its coordinator (a stand-in
   // that welcomes it) and its host's workers live, and another.
@@ -400,12 +400,20 @@ TEST_CASE(
   auto coordinator = here.spawn([](caf::event_based_actor*) -> caf::behavior {
     return {[](reg_agent_atom, const AgentHello&) { return Welcome{true, "", kProtocolVersion}; }};
   });
-  auto answering = [](caf::actor_system& sys, std::string said, std::shared_ptr<std::atomic<int>> asked) {
-    return caf::actor_cast<worker_actor>(sys.spawn([said, asked](caf::event_based_actor*) -> caf::behavior {
+  // The aborts the workers take: the one the agent should pass on, and any other.
+  auto aborts = std::make_shared<std::atomic<int>>(0), wrong = std::make_shared<std::atomic<int>>(0);
+  auto count = [aborts, wrong](int32_t generation, const std::string& why) {
+    ++*(generation == 7 && why == "rank 9 died" ? aborts : wrong);
+  };
+  auto answering = [count](caf::actor_system& sys, std::string said,
+                           std::shared_ptr<std::atomic<int>> asked) {
+    return caf::actor_cast<worker_actor>(sys.spawn([said, asked,
+                                                    count](caf::event_based_actor*) -> caf::behavior {
       return {[said, asked](where_atom) {
-        ++*asked;
-        return said;
-      }};
+                ++*asked;
+                return said;
+              },
+              [count](abort_atom, int32_t generation, const std::string& why) { count(generation, why); }};
     }));
   };
   auto asked = std::make_shared<std::atomic<int>>(0), asked_there = std::make_shared<std::atomic<int>>(0);
@@ -414,8 +422,9 @@ TEST_CASE(
   worker_actor elsewhere = answering(there, "step 3: elsewhere", asked_there);
   // A rank that hangs: it takes the question and never answers.
   worker_actor hung =
-      caf::actor_cast<worker_actor>(here.spawn([](caf::event_based_actor* self) -> caf::behavior {
-        return {[self](where_atom) { return self->make_response_promise(); }};
+      caf::actor_cast<worker_actor>(here.spawn([count](caf::event_based_actor* self) -> caf::behavior {
+        return {[self](where_atom) { return self->make_response_promise(); },
+                [count](abort_atom, int32_t generation, const std::string& why) { count(generation, why); }};
       }));
 
   worker::AgentActorOptions ao;
@@ -455,6 +464,25 @@ TEST_CASE(
   CHECK_FALSE(ask(there, {forward}));
   CHECK_FALSE(ask(here, std::vector<worker_actor>(kMaxWhereBatch + 1, forward)));
   CHECK(*asked == 2);
+
+  // An abort for the host's workers: from another node, or naming more than a host's share,
+  // it goes nowhere; from the coordinator's node, to each of this node's (the hung one too: it
+  // is still told), not to another node's.
+  auto tell = [&](caf::actor_system& from, std::vector<worker_actor> ws, const char* why) {
+    caf::scoped_actor me{from};
+    me->send(agent, abort_atom::value, int32_t{7}, std::string(why), std::move(ws));
+  };
+  tell(there, {forward, reduce}, "from another node");
+  tell(here, std::vector<worker_actor>(kMaxWhereBatch + 1, forward), "too many");
+  tell(here, {forward, elsewhere, hung, reduce}, "rank 9 died");
+  REQUIRE(wait_until([&] { return aborts->load() >= 3; }, 30s));
+  // The agent takes its messages in order and passes each on to a worker in order: a refused
+  // one passed on would have come before these. And had the other node's worker been told,
+  // that came before its answer to this question.
+  caf::scoped_actor sync{there};
+  sync->request(elsewhere, 30s, where_atom::value).receive([](std::string&) {}, [](caf::error&) {});
+  CHECK(aborts->load() == 3);
+  CHECK(wrong->load() == 0);
 
   caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
   for (const caf::actor& x :
