@@ -20,6 +20,7 @@
 #include "coordinator/where_polls.hpp"
 #include "core/buddy_ring.hpp"
 #include "core/failure.hpp"
+#include "core/run_dir.hpp"
 #include "core/text.hpp"
 #include "plan/plan.hpp"
 
@@ -495,8 +496,8 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
       std::string id = it->second;
       // Whether its connection went (remote_link_unreachable) or its actor ended, and which
       // node it was: what tells a lost host from a lost connection in the log.
-      std::cerr << "troupe coordinator: agent " << id << " lost (node " << caf::to_string(dm.source.node())
-                << "): " << self->system().render(dm.reason) << std::endl;
+      std::cerr << utc_timestamp() << " troupe coordinator: agent " << id << " lost (node "
+                << caf::to_string(dm.source.node()) << "): " << self->system().render(dm.reason) << std::endl;
       s.agent_ids.erase(it);
       s.agents.erase(id);
       s.where_view.stale = true;

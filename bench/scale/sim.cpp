@@ -23,6 +23,7 @@
 
 #include "actors/system.hpp"
 #include "bench/scale/sim_worker.hpp"
+#include "core/run_dir.hpp"
 #include "worker/agent.hpp"
 #include "worker/relay.hpp"
 
@@ -296,7 +297,7 @@ class Sim : public SimSink {
     std::weak_ptr<AgentNode> weak = a;
     ao.on_stop = [this, index, weak](int code, const std::string& why) {
       emit("agent " + std::to_string(index) + " stopped " + std::to_string(code) + " " + why + " at " +
-           std::to_string(now_ns()));
+           utc_timestamp());
       // As a supervisor (systemd, Slurm) restarts an agent process that exits: its node goes
       // (not from its own thread) and a fresh one registers after a second.
       auto agent = weak.lock();
