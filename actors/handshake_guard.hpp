@@ -90,7 +90,6 @@ class DescriptorCursor {
   // `fd` moved to its new number (the old one closed), or `fd` itself when no number in
   // [first, end) is free (the range is too small or full).
   int place(int fd);
-  int next() const { return next_; }
 
  private:
   int first_, end_, next_;

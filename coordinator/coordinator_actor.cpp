@@ -74,13 +74,19 @@ constexpr auto kTick = std::chrono::milliseconds(kWhereTickMs);
 // poll_where's view of the hosts: the agents by node, and how many polls a round makes (a
 // host for the ranks whose handles live on its agent's node, a rank for each connected by
 // itself). Worked out again when a worker or an agent came or went, and every second.
+// Each registered agent by its node (a relay or inline worker shares its agent's node).
+std::map<caf::node_id, agent_actor> agents_by_node(const CoordActorState& s) {
+  std::map<caf::node_id, agent_actor> out;
+  for (const auto& [id, a] : s.agents)
+    if (a) out.emplace(a.node(), a);
+  return out;
+}
+
 void refresh_where_view(self_ptr self) {
   auto& s = self->state;
   auto& view = s.where_view;
   if (!view.stale && ++view.ticks < int(1000 / kWhereTickMs)) return;
-  view.agents.clear();
-  for (const auto& [id, a] : s.agents)
-    if (a) view.agents.emplace(a.node(), a);
+  view.agents = agents_by_node(s);
   std::set<caf::node_id> counted;
   view.targets = 0;
   for (const auto& [key, handle] : s.workers) {
@@ -178,9 +184,7 @@ void poll_where(self_ptr self) {
 void send_aborts(self_ptr self, const std::vector<Abort>& aborts) {
   auto& s = self->state;
   if (aborts.empty()) return;
-  std::map<caf::node_id, agent_actor> agents;
-  for (const auto& [id, a] : s.agents)
-    if (a) agents.emplace(a.node(), a);
+  const std::map<caf::node_id, agent_actor> agents = agents_by_node(s);
   std::map<std::tuple<caf::node_id, int32_t, std::string>, std::vector<worker_actor>> by_host;
   for (const auto& ab : aborts) {
     auto it = s.workers.find({ab.job_id, ab.generation, ab.rank});

@@ -297,11 +297,6 @@ void LaunchTokens::release(const std::string& token) {
   if (auto it = live_.find(token); it != live_.end()) it->second = false;
 }
 
-size_t LaunchTokens::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return live_.size();
-}
-
 relay_hub_actor start_relay_hub(caf::actor_system& sys, const coordinator_actor& coordinator,
                                 std::shared_ptr<LaunchTokens> tokens, std::string* address) {
   auto hub = sys.spawn(hub_fn, coordinator, std::move(tokens));

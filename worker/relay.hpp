@@ -44,10 +44,9 @@ class LaunchTokens {
   bool take(const std::string& token);
   // The relay for `token` ended.
   void release(const std::string& token);
-  size_t size() const;
 
  private:
-  mutable std::mutex mu_;
+  std::mutex mu_;
   std::map<std::string, bool> live_;  // token -> it has a relay now
 };
 

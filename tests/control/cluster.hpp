@@ -104,6 +104,10 @@ class Proc {
     return done ? code_ : -1;
   }
   std::string output() const { return read_file(log_); }
+  // Whether its output held `text` within `limit`.
+  bool says(const std::string& text, std::chrono::milliseconds limit = std::chrono::seconds(30)) const {
+    return wait_until([&] { return output().find(text) != std::string::npos; }, limit);
+  }
 
  private:
   std::string log_;
