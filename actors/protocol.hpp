@@ -74,6 +74,8 @@ using ckpt_shard_atom = caf::atom_constant<caf::atom("ckpt_shard")>;
 using drain_atom = caf::atom_constant<caf::atom("drain")>;
 using assign_atom = caf::atom_constant<caf::atom("assign")>;
 using relay_atom = caf::atom_constant<caf::atom("relay")>;
+using steps_atom = caf::atom_constant<caf::atom("steps")>;
+using flush_atom = caf::atom_constant<caf::atom("flush")>;
 
 // ---------------------------------------------------------------- messages
 
@@ -229,6 +231,8 @@ struct WhereAnswers {
 // Worker handles one "where" request to an agent names, at most (an agent's answer for more is
 // refused unread: the coordinator sends one request per host of at most this many ranks).
 constexpr size_t kMaxWhereBatch = 1024;
+// Step reports one batch of a host's carries, at most (a larger batch is refused unread).
+constexpr size_t kMaxStepBatch = 1024;
 
 // A rendezvous key, namespaced by (job, generation, group).
 struct StoreKey {
@@ -356,6 +360,7 @@ using coordinator_actor = caf::typed_actor<
     caf::replies_to<reg_worker_atom, WorkerHello>::with<Assignment>,
     caf::reacts_to<worker_exit_atom, WorkerExit>, caf::reacts_to<worker_stop_atom, WorkerStopped>,
     caf::reacts_to<step_atom, StepMetrics>,
+    caf::reacts_to<steps_atom, std::vector<StepMetrics>>,         // a host's, from its step batcher
     caf::replies_to<worker_done_atom, WorkerResult>::with<bool>,  // acked before the worker exits
     caf::replies_to<ckpt_shard_atom, CkptShard>::with<CkptCommitted>,
     caf::replies_to<store_set_atom, StoreKey, std::string>::with<StoreValue>,
@@ -389,5 +394,14 @@ using agent_actor =
 // An agent's relay hub (worker/relay.hpp): a worker of its host asks it for the relay it
 // then uses as its coordinator.
 using relay_hub_actor = caf::typed_actor<caf::replies_to<relay_atom, std::string>::with<coordinator_actor>>;
+
+// A host's step batcher (worker/relay.hpp), an actor of its agent's node: the host's relays hand
+// it their workers' step reports, and it sends them on to the coordinator together, one
+// message per host and batch window instead of one per rank and step. A flush sends what it
+// holds at once (a relay asks before it passes on its worker's result, so that the last steps
+// reach the coordinator first). Only actors of its own node are heard.
+using step_batcher_actor =
+    caf::typed_actor<caf::reacts_to<step_atom, StepMetrics>, caf::replies_to<flush_atom>::with<bool>,
+                     caf::reacts_to<tick_atom>>;  // self: the window closes
 
 }  // namespace troupe::actors

@@ -21,6 +21,7 @@ NodeConfig::NodeConfig(const std::string& secret_file) {
   add_message_type<WorkerHello>("troupe::WorkerHello");
   add_message_type<Assignment>("troupe::Assignment");
   add_message_type<StepMetrics>("troupe::StepMetrics");
+  add_message_type<std::vector<StepMetrics>>("std::vector<troupe::StepMetrics>");
   add_message_type<WorkerResult>("troupe::WorkerResult");
   add_message_type<KillRequest>("troupe::KillRequest");
   add_message_type<WhereAnswers>("troupe::WhereAnswers");

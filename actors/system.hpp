@@ -20,8 +20,11 @@
 namespace troupe::actors {
 
 // Heartbeats let a hung (not dead) peer be noticed: a peer silent for
-// kConnectionTimeout is dropped and its actors go down.
-constexpr auto kHeartbeatInterval = std::chrono::milliseconds(200);
+// kConnectionTimeout is dropped and its actors go down (CAF checks at each heartbeat
+// tick: after 2.0 to 2.5 s). Any message counts as a sign of life, so heartbeats matter
+// on quiet connections only; at 200 ms they were half the records a coordinator of 512
+// hosts handled (docs/scale.md).
+constexpr auto kHeartbeatInterval = std::chrono::milliseconds(500);
 constexpr auto kConnectionTimeout = std::chrono::milliseconds(2000);
 
 class NodeConfig : public caf::actor_system_config {

@@ -6,7 +6,7 @@
 
 namespace troupe::actors {
 
-constexpr int32_t kProtocolVersion = 13;
+constexpr int32_t kProtocolVersion = 14;
 
 // Hot spares (resources.spares): the n-th spare process of a job is launched and registered
 // as rank kFirstSpareRank + n (mod kSpareRanks), a launch rank outside every world, until an

@@ -351,6 +351,34 @@ Assignment spare_assignment(const Job& j, int generation, int launch_rank) {
 // is sent the generation's Assignment.
 void apply(self_ptr self, Actions&& a);
 
+// A rank's step report: only from the node its rank registered from (its own process, or the
+// agent whose relay it registered through).
+void take_step(self_ptr self, const StepMetrics& m) {
+  if (auto why = check(m); !why.empty()) return refuse(self, "step metrics", why);
+  if (!from_worker(self, m.job_id, m.generation, m.rank)) {
+    if (self->state.st->current(m.job_id, m.generation))
+      refuse(self, "step metrics", "not from the process registered as rank " + std::to_string(m.rank));
+    return;
+  }
+  try {
+    StepSample s{m.rank, m.step, m.loss, m.lr, m.tokens, m.step_ms, m.grad_norm, std::nullopt};
+    if (m.has_val_loss) s.val_loss = m.val_loss;
+    s.compute_ms = m.compute_ms;
+    s.comm_ms = m.comm_ms;
+    s.bubble_ms = m.bubble_ms;
+    s.loss_scale = m.loss_scale;
+    s.skipped = m.skipped;
+    s.device_bytes = m.device_bytes;
+    s.device_peak_bytes = m.device_peak_bytes;
+    s.snapshot_confirmed = m.snapshot_confirmed;
+    Actions a;
+    self->state.st->step(m.job_id, m.generation, s, &a);
+    apply(self, std::move(a));
+  } catch (const std::exception& e) {
+    internal_error("step metrics", e);
+  }
+}
+
 void reassign(self_ptr self, const Actions::Reassign& r) {
   auto& s = self->state;
   auto it = s.workers.find({r.job_id, r.from_generation, r.from_rank});
@@ -636,30 +664,15 @@ coordinator_actor::behavior_type coordinator_fn(self_ptr self, CoordinatorActorO
           internal_error("worker stop", e);
         }
       },
-      [=](step_atom, const StepMetrics& m) {
-        if (auto why = check(m); !why.empty()) return refuse(self, "step metrics", why);
-        if (!from_worker(self, m.job_id, m.generation, m.rank)) {
-          if (self->state.st->current(m.job_id, m.generation))
-            refuse(self, "step metrics", "not from the process registered as rank " + std::to_string(m.rank));
-          return;
-        }
-        try {
-          StepSample s{m.rank, m.step, m.loss, m.lr, m.tokens, m.step_ms, m.grad_norm, std::nullopt};
-          if (m.has_val_loss) s.val_loss = m.val_loss;
-          s.compute_ms = m.compute_ms;
-          s.comm_ms = m.comm_ms;
-          s.bubble_ms = m.bubble_ms;
-          s.loss_scale = m.loss_scale;
-          s.skipped = m.skipped;
-          s.device_bytes = m.device_bytes;
-          s.device_peak_bytes = m.device_peak_bytes;
-          s.snapshot_confirmed = m.snapshot_confirmed;
-          Actions a;
-          self->state.st->step(m.job_id, m.generation, s, &a);
-          apply(self, std::move(a));
-        } catch (const std::exception& e) {
-          internal_error("step metrics", e);
-        }
+      [=](step_atom, const StepMetrics& m) { take_step(self, m); },
+      [=](steps_atom, const std::vector<StepMetrics>& batch) {
+        // A host's reports, from its step batcher (an actor of the agent's node, the node of the
+        // relays its ranks registered through): each is checked as one sent alone.
+        if (batch.size() > kMaxStepBatch)
+          return refuse(self, "step metrics",
+                        "a batch of " + std::to_string(batch.size()) + " (at most " +
+                            std::to_string(kMaxStepBatch) + ")");
+        for (const auto& m : batch) take_step(self, m);
       },
       [=](worker_done_atom, WorkerResult r) -> bool {
         if (auto why = check(r); !why.empty()) {

@@ -384,10 +384,12 @@ agent_actor::behavior_type agent_fn(self_ptr self, coordinator_actor coordinator
 actors::agent_actor spawn_agent(caf::actor_system& sys, actors::coordinator_actor coordinator,
                                 AgentActorOptions options) {
   relay_hub_actor hub;
+  step_batcher_actor batcher;
   std::string relay_address;
   auto tokens = std::make_shared<LaunchTokens>();
   if (options.relay) {
-    hub = start_relay_hub(sys, coordinator, tokens, &relay_address);
+    batcher = start_step_batcher(sys, coordinator);
+    hub = start_relay_hub(sys, coordinator, batcher, tokens, &relay_address);
     if (!hub) {
       std::cerr << "troupe agent: cannot publish the relay hub on 127.0.0.1 (" << relay_address
                 << "): its workers connect to the coordinator themselves" << std::endl;
@@ -402,6 +404,9 @@ actors::agent_actor spawn_agent(caf::actor_system& sys, actors::coordinator_acto
   if (hub)
     agent->attach_functor(
         [hub](const caf::error&) { caf::anon_send_exit(hub, caf::exit_reason::user_shutdown); });
+  if (batcher)
+    agent->attach_functor(
+        [batcher](const caf::error&) { caf::anon_send_exit(batcher, caf::exit_reason::user_shutdown); });
   return agent;
 }
 

@@ -81,8 +81,9 @@ struct AgentActorOptions {
 // launch token in the environment; waitpid.
 std::shared_ptr<WorkerLauncher> make_process_launcher(const AgentActorOptions& options);
 
-// With options.relay, also starts the agent's relay hub (ended with the agent); where the hub
-// cannot be published the workers connect to the coordinator themselves (said on stderr).
+// With options.relay, also starts the agent's relay hub and its step batcher (both ended with the
+// agent); where the hub cannot be published the workers connect to the coordinator themselves
+// (said on stderr).
 actors::agent_actor spawn_agent(caf::actor_system& sys, actors::coordinator_actor coordinator,
                                 AgentActorOptions options);
 

@@ -7,6 +7,7 @@
 #include <iostream>
 #include <memory>
 #include <tuple>
+#include <vector>
 
 #include "actors/system.hpp"
 
@@ -21,6 +22,9 @@ constexpr auto kRegisterWithin = std::chrono::seconds(90);
 // How long a forwarded request waits for the coordinator beyond what the worker asked:
 // the worker's own request times out first, so it never waits on the relay.
 constexpr auto kForwardMargin = std::chrono::minutes(2);
+// How long a relay waits for the step batcher's flush before it passes on its worker's result
+// anyway (the batcher answers at once unless its node is stalled).
+constexpr auto kFlushWithin = std::chrono::seconds(10);
 // The identities (job, generation, rank) a relay remembers for its worker: one per generation
 // it served; a message for an older one is still the coordinator's to refuse as stale.
 constexpr size_t kIdentities = 16;
@@ -29,8 +33,9 @@ using Identity = std::tuple<std::string, int32_t, int32_t>;  // job, generation,
 
 struct RelayState {
   coordinator_actor coordinator;
-  caf::node_id worker_node;  // the node that asked the hub for this relay
-  caf::actor worker;         // the worker actor that registered through it
+  step_batcher_actor batcher;  // the host's (invalid: steps go to the coordinator one by one)
+  caf::node_id worker_node;    // the node that asked the hub for this relay
+  caf::actor worker;           // the worker actor that registered through it
   bool registering = false;
   std::deque<Identity> identities;  // assigned by the coordinator, newest last
   uint64_t refused = 0;
@@ -121,10 +126,31 @@ caf::timespan waiting(int64_t ms) {
   return std::chrono::milliseconds(capped) + kForwardMargin;
 }
 
+// The worker's result goes to the coordinator after the steps the batcher holds: the flush is
+// answered after the batcher sent them, and both messages leave this node on its one connection
+// to the coordinator, in that order.
+caf::response_promise pass_result(relay_ptr self, WorkerResult r) {
+  auto rp = self->make_response_promise();
+  auto pass = [self, rp, r]() mutable {
+    self->request(self->state.coordinator, std::chrono::minutes(2), worker_done_atom::value, std::move(r))
+        .then([rp](bool ok) mutable { rp.deliver(ok); },
+              [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+  };
+  if (!self->state.batcher) {
+    pass();
+    return rp;
+  }
+  self->request(self->state.batcher, kFlushWithin, flush_atom::value)
+      .then([pass](bool) mutable { pass(); }, [pass](caf::error&) mutable { pass(); });
+  return rp;
+}
+
 caf::behavior relay_fn(relay_ptr self, caf::actor hub, coordinator_actor coordinator,
-                       caf::node_id worker_node, std::shared_ptr<LaunchTokens> tokens, std::string token) {
+                       step_batcher_actor batcher, caf::node_id worker_node,
+                       std::shared_ptr<LaunchTokens> tokens, std::string token) {
   auto& s = self->state;
   s.coordinator = coordinator;
+  s.batcher = batcher;
   s.worker_node = worker_node;
   // Its launch may have a relay again (a worker that lost its own before registering).
   self->attach_functor([tokens, token](const caf::error&) { tokens->release(token); });
@@ -179,14 +205,17 @@ caf::behavior relay_fn(relay_ptr self, caf::actor hub, coordinator_actor coordin
       },
       [=](step_atom, StepMetrics& m) {
         if (!speaks_for(self, m.job_id, m.generation, m.rank)) return note_refused(self, "a step");
-        self->send(self->state.coordinator, step_atom::value, std::move(m));
+        if (self->state.batcher)
+          self->send(self->state.batcher, step_atom::value, std::move(m));
+        else
+          self->send(self->state.coordinator, step_atom::value, std::move(m));
       },
       [=](worker_done_atom, WorkerResult& r) -> caf::response_promise {
         if (!speaks_for(self, r.job_id, r.generation, r.rank)) {
           note_refused(self, "a result");
           return answer(self, false);
         }
-        return forward<bool>(self, std::chrono::minutes(2), worker_done_atom::value, std::move(r));
+        return pass_result(self, std::move(r));
       },
       [=](ckpt_shard_atom, CkptShard& c) -> caf::response_promise {
         if (!speaks_for(self, c.job_id, c.generation, c.rank)) {
@@ -241,14 +270,17 @@ caf::behavior relay_fn(relay_ptr self, caf::actor hub, coordinator_actor coordin
 
 struct HubState {
   coordinator_actor coordinator;
+  step_batcher_actor batcher;
   std::shared_ptr<LaunchTokens> tokens;
   uint64_t refused = 0;
   static inline const char* name = "troupe.relay_hub";
 };
 
 relay_hub_actor::behavior_type hub_fn(relay_hub_actor::stateful_pointer<HubState> self,
-                                      coordinator_actor coordinator, std::shared_ptr<LaunchTokens> tokens) {
+                                      coordinator_actor coordinator, step_batcher_actor batcher,
+                                      std::shared_ptr<LaunchTokens> tokens) {
   self->state.coordinator = coordinator;
+  self->state.batcher = batcher;
   self->state.tokens = std::move(tokens);
   return {
       [=](relay_atom, const std::string& token) -> caf::result<coordinator_actor> {
@@ -265,9 +297,88 @@ relay_hub_actor::behavior_type hub_fn(relay_hub_actor::stateful_pointer<HubState
                       << st.refused << " so far)" << std::endl;
           return caf::make_error(caf::sec::invalid_argument, "no live launch has this token");
         }
-        auto relay = self->spawn(relay_fn, caf::actor_cast<caf::actor>(self), st.coordinator, sender->node(),
-                                 st.tokens, token);
+        auto relay = self->spawn(relay_fn, caf::actor_cast<caf::actor>(self), st.coordinator, st.batcher,
+                                 sender->node(), st.tokens, token);
         return caf::actor_cast<coordinator_actor>(relay);
+      },
+  };
+}
+
+using Clock = std::chrono::steady_clock;
+
+struct BatcherState {
+  coordinator_actor coordinator;
+  std::chrono::milliseconds window{0};
+  std::vector<StepMetrics> held;                     // at most kMaxStepBatch
+  Clock::time_point due = Clock::time_point::max();  // when `held` goes (a tick is on its way)
+  uint64_t refused = 0;
+  static inline const char* name = "troupe.step_batcher";
+};
+
+using batcher_ptr = step_batcher_actor::stateful_pointer<BatcherState>;
+
+bool from_own_node(batcher_ptr self) {
+  auto sender = self->current_sender();
+  return sender && sender->node() == self->node();
+}
+
+void send_held(batcher_ptr self) {
+  auto& held = self->state.held;
+  self->state.due = Clock::time_point::max();
+  if (held.empty()) return;
+  self->send(self->state.coordinator, steps_atom::value, std::move(held));
+  held = {};
+}
+
+// How long a report may wait: the window, and at most a tenth of its rank's step. The
+// coordinator's picture of the job (the last step every rank completed, which the recovery
+// from in-memory snapshots starts from: each rank keeps its last two) then lags by a fraction
+// of a step however short the steps are; a report of a step that took no time (or says
+// nonsense) goes at once.
+std::chrono::microseconds may_wait(const BatcherState& st, const StepMetrics& m) {
+  const double tenth_us = m.step_ms * 100.0;  // a tenth of the step, in microseconds
+  if (!(tenth_us >= 1.0)) return std::chrono::microseconds(0);
+  const auto window = std::chrono::duration_cast<std::chrono::microseconds>(st.window);
+  if (tenth_us >= static_cast<double>(window.count())) return window;
+  return std::chrono::microseconds(static_cast<int64_t>(tenth_us));
+}
+
+step_batcher_actor::behavior_type batcher_fn(batcher_ptr self, coordinator_actor coordinator,
+                                             std::chrono::milliseconds window) {
+  self->state.coordinator = coordinator;
+  self->state.window = window;
+  self->monitor(coordinator);
+  self->set_down_handler([=](caf::down_msg& dm) { self->quit(dm.reason); });
+  auto refused = [self](const char* what) {
+    if (++self->state.refused <= 5 || self->state.refused % 1000 == 0)
+      std::cerr << "troupe agent: the step batcher refused " << what << " from another node ("
+                << self->state.refused << " so far)" << std::endl;
+  };
+  return {
+      [=](step_atom, StepMetrics& m) {
+        if (!from_own_node(self)) return refused("a step");
+        auto& st = self->state;
+        const auto wait = may_wait(st, m);
+        st.held.push_back(std::move(m));
+        if (st.held.size() >= kMaxStepBatch || wait.count() <= 0) return send_held(self);
+        const auto due = Clock::now() + wait;
+        if (due < st.due) {  // sooner than the batch was due: a tick for the new time too
+          st.due = due;
+          self->delayed_send(self, wait, tick_atom::value);
+        }
+      },
+      [=](flush_atom) -> bool {
+        if (!from_own_node(self)) {
+          refused("a flush");
+          return false;
+        }
+        send_held(self);
+        return true;
+      },
+      [=](tick_atom) {
+        // Its own, for the batch held now or for one sent since (then it is early, or finds none).
+        if (caf::actor_cast<caf::actor_addr>(self->current_sender()) != self->address()) return;
+        if (Clock::now() >= self->state.due) send_held(self);
       },
   };
 }
@@ -297,9 +408,15 @@ void LaunchTokens::release(const std::string& token) {
   if (auto it = live_.find(token); it != live_.end()) it->second = false;
 }
 
+step_batcher_actor start_step_batcher(caf::actor_system& sys, const coordinator_actor& coordinator,
+                                      std::chrono::milliseconds window) {
+  return sys.spawn(batcher_fn, coordinator, window);
+}
+
 relay_hub_actor start_relay_hub(caf::actor_system& sys, const coordinator_actor& coordinator,
-                                std::shared_ptr<LaunchTokens> tokens, std::string* address) {
-  auto hub = sys.spawn(hub_fn, coordinator, std::move(tokens));
+                                step_batcher_actor batcher, std::shared_ptr<LaunchTokens> tokens,
+                                std::string* address) {
+  auto hub = sys.spawn(hub_fn, coordinator, std::move(batcher), std::move(tokens));
   HandshakeLimits limits;
   limits.per_address = 256;  // every connection of the hub comes from loopback: its host's workers
   auto port = publish(hub, 0, "127.0.0.1", limits);

@@ -14,6 +14,10 @@
 //     (sent as itself: the worker takes them only from its coordinator, which the relay is);
 //     "where" comes from the agent too, which asks every relay of its host for the
 //     coordinator at once (agent_actor, actors/protocol.hpp);
+//   * hands its worker's step reports to the host's step batcher, which sends the host's
+//     reports on together (one message per host and window of kStepBatchWindow, not one per
+//     rank and step), and has the batcher flush before it passes on its worker's result, so
+//     that the coordinator has the last steps before the result;
 //   * ends when its worker goes (process exit, or the worker's connection to the agent timed
 //     out: a hang) or when the coordinator goes, with the same reason, so that the coordinator
 //     sees the worker down through its monitor of the relay, and the worker sees its
@@ -23,6 +27,7 @@
 #pragma once
 
 #include <caf/fwd.hpp>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -50,10 +55,24 @@ class LaunchTokens {
   std::map<std::string, bool> live_;  // token -> it has a relay now
 };
 
+// How long a host's step batcher holds a report before it sends its batch on: a host's ranks end
+// a step within a few milliseconds of each other (they wait on each other's collectives), so one
+// window takes each rank's report of that step. A report waits a tenth of its step's time at
+// most, so that the coordinator's picture of a job with short steps lags by less than a step.
+constexpr auto kStepBatchWindow = std::chrono::milliseconds(50);
+
+// A host's step batcher (actors::step_batcher_actor), an actor of `sys`'s node. It ends when
+// the coordinator's handle goes down, or when its owner ends it (spawn_agent: with the agent).
+actors::step_batcher_actor start_step_batcher(caf::actor_system& sys,
+                                              const actors::coordinator_actor& coordinator,
+                                              std::chrono::milliseconds window = kStepBatchWindow);
+
 // An agent's hub: spawned and published on 127.0.0.1 (any free port). Returns the hub
 // ("127.0.0.1:PORT" in *address), or an invalid handle where publishing failed (*address then
-// says why). spawn_agent (worker/agent.hpp) starts it and ends it with its agent.
+// says why). Its relays hand their steps to `batcher`. spawn_agent (worker/agent.hpp) starts
+// both and ends them with its agent.
 actors::relay_hub_actor start_relay_hub(caf::actor_system& sys, const actors::coordinator_actor& coordinator,
+                                        actors::step_batcher_actor batcher,
                                         std::shared_ptr<LaunchTokens> tokens, std::string* address);
 
 // A worker's side: connects to the hub at `address` and asks for its relay with its launch

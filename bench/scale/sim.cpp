@@ -132,6 +132,7 @@ struct AgentNode : Node {
   std::string host;
   std::shared_ptr<SimLauncher> launcher;
   std::optional<coordinator_actor> coordinator;  // its connection's handle, for inline workers
+  actors::step_batcher_actor batcher;            // its node's, for inline workers' steps
   std::atomic<bool> lost{false};                 // its node is going: no new actor on it
 };
 
@@ -288,7 +289,7 @@ class Sim : public SimSink {
     ao.host = a->host;
     ao.secret_file = o_.secret_file;
     ao.launcher = a->launcher;
-    ao.relay = o_.relay;
+    ao.relay = o_.relay && !o_.inline_workers;  // inline workers need no hub: a batcher of their own
     ao.reap_every = std::chrono::milliseconds(o_.reap_ms);
     const int index = a->index;
     ao.on_registered = [this, index] {
@@ -306,7 +307,13 @@ class Sim : public SimSink {
       if (!stopping_) restarts_.emplace_back([this, index] { lose_agent(index, 1000, false); });
     };
     a->coordinator = *coord;
+    if (o_.inline_workers) a->batcher = worker::start_step_batcher(*a->sys, *coord);
     a->actor = caf::actor_cast<caf::actor>(worker::spawn_agent(*a->sys, *coord, ao));
+    // The batcher ends with its agent, as spawn_agent's own does (else its node's system would
+    // wait for it as it stops).
+    if (a->batcher)
+      a->actor->attach_functor(
+          [b = a->batcher](const caf::error&) { caf::anon_send_exit(b, caf::exit_reason::user_shutdown); });
   }
 
   void build_worker(const std::shared_ptr<WorkerNode>& n, SimWorkerConfig c) {
@@ -338,6 +345,7 @@ class Sim : public SimSink {
     if (a) {
       std::lock_guard<std::mutex> agent_lock(a->mu);
       if (a->sys && !a->lost && a->coordinator) {
+        c.batcher = a->batcher;
         n->actor = spawn_sim_worker(*a->sys, *a->coordinator, std::move(c), this);
         return;
       }

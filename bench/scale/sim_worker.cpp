@@ -200,8 +200,16 @@ void checkpoint(self_ptr self, int64_t step) {
             if (drain && c.ok) {
               auto& st = self->state;
               WorkerResult r{st.cfg.job_id, st.cfg.generation, st.cfg.rank, true, "", "", true};
-              self->request(st.coord, std::chrono::seconds(10), worker_done_atom::value, r)
-                  .then([=](bool) { end(self, 0); }, [=](caf::error&) { end(self, 0); });
+              auto done = [=] {
+                self->request(self->state.coord, std::chrono::seconds(10), worker_done_atom::value, r)
+                    .then([=](bool) { end(self, 0); }, [=](caf::error&) { end(self, 0); });
+              };
+              // As a relay passes on a result: after the steps its host's batcher holds.
+              if (st.cfg.batcher)
+                self->request(st.cfg.batcher, std::chrono::seconds(10), flush_atom::value)
+                    .then([=](bool) { done(); }, [=](caf::error&) { done(); });
+              else
+                done();
             }
           },
           [=](caf::error& e) {
@@ -256,7 +264,10 @@ void one_step(self_ptr self) {
   m.compute_ms = 0.6 * s.cfg.step_ms;
   m.comm_ms = 0.3 * s.cfg.step_ms;
   m.bubble_ms = 0.1 * s.cfg.step_ms;
-  self->send(s.coord, step_atom::value, m);
+  if (s.cfg.batcher)
+    self->send(s.cfg.batcher, step_atom::value, m);
+  else
+    self->send(s.coord, step_atom::value, m);
   s.sink->step_sent(s.a.generation, step, now_ns());
   s.where = "step " + std::to_string(s.step) + (s.step % 2 ? ": backward mb 1" : ": forward mb 0");
   const bool drain = s.drain_after >= 0 && step >= s.drain_after;

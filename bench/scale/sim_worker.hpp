@@ -38,6 +38,9 @@ struct SimWorkerConfig {
   int ckpt_bytes = 4096;
   int gloo_max = 0;
   std::string relay;  // its agent's relay hub ("" = connect to the coordinator)
+  // An inline worker's: its agent's node's step batcher, which its steps go through as a relayed
+  // worker's do (invalid: each step goes to the coordinator itself).
+  actors::step_batcher_actor batcher;
   // Its steps come from tick_sim_worker (its process's one ticker), not from a timer of its own.
   bool ticked = false;
 };

@@ -221,12 +221,22 @@ TEST_CASE("fuzz: every control-plane message type with random fields, the coordi
           self->send(c, worker_stop_atom::value,
                      WorkerStopped{g.str(), g.i32(), g.i32(), g.i32(), g.i32(), g.i32()});
         break;
-      case 3:
-        self->send(c, step_atom::value,
-                   StepMetrics{g.str(), g.i32(), g.i32(), g.i64(), g.real(), g.real(), g.i64(), g.real(),
-                               g.real(), g.u(2) == 1, g.real(), g.real(), g.real(), g.real(), g.real(),
-                               g.u(2) == 1, g.i64(), g.i64()});
+      case 3: {
+        auto step = [&] {
+          return StepMetrics{g.str(),  g.i32(),  g.i32(),  g.i64(),     g.real(), g.real(),
+                             g.i64(),  g.real(), g.real(), g.u(2) == 1, g.real(), g.real(),
+                             g.real(), g.real(), g.real(), g.u(2) == 1, g.i64(),  g.i64()};
+        };
+        if (g.u(2)) {
+          self->send(c, step_atom::value, step());
+        } else {  // a host's batch, of any size (past kMaxStepBatch too)
+          std::vector<StepMetrics> batch;
+          for (size_t k = g.u(4) == 0 ? kMaxStepBatch + 1 + g.u(8) : g.u(8); k > 0; --k)
+            batch.push_back(step());
+          self->send(c, steps_atom::value, batch);
+        }
         break;
+      }
       case 4:
         self->request(c, 5s, worker_done_atom::value,
                       WorkerResult{g.str(), g.i32(), g.i32(), g.u(2) == 1, g.str(), g.str(), g.u(2) == 1,

@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include "actors/system.hpp"
 #include "tests/control/cluster.hpp"
@@ -479,4 +480,89 @@ TEST_CASE(
        {caf::actor_cast<caf::actor>(forward), caf::actor_cast<caf::actor>(reduce),
         caf::actor_cast<caf::actor>(elsewhere), caf::actor_cast<caf::actor>(hung), coordinator})
     caf::anon_send_exit(x, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("relay: a host's step reports go on together through its step batcher, the last before a result",
+          "[worker][relay][multiprocess]") {
+  RelayedJob r;
+  auto& c = r.c;
+  const std::string job = r.job;
+  const auto [host, port] = parse_host_port(c.listen());
+  auto coord = connect<coordinator_actor>(r.agent_sys, host, port);
+  REQUIRE(coord);
+  // Steps of ten hours: a report may wait the whole window (a tenth of its step, at most).
+  auto report = [&](int32_t rank, int64_t step, double step_ms = 3.6e7) {
+    StepMetrics m;
+    m.job_id = job;
+    m.rank = rank;
+    m.step = step;
+    m.loss = 5.0 - 0.001 * static_cast<double>(step);
+    m.lr = 1e-3;
+    m.tokens = 64;
+    m.step_ms = step_ms;
+    m.grad_norm = 1;
+    return m;
+  };
+  auto steps_done = [&] { return c.status(job)["steps_done"].get<int64_t>(); };
+
+  // A batcher of the agent's node (the node both ranks registered from) whose window never
+  // closes in this test: it sends what it holds only when flushed or full.
+  auto batcher = worker::start_step_batcher(r.agent_sys, *coord, std::chrono::hours(1));
+  caf::scoped_actor me{r.agent_sys};
+  me->send(batcher, step_atom::value, report(0, 0));
+  me->send(batcher, step_atom::value, report(1, 0));
+  auto flush = [&](caf::scoped_actor& from) {
+    std::optional<bool> out;
+    from->request(batcher, 30s, flush_atom::value).receive([&](bool b) { out = b; }, [&](caf::error&) {});
+    return out;
+  };
+  // Another node may neither flush it nor hand it steps.
+  auto refused = flush(r.node[0]->me);
+  REQUIRE(refused);
+  CHECK_FALSE(*refused);
+  r.node[0]->me->send(batcher, step_atom::value, report(0, 1));
+  r.node[0]->me->send(batcher, step_atom::value, report(1, 1));
+  std::this_thread::sleep_for(300ms);
+  CHECK(steps_done() == 0);  // held: the window is an hour
+  auto flushed = flush(me);
+  REQUIRE(flushed);
+  CHECK(*flushed);
+  CHECK(c.wait_state(job, [](const json& s) { return s["steps_done"] == 1; }));
+
+  // A full batch goes at once: kMaxStepBatch reports, both ranks' steps 1 to kMaxStepBatch / 2
+  // (step 1 for the first time: the other node's never went on).
+  const auto half = static_cast<int64_t>(kMaxStepBatch / 2);
+  for (int64_t s = 1; s <= half; ++s) {
+    me->send(batcher, step_atom::value, report(0, s));
+    me->send(batcher, step_atom::value, report(1, s));
+  }
+  CHECK(c.wait_state(job, [half](const json& s) { return s["steps_done"] == half + 1; }));
+  CHECK(c.status(job)["loss"].get<double>() == Approx(5.0 - 0.001 * static_cast<double>(half)));
+  // A report of a 4 ms step waits 0.4 ms at most, however long the window.
+  me->send(batcher, step_atom::value, report(0, half + 1, 4));
+  me->send(batcher, step_atom::value, report(1, half + 1, 4));
+  CHECK(c.wait_state(job, [half](const json& s) { return s["steps_done"] == half + 2; }));
+
+  // The coordinator refuses a batch larger than a host's share, unread.
+  me->send(*coord, steps_atom::value, std::vector<StepMetrics>(kMaxStepBatch + 1, report(0, half + 2)));
+  CHECK(c.coordinator().says("a batch of " + std::to_string(kMaxStepBatch + 1)));
+  CHECK(steps_done() == half + 2);
+
+  // Through the relays (the agent's own batcher, its 50 ms window): each rank reports its last
+  // step, then its result at once. The job ends with the second result, and a step that came
+  // after it would count for nothing: the relay has the batcher flush before it passes a result on.
+  for (int rank = 0; rank < 2; ++rank)
+    r.node[rank]->me->send(r.node[rank]->relay, step_atom::value, report(rank, half + 2));
+  for (int rank = 0; rank < 2; ++rank) {
+    WorkerResult ok;
+    ok.job_id = job;
+    ok.rank = rank;
+    ok.ok = true;
+    auto done = r.node[rank]->ask<bool>(worker_done_atom::value, ok);
+    REQUIRE(done);
+    CHECK(*done);
+  }
+  REQUIRE(c.wait_state(job, "succeeded"));
+  CHECK(steps_done() == half + 3);
+  caf::anon_send_exit(batcher, caf::exit_reason::user_shutdown);
 }
