@@ -25,7 +25,10 @@ and how far 16 bits move each side's curve from its fp32 one. The losses must ag
 its fp32 curve (train.precision took effect). fp16 runs PyTorch under
 torch.autocast("cpu", dtype=torch.float16) with troupe's loss scaling; torch 1.13 has no CPU
 autocast to float16, and there troupe's fp16 curve is compared with PyTorch's fp32 curve, and
-the report says so.
+the report says so. So is troupe's bf16 curve where this torch's CPU bf16 matrix product does
+not accumulate in fp32 (measured on a small product before the run: torch 1.13 on a CPU without
+bf16 instructions, AVX2 only, accumulates in bf16, 3.7e-2 off against 1.7e-3 for the rounding
+of the output alone, which is not the recipe troupe follows), or where --torch-16 fp32 asks.
 
 Exit status: 0 agree, 1 disagree or fail, 2 bad usage, 77 torch is not installed (a failure
 in ctest: scripts/setup.sh --test installs it).
@@ -243,7 +246,8 @@ def gpt_loss(p, idx, targets):
 
 def autocast_dtype(precision):
     """The torch dtype torch.autocast("cpu") runs `precision` in, None for fp32; raises
-    RuntimeError where this torch's CPU autocast does not take it."""
+    RuntimeError where this torch's CPU autocast does not take it, or does not follow the
+    mixed-precision recipe (16-bit operands, products accumulated in fp32)."""
     if precision == "fp32":
         return None
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
@@ -252,6 +256,17 @@ def autocast_dtype(precision):
         with torch.autocast("cpu", dtype=dt):
             if F.linear(torch.ones(1, 2), torch.ones(3, 2)).dtype != dt:
                 raise RuntimeError("torch.autocast('cpu', dtype=%s) leaves products in float32" % dt)
+        # The product of 16-bit operands against the same operands' product accumulated in
+        # fp32: rounding the output to 16 bits alone is ~2e-3 off (bf16); accumulating in 16 bits
+        # is an order of magnitude more.
+        g = torch.Generator().manual_seed(0)
+        a = torch.randn(64, 512, generator=g).to(dt)
+        b = torch.randn(512, 64, generator=g).to(dt)
+        exact = a.float() @ b.float()
+        err = float((torch.matmul(a, b).float() - exact).norm() / exact.norm())
+        if err > 1e-2:
+            raise RuntimeError("this torch's CPU %s matrix product does not accumulate in float32 on this CPU "
+                               "(relative error %.1e against the fp32 product of the same operands)" % (dt, err))
     return dt
 
 
@@ -406,6 +421,9 @@ def main():
     ap.add_argument("--seed", type=int, default=1, help="of the initial weights")
     ap.add_argument("--tol-fp32", type=float, default=1e-5, help="largest relative loss difference in fp32")
     ap.add_argument("--tol-16", type=float, default=2e-2, help="largest relative loss difference in bf16, fp16")
+    ap.add_argument("--torch-16", choices=("auto", "fp32"), default="auto",
+                    help="what troupe's 16-bit curves are compared with: torch.autocast where this torch's "
+                         "follows the recipe (auto), or PyTorch's fp32 curve (fp32: the fallback, forced)")
     args = ap.parse_args()
     precisions = [p for p in args.precisions.split(",") if p]
     bad = [p for p in precisions if p not in ("fp32", "bf16", "fp16")]
@@ -433,11 +451,13 @@ def main():
         # CPU before torch 2), fp32 and the comparison says so.
         against = precision
         try:
+            if precision != "fp32" and args.torch_16 == "fp32":
+                raise RuntimeError("--torch-16 fp32")
             autocast_dtype(precision)
         except RuntimeError as e:
-            print("\n%s: this torch (%s) has no CPU autocast to %s (%s): troupe's %s curve is compared "
-                  "with PyTorch's fp32 curve instead" % (precision, torch.__version__, precision,
-                                                        str(e).strip().splitlines()[0], precision))
+            print("\n%s: this torch (%s) has no CPU autocast to %s that follows the recipe (%s): troupe's %s "
+                  "curve is compared with PyTorch's fp32 curve instead" % (precision, torch.__version__, precision,
+                                                                          str(e).strip().splitlines()[0], precision))
             against = "fp32"
         t0 = time.time()
         run = start_troupe(args, precision, hf_dir, corpus)  # one worker thread beside torch's one
