@@ -180,17 +180,10 @@ std::atomic<bool> g_hold_sigpipe{true};
 // each): at 4,096 ranks a loop of sigismember over every signal here was 5 % of the coordinator's
 // multiplexer thread. glibc keeps signal s at bit s-1 of the set's first word, and the kernel has
 // no signal past 64.
-#if defined(__GLIBC__)
 static_assert(NSIG - 1 <= 64, "every signal in the first word of a sigset_t");
-uint64_t signal_bits(const sigset_t* set) { return set->__val[0]; }
-#else
 uint64_t signal_bits(const sigset_t* set) {
-  uint64_t bits = 0;
-  for (int s = 1; s < NSIG && s <= 64; ++s)
-    if (sigismember(set, s) == 1) bits |= uint64_t{1} << (s - 1);
-  return bits;
-}
-#endif
+  return set->__val[0];
+}  // glibc's layout, as the interposition above
 bool same_signals(const sigset_t* a, const sigset_t* b) { return signal_bits(a) == signal_bits(b); }
 bool only_sigpipe(const sigset_t* set) { return signal_bits(set) == uint64_t{1} << (SIGPIPE - 1); }
 bool zero_timeout(const struct timespec* t) { return t != nullptr && t->tv_sec == 0 && t->tv_nsec == 0; }

@@ -44,7 +44,9 @@ struct RelayState {
 
 using relay_ptr = caf::stateful_actor<RelayState>*;
 
-bool from_node(relay_ptr self, const caf::node_id& node) {
+// The current message's sender is an actor of `node` (a relay's, the step batcher's).
+template <class Self>
+bool from_node(Self self, const caf::node_id& node) {
   auto sender = self->current_sender();
   return sender && node && sender->node() == node;
 }
@@ -317,11 +319,6 @@ struct BatcherState {
 
 using batcher_ptr = step_batcher_actor::stateful_pointer<BatcherState>;
 
-bool from_own_node(batcher_ptr self) {
-  auto sender = self->current_sender();
-  return sender && sender->node() == self->node();
-}
-
 void send_held(batcher_ptr self) {
   auto& held = self->state.held;
   self->state.due = Clock::time_point::max();
@@ -356,7 +353,7 @@ step_batcher_actor::behavior_type batcher_fn(batcher_ptr self, coordinator_actor
   };
   return {
       [=](step_atom, StepMetrics& m) {
-        if (!from_own_node(self)) return refused("a step");
+        if (!from_node(self, self->node())) return refused("a step");
         auto& st = self->state;
         const auto wait = may_wait(st, m);
         st.held.push_back(std::move(m));
@@ -368,7 +365,7 @@ step_batcher_actor::behavior_type batcher_fn(batcher_ptr self, coordinator_actor
         }
       },
       [=](flush_atom) -> bool {
-        if (!from_own_node(self)) {
+        if (!from_node(self, self->node())) {
           refused("a flush");
           return false;
         }
